@@ -1,0 +1,166 @@
+"""DeviceArray: a typed, shaped view of one device allocation (like a torch_npu tensor's storage)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .callsite import callsite
+from .context import current_context, resolve_stream
+from .errors import InvalidParamError, MemoryAccessError
+from .memory import DevicePtr, HostBuffer, _malloc, _run_sync, free, host_view
+from .pool import MemMallocPolicy
+
+try:  # bfloat16 is a first-class dtype
+    import ml_dtypes
+    _EXTRA = {"bfloat16": np.dtype(ml_dtypes.bfloat16)}
+except ImportError:  # pragma: no cover - ml_dtypes is a dependency
+    _EXTRA = {}
+
+
+def as_dtype(dtype) -> np.dtype:
+    """numpy dtype for ``dtype`` (numpy dtypes, names, and 'bfloat16')."""
+    if isinstance(dtype, str) and dtype in _EXTRA:
+        return _EXTRA[dtype]
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise InvalidParamError(f"dtype={dtype!r} is not a numpy dtype nor 'bfloat16'") from None
+    if dt.hasobject or dt.kind in "USVMm" and dt not in _EXTRA.values():
+        raise InvalidParamError(f"dtype={dt} is not a numeric dtype")
+    return dt
+
+
+def _shape(shape) -> tuple:
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+        shape = (int(shape),)
+    try:
+        shape = tuple(int(d) for d in shape)
+    except TypeError:
+        raise InvalidParamError(f"shape={shape!r} must be an int or a tuple of ints") from None
+    if any(d < 0 for d in shape):
+        raise InvalidParamError(f"shape={shape} has a negative dimension")
+    return shape
+
+
+class DeviceArray:
+    """An array in simulated device memory: ``shape``, ``dtype``, ``nbytes``, ``ptr``.
+
+    Zero-size arrays are legal and take no device memory (``ptr`` is None). The memory goes back
+    to the pool on ``free()`` or when the array is garbage-collected.
+    """
+
+    __slots__ = ("shape", "dtype", "nbytes", "ptr", "_freed", "_site", "_owner", "__weakref__")
+
+    def __init__(self, ptr: DevicePtr | None, shape, dtype, *, _owner: bool = False, _site: str = ""):
+        self.shape = _shape(shape)
+        self.dtype = as_dtype(dtype)
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        self.ptr = ptr
+        self._owner = _owner
+        self._freed = False
+        self._site = _site
+        if ptr is not None and self.nbytes:
+            host_view(ptr, self.nbytes, name="ptr")  # validates liveness and size
+
+    @property
+    def size(self) -> int:
+        return self.nbytes // self.dtype.itemsize if self.dtype.itemsize else 0
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def _np(self) -> np.ndarray:
+        """The numpy view of the device memory (what kernels receive)."""
+        if self.nbytes == 0:
+            return np.empty(self.shape, self.dtype)
+        return host_view(self.ptr, self.nbytes).view(self.dtype).reshape(self.shape)
+
+    def to_host(self, stream=None) -> np.ndarray:
+        """A numpy copy of the contents, after the work enqueued on ``stream``."""
+        s = resolve_stream(stream)
+        out = np.empty(self.shape, self.dtype)
+        if self.nbytes:
+            src = self._np()
+            _run_sync(s, lambda: np.copyto(out, src), "to_host", "copy", callsite(2),
+                      {"bytes": self.nbytes})
+        return out
+
+    def copy_from_host(self, x, stream=None) -> None:
+        """Copy host data ``x`` (same shape; cast to this dtype) in; async when ``stream`` is given."""
+        x = np.asarray(x)
+        if x.shape != self.shape:
+            raise InvalidParamError(f"copy_from_host: x.shape={x.shape} does not match the array's "
+                                    f"shape {self.shape}")
+        if x.dtype != self.dtype or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, dtype=self.dtype)
+        if self.nbytes == 0:
+            return
+        dst = self._np()
+        site = callsite(2)
+        if stream is None:
+            _run_sync(resolve_stream(None), lambda: np.copyto(dst, x), "copy_from_host", "copy", site,
+                      {"bytes": self.nbytes})
+        else:
+            s = resolve_stream(stream)
+            src = x if isinstance(x, HostBuffer) else x.copy()
+            s._enqueue(lambda: np.copyto(dst, src), "copy_from_host", "copy", {"bytes": self.nbytes}, site)
+
+    def free(self) -> None:
+        """Return the memory to the pool now. Freeing twice raises MemoryAccessError."""
+        if self._freed:
+            raise MemoryAccessError(f"double free of {self!r} (allocated at {self._site})")
+        self._freed = True
+        if self.ptr is not None and self._owner:
+            free(self.ptr)
+
+    def __del__(self):
+        if self._owner and not self._freed and self.ptr is not None:
+            self._freed = True
+            try:
+                free(self.ptr)
+            except Exception:  # device reset or interpreter shutdown: nothing left to free
+                pass
+
+    def __repr__(self):
+        where = "freed" if self._freed else (f"0x{self.ptr.addr:x}" if self.ptr is not None else "empty")
+        return f"DeviceArray(shape={self.shape}, dtype={self.dtype}, device={self._device()}, {where})"
+
+    def _device(self):
+        return self.ptr.device_id if self.ptr is not None else None
+
+
+def empty(shape, dtype=np.float32, *, policy=MemMallocPolicy.HUGE_FIRST) -> DeviceArray:
+    """An uninitialised DeviceArray on the current device."""
+    return _empty(shape, dtype, policy, callsite(2))
+
+
+def _empty(shape, dtype, policy, site) -> DeviceArray:
+    shape, dt = _shape(shape), as_dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    current_context()  # a clear error before anything else when no device is set
+    ptr = _malloc(nbytes, policy, site) if nbytes else None
+    return DeviceArray(ptr, shape, dt, _owner=True, _site=site)
+
+
+def zeros(shape, dtype=np.float32, stream=None) -> DeviceArray:
+    """A zero-filled DeviceArray; synchronous unless ``stream`` is given."""
+    a = _empty(shape, dtype, MemMallocPolicy.HUGE_FIRST, callsite(2))
+    if a.nbytes:
+        v = a._np().reshape(-1).view(np.uint8)
+        if stream is None:
+            _run_sync(resolve_stream(None), lambda: v.fill(0), "zeros", "copy", a._site, {"bytes": a.nbytes})
+        else:
+            resolve_stream(stream)._enqueue(lambda: v.fill(0), "zeros", "copy", {"bytes": a.nbytes}, a._site)
+    return a
+
+
+def to_device(x, stream=None) -> DeviceArray:
+    """A DeviceArray holding a copy of host array ``x``; synchronous unless ``stream`` is given."""
+    x = np.asarray(x)
+    a = _empty(x.shape, x.dtype, MemMallocPolicy.HUGE_FIRST, callsite(2))
+    a.copy_from_host(x, stream=stream)
+    return a
+
+
+_memory_module = __import__("runtime.memory", fromlist=["_DEVICE_TYPES"])
+_memory_module._DEVICE_TYPES = (DevicePtr, DeviceArray)

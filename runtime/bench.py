@@ -1,0 +1,83 @@
+"""Runtime micro-benchmarks: ``python -m runtime.bench [--iters N]``.
+
+Prints, in one run, medians of: empty-kernel enqueue-to-completion latency, event record +
+synchronize, cached 1 MiB malloc+free against numpy.empty, and H2D / D2H copy bandwidth against
+numpy.copyto at 1 MiB and 64 MiB (the baseline is measured in the same run).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+import runtime
+
+MiB = 1 << 20
+
+
+def _median_us(fn, iters: int, warmup: int = 50) -> float:
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e6
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--device", type=int, default=0)
+    args = ap.parse_args(argv)
+    runtime.set_device(args.device)
+    s = runtime.Stream()
+    rows = []
+
+    def noop():
+        pass
+
+    def kernel_rt():
+        runtime.launch(noop, stream=s)
+        s.synchronize()
+    rows.append(("empty kernel enqueue->completion", _median_us(kernel_rt, args.iters), "us", "target <= 30"))
+
+    ev = runtime.Event()
+    evt = runtime.Event(enable_timing=True)
+    rows.append(("event record + synchronize", _median_us(lambda: (ev.record(s), ev.synchronize()), args.iters), "us", ""))
+    rows.append(("timing event record + synchronize", _median_us(lambda: (evt.record(s), evt.synchronize()), args.iters), "us", ""))
+
+    def mf():
+        runtime.free(runtime.malloc(MiB))
+    t_pool = _median_us(mf, args.iters)
+    t_np = _median_us(lambda: np.empty(MiB, np.uint8), args.iters)
+    rows.append(("cached 1 MiB malloc+free", t_pool, "us", "target <= 5"))
+    rows.append(("numpy.empty(1 MiB)", t_np, "us", "baseline"))
+
+    for size in (MiB, 64 * MiB):
+        host = np.ones(size, np.uint8)
+        out = np.empty(size, np.uint8)
+        dev = runtime.malloc(size)
+        it = max(20, args.iters // (10 if size > MiB else 1) // 10)
+        t_h2d = _median_us(lambda: runtime.memcpy(dev, host, size), it, 5)
+        t_d2h = _median_us(lambda: runtime.memcpy(out, dev, size), it, 5)
+        t_ref = _median_us(lambda: np.copyto(out, host), it, 5)
+        label = f"{size // MiB} MiB"
+        gb = lambda t: size / t / 1e3  # noqa: E731 - bytes/us -> GB/s
+        rows.append((f"H2D {label}", gb(t_h2d), "GB/s", f"{t_ref / t_h2d:.0%} of numpy.copyto"))
+        rows.append((f"D2H {label}", gb(t_d2h), "GB/s", f"{t_ref / t_d2h:.0%} of numpy.copyto"))
+        rows.append((f"numpy.copyto {label}", gb(t_ref), "GB/s", "baseline"))
+        runtime.free(dev)
+
+    width = max(len(r[0]) for r in rows)
+    print(f"{'metric':<{width}}  {'median':>10}  unit  note")
+    for name, val, unit, note in rows:
+        print(f"{name:<{width}}  {val:>10.2f}  {unit:<4}  {note}")
+    runtime.reset_device()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Every environment knob of the runtime, read in one place."""
+from __future__ import annotations
+
+import os
+
+GiB = 1 << 30
+
+
+def _int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw, 0)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+
+def device_count() -> int:
+    """NPUSIM_DEVICE_COUNT: number of simulated NPUs on this node (default 8)."""
+    return _int("NPUSIM_DEVICE_COUNT", 8)
+
+
+def hbm_bytes() -> int:
+    """NPUSIM_HBM_BYTES: capacity of each simulated NPU (default 16 GiB)."""
+    return _int("NPUSIM_HBM_BYTES", 16 * GiB)
+
+
+def profile_dir() -> str | None:
+    """NPUSIM_PROFILE_DIR: write a Chrome trace of every task into this directory."""
+    return os.environ.get("NPUSIM_PROFILE_DIR") or None
+
+
+def log_level() -> int:
+    """ASCEND_GLOBAL_LOG_LEVEL: 0 debug, 1 info, 2 warning, 3 error (default)."""
+    return _int("ASCEND_GLOBAL_LOG_LEVEL", 3)
+
+
+def job_id() -> str:
+    """NPUSIM_JOB_ID: names the job's shared-memory segments (set by npurun)."""
+    return os.environ.get("NPUSIM_JOB_ID") or f"p{os.getpid()}"

@@ -1,0 +1,214 @@
+"""Device contexts: one per simulated NPU per process; the current device and current stream.
+
+``set_device`` binds the calling thread to a device (and, the first time, the whole process, so
+threads that never call it use that device, like aclrtSetDevice in a single-device process).
+The current stream is a per-thread, per-device stack driven by ``with stream(s):``.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import threading
+
+from . import config
+from .device_memory import DeviceMemory
+from .errors import ContextError, InvalidParamError
+from .stream import Stream
+
+log = logging.getLogger("runtime")
+
+_contexts: dict[int, "Context"] = {}
+_contexts_lock = threading.Lock()
+_process_device: int | None = None
+_tls = threading.local()
+
+
+class _Ready:
+    """Pool marker: the work a stream had pending when a block was freed."""
+    __slots__ = ("stream", "value")
+
+    def __init__(self, stream, value):
+        self.stream, self.value = stream, value
+
+    def query(self) -> bool:
+        return self.stream._done >= self.value
+
+
+class Context:
+    """Everything one simulated NPU owns in this process: memory, pool, streams."""
+
+    def __init__(self, device_id: int):
+        from .pool import CachingAllocator
+        self.device_id = device_id
+        self.capacity = config.hbm_bytes()
+        self.memory = DeviceMemory(device_id, self.capacity)
+        self.pool = CachingAllocator(self.memory, self.capacity, device_id)
+        self.lock = threading.RLock()
+        self.live: dict[int, tuple] = {}        # base addr -> (block, alloc_id)
+        self.freed_sites: collections.OrderedDict = collections.OrderedDict()  # alloc_id -> site
+        self.streams: list = []
+        self.default_stream = Stream(_ctx=self, _name="default stream")
+
+    def _add_stream(self, s) -> None:
+        with self.lock:
+            self.streams.append(s)
+
+    def _remove_stream(self, s) -> None:
+        with self.lock:
+            if s in self.streams:
+                self.streams.remove(s)
+
+    def ready_marker(self, stream):
+        if stream._done >= stream._issued:
+            return None
+        return _Ready(stream, stream._issued)
+
+    def synchronize(self, timeout=None) -> None:
+        first = None
+        for s in list(self.streams):
+            try:
+                s.synchronize(timeout)
+            except Exception as exc:  # keep draining every stream, raise the first failure
+                if first is None:
+                    first = exc
+        if first is not None:
+            raise first
+
+
+def _check_id(device_id) -> int:
+    n = config.device_count()
+    if isinstance(device_id, bool) or not isinstance(device_id, int):
+        raise InvalidParamError(f"device_id={device_id!r} must be an int in [0, {n})")
+    if not 0 <= device_id < n:
+        raise InvalidParamError(
+            f"device_id={device_id} is out of range: this node has {n} simulated NPUs "
+            f"(NPUSIM_DEVICE_COUNT={n}), valid ids are 0..{n - 1}")
+    return device_id
+
+
+def set_device(device_id: int) -> None:
+    """Bind the calling thread (and by default the process) to simulated NPU ``device_id``."""
+    global _process_device
+    _check_id(device_id)
+    with _contexts_lock:
+        if device_id not in _contexts:
+            _contexts[device_id] = Context(device_id)
+        if _process_device is None:
+            _process_device = device_id
+    _tls.device = device_id
+
+
+def get_device() -> int:
+    """The calling thread's device id."""
+    return current_context().device_id
+
+
+def device_count() -> int:
+    """Number of simulated NPUs on this node (NPUSIM_DEVICE_COUNT, default 8)."""
+    return config.device_count()
+
+
+def current_context() -> Context:
+    dev = getattr(_tls, "device", None)
+    if dev is None:
+        dev = _process_device
+    ctx = _contexts.get(dev) if dev is not None else None
+    if ctx is None:
+        raise ContextError(
+            "no NPU device is set for this thread: call runtime.set_device(device_id) first "
+            "(under npurun: runtime.set_device(int(os.environ[\"LOCAL_RANK\"])))")
+    return ctx
+
+
+def reset_device(device_id: int | None = None) -> list:
+    """Wait for pending work, destroy streams and events, release memory, report leaks.
+
+    Returns the leaked blocks (also logged as warnings with where each was allocated).
+    """
+    global _process_device
+    ctx = current_context() if device_id is None else _contexts.get(_check_id(device_id))
+    if ctx is None:
+        return []
+    try:
+        ctx.synchronize()
+    finally:
+        leaks = ctx.pool.live_blocks()
+        for b in leaks:
+            log.warning("device %d: leaked %d bytes at 0x%x allocated at %s",
+                        ctx.device_id, b.requested, b.addr, b.site)
+        for s in list(ctx.streams):
+            s._shutdown()
+        ctx.live.clear()
+        with _contexts_lock:
+            _contexts.pop(ctx.device_id, None)
+            if _process_device == ctx.device_id:
+                _process_device = None
+        if getattr(_tls, "device", None) == ctx.device_id:
+            _tls.device = None
+        ctx.memory.close()
+    return leaks
+
+
+def synchronize(timeout: float | None = None) -> None:
+    """Wait for every stream of the current device (raises the first pending task error)."""
+    current_context().synchronize(timeout)
+
+
+def synchronize_all() -> None:
+    """Wait for every stream of every device of this process (profiling, shutdown)."""
+    for ctx in list(_contexts.values()):
+        ctx.synchronize()
+
+
+def get_mem_info() -> tuple[int, int]:
+    """(free_bytes, total_bytes) of the current device; memory cached by the pool counts as used."""
+    ctx = current_context()
+    return ctx.capacity - ctx.pool.reserved, ctx.capacity
+
+
+# ---------------------------------------------------------------------- current stream
+def _stack(ctx) -> list:
+    stacks = getattr(_tls, "streams", None)
+    if stacks is None:
+        stacks = _tls.streams = {}
+    return stacks.setdefault(ctx.device_id, [])
+
+
+def default_stream():
+    """The current device's default stream."""
+    return current_context().default_stream
+
+
+def current_stream():
+    """The stream made current by the innermost ``with stream(s):`` (else the default stream)."""
+    ctx = current_context()
+    st = _stack(ctx)
+    return st[-1] if st else ctx.default_stream
+
+
+@contextlib.contextmanager
+def stream(s):
+    """Make ``s`` the current stream for the block (``None`` leaves the current one)."""
+    if s is None:
+        yield current_stream()
+        return
+    if not isinstance(s, Stream):
+        raise InvalidParamError(f"stream({s!r}): expected a runtime.Stream")
+    st = _stack(s._ctx)
+    st.append(s)
+    try:
+        yield s
+    finally:
+        st.pop()
+
+
+def resolve_stream(s):
+    """``s`` itself, or the current stream when ``s`` is None (validates the type)."""
+    if s is None:
+        return current_stream()
+    if type(s) is not Stream and not isinstance(s, Stream):
+        raise InvalidParamError(f"stream={s!r}: expected a runtime.Stream or None")
+    if s._destroyed:
+        raise InvalidParamError(f"{s.name} was destroyed; create a new Stream")
+    return s

@@ -1,0 +1,90 @@
+"""Exceptions of the simulated NPU runtime.
+
+Every error carries an ACL-style ``code`` (the aclError value a pyACL user would see) and a
+message that says what happened, with numbers, and what to do. All classes pickle cleanly so they
+can cross process boundaries (launcher.spawn, error files).
+"""
+from __future__ import annotations
+
+# ACL error codes (acl_base.h)
+ACL_ERROR_INVALID_PARAM = 100000
+ACL_ERROR_RT_PARAM_INVALID = 107000
+ACL_ERROR_RT_CONTEXT_NULL = 107002
+ACL_ERROR_RT_STREAM_CONTEXT = 107003
+ACL_ERROR_RT_INVALID_MEMORY_TYPE = 107013
+ACL_ERROR_RT_MEMORY_ALLOCATION = 207001
+ACL_ERROR_RT_STREAM_SYNC_TIMEOUT = 507046
+ACL_ERROR_RT_EVENT_SYNC_TIMEOUT = 507047
+ACL_ERROR_RT_AICORE_EXCEPTION = 507015
+ACL_ERROR_RT_INTERNAL_ERROR = 507899
+ACL_ERROR_RT_DEVICE_TASK_ABORT = 507056
+
+
+class NpuError(RuntimeError):
+    """Base class of every runtime error; ``code`` is the ACL error code."""
+
+    code = ACL_ERROR_RT_INTERNAL_ERROR
+
+    def __init__(self, message: str = "", code: int | None = None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), str(self), self.code, dict(self.__dict__)))
+
+    def __str__(self):
+        return super().__str__()
+
+
+def _rebuild(cls, message, code, state):
+    err = cls.__new__(cls)
+    RuntimeError.__init__(err, message)
+    err.__dict__.update(state)
+    err.code = code
+    return err
+
+
+class InvalidParamError(NpuError, ValueError):
+    """A bad argument at the call (code 107000); nothing was changed."""
+
+    code = ACL_ERROR_RT_PARAM_INVALID
+
+
+class ContextError(NpuError):
+    """The runtime was used before ``set_device`` or after ``reset_device`` (code 107002)."""
+
+    code = ACL_ERROR_RT_CONTEXT_NULL
+
+
+class MemoryAccessError(NpuError, ValueError):
+    """Use after free, double free, a pointer outside any live block, or a copy overrun."""
+
+    code = ACL_ERROR_RT_PARAM_INVALID
+
+
+class OutOfMemoryError(NpuError, MemoryError):
+    """The caching pool could not find or reserve memory (code 207001)."""
+
+    code = ACL_ERROR_RT_MEMORY_ALLOCATION
+
+
+class SyncTimeoutError(NpuError, TimeoutError):
+    """A synchronize ran out of time (code 507046); the work goes on, nothing changed."""
+
+    code = ACL_ERROR_RT_STREAM_SYNC_TIMEOUT
+
+
+class TaskError(NpuError):
+    """A task on a stream raised; chained to the original exception (code 507015).
+
+    Fields: ``task`` (its name), ``site`` (file:line that enqueued it), ``stream`` (stream name).
+    """
+
+    code = ACL_ERROR_RT_AICORE_EXCEPTION
+
+    def __init__(self, message: str = "", task: str = "", site: str = "", stream: str = ""):
+        super().__init__(message)
+        self.task = task
+        self.site = site
+        self.stream = stream

@@ -1,0 +1,83 @@
+"""Events: points on a stream's timeline (aclrtEvent / torch.npu.Event)."""
+from __future__ import annotations
+
+import time
+
+from .callsite import callsite
+from .context import resolve_stream
+from .errors import InvalidParamError, NpuError
+
+
+class Event:
+    """A marker of the work enqueued on a stream before ``record``.
+
+    A never-recorded event is complete. With ``enable_timing`` the event records the time the
+    stream reached it, for ``elapsed_time``.
+    """
+
+    def __init__(self, enable_timing: bool = False):
+        self.enable_timing = bool(enable_timing)
+        self._stream = None
+        self._value = 0
+        self._time: float | None = None
+        self._gen = 0
+
+    def _target(self):
+        if self._stream is None:
+            return None
+        return self._stream, self._value
+
+    def record(self, stream=None) -> None:
+        """Capture the work enqueued on ``stream`` (the current stream when None) so far."""
+        s = resolve_stream(stream)
+        if self.enable_timing:
+            self._gen += 1
+            gen = self._gen
+            self._time = None
+
+            def stamp():
+                if self._gen == gen:
+                    self._time = time.perf_counter()
+            value = s._enqueue(stamp, name="event_record", category="event", site=callsite(2))
+        else:
+            value = s._issued
+        self._stream, self._value = s, value
+
+    def query(self) -> bool:
+        """True once the captured work has finished (or the event was never recorded)."""
+        t = self._target()
+        return t is None or t[0]._done >= t[1]
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Block until the captured work has finished.
+
+        Raises:
+            TaskError: a task captured by this event failed (raised once per failure).
+            SyncTimeoutError: ``timeout`` passed first (code 507046); nothing changes.
+        """
+        t = self._target()
+        if t is not None:
+            t[0]._wait_value(t[1], timeout, "Event.synchronize")
+
+    def wait(self, stream=None) -> None:
+        """Make ``stream`` (the current stream when None) wait for this event."""
+        resolve_stream(stream).wait_event(self)
+
+    def elapsed_time(self, end_event: "Event") -> float:
+        """Milliseconds between this event and ``end_event`` (both recorded with timing, complete)."""
+        if not isinstance(end_event, Event):
+            raise InvalidParamError(f"elapsed_time(end_event={end_event!r}): expected a runtime.Event")
+        for name, ev in (("start", self), ("end", end_event)):
+            if not ev.enable_timing:
+                raise InvalidParamError(f"elapsed_time: the {name} event was created without "
+                                        "enable_timing=True")
+            if ev._stream is None:
+                raise InvalidParamError(f"elapsed_time: the {name} event was never recorded")
+            if not ev.query() or ev._time is None:
+                raise NpuError(f"elapsed_time: the {name} event has not completed yet; "
+                               "synchronize it first", code=507018)
+        return (end_event._time - self._time) * 1e3
+
+    def __repr__(self):
+        state = "unrecorded" if self._stream is None else ("complete" if self.query() else "pending")
+        return f"<runtime.Event {state}>"

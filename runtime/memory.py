@@ -1,0 +1,359 @@
+"""Device memory API: pointers, malloc/free, copies and memsets (aclrtMalloc / aclrtMemcpy ...).
+
+Every call validates before it changes anything: a bad size, a freed pointer or a copy that would
+overrun either buffer raises at the call, and the pool and the streams stay as they were.
+"""
+from __future__ import annotations
+
+import enum
+import itertools
+
+import numpy as np
+
+from . import profiler
+from .callsite import callsite
+from .context import _contexts, current_context, resolve_stream
+from .errors import InvalidParamError, MemoryAccessError
+from .pool import MemMallocPolicy
+
+_alloc_ids = itertools.count(1)
+
+
+class MemcpyKind(enum.IntEnum):
+    """aclrtMemcpyKind."""
+    HOST_TO_HOST = 0
+    HOST_TO_DEVICE = 1
+    DEVICE_TO_HOST = 2
+    DEVICE_TO_DEVICE = 3
+    DEFAULT = 4
+
+
+class DevicePtr:
+    """An address in a simulated NPU's memory; ``ptr + n`` is ``n`` bytes further."""
+
+    __slots__ = ("device_id", "addr", "base", "alloc_id")
+
+    def __init__(self, device_id: int, addr: int, base: int, alloc_id: int):
+        self.device_id, self.addr, self.base, self.alloc_id = device_id, addr, base, alloc_id
+
+    def __add__(self, n: int) -> "DevicePtr":
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            return NotImplemented
+        return DevicePtr(self.device_id, self.addr + int(n), self.base, self.alloc_id)
+
+    def __sub__(self, n):
+        if isinstance(n, DevicePtr):
+            return self.addr - n.addr
+        return self.__add__(-n)
+
+    def __int__(self):
+        return self.addr
+
+    __index__ = __int__
+
+    def __eq__(self, other):
+        return isinstance(other, DevicePtr) and (self.device_id, self.addr, self.alloc_id) == \
+            (other.device_id, other.addr, other.alloc_id)
+
+    def __hash__(self):
+        return hash((self.device_id, self.addr, self.alloc_id))
+
+    def __repr__(self):
+        return f"DevicePtr(device={self.device_id}, 0x{self.addr:x})"
+
+
+class HostBuffer(np.ndarray):
+    """A page-locked ("pinned") host buffer from ``malloc_host``; async copies use it directly."""
+
+
+_DEVICE_TYPES: tuple = (DevicePtr,)   # array.py adds DeviceArray (it imports this module)
+_KINDS = tuple(MemcpyKind)
+_COPY_NAMES = [f"memcpy {k.name}" for k in MemcpyKind]
+
+
+def _is_device(obj) -> bool:
+    return isinstance(obj, _DEVICE_TYPES)
+
+
+def _device_region(obj, name: str):
+    """(ctx, addr, available bytes) of a DevicePtr / DeviceArray, after validating it is live."""
+    if type(obj) is not DevicePtr:
+        if not isinstance(obj, _DEVICE_TYPES):
+            raise InvalidParamError(f"{name}={obj!r}: expected a DevicePtr or DeviceArray")
+        if obj.nbytes == 0:
+            return None, 0, 0
+        if obj._freed:
+            raise MemoryAccessError(f"{name}: use after free: {obj!r} was freed (allocated at {obj._site})")
+        obj = obj.ptr
+    ctx = _contexts.get(obj.device_id)
+    entry = ctx.live.get(obj.base) if ctx is not None else None
+    if entry is None or entry[1] != obj.alloc_id:
+        where = ctx.freed_sites.get(obj.alloc_id) if ctx is not None else None
+        raise MemoryAccessError(
+            f"{name}={obj!r}: use after free or invalid pointer: no live allocation holds it"
+            + (f" (it was allocated at {where} and freed)" if where else "")
+            + ". Allocate with runtime.malloc and do not use a pointer after runtime.free.")
+    block = entry[0]
+    off = obj.addr - obj.base
+    avail = block.requested - off
+    if off < 0 or avail <= 0:
+        raise MemoryAccessError(f"{name}={obj!r} points {off} bytes from the start of its "
+                                f"{block.requested}-byte allocation: outside it")
+    return ctx, obj.addr, avail
+
+
+def host_view(buf, nbytes: int | None = None, *, name: str = "buf") -> np.ndarray:
+    """A writable uint8 numpy view of ``nbytes`` of device memory at ``buf`` (DevicePtr/DeviceArray)."""
+    ctx, addr, avail = _device_region(buf, name)
+    n = avail if nbytes is None else nbytes
+    if n > avail:
+        raise MemoryAccessError(f"{name}: {n} bytes requested but only {avail} bytes are allocated "
+                                f"from {buf!r} to the end of its allocation")
+    if n == 0:
+        return np.empty(0, np.uint8)
+    return ctx.memory.view(addr, n)
+
+
+def buffer_nbytes(buf) -> int:
+    """Bytes available from ``buf`` (DevicePtr/DeviceArray) to the end of its allocation."""
+    return _device_region(buf, "buf")[2]
+
+
+def _host_region(obj, name: str, writable: bool) -> np.ndarray:
+    if type(obj) is np.ndarray or isinstance(obj, np.ndarray):
+        arr = obj
+    else:
+        try:
+            arr = np.frombuffer(memoryview(obj), np.uint8)
+        except TypeError:
+            raise InvalidParamError(f"{name}={type(obj).__name__}: expected a DevicePtr, DeviceArray, "
+                                    "numpy array or buffer-protocol object") from None
+    flags = arr.flags
+    if not flags.c_contiguous:
+        raise InvalidParamError(f"{name}: host buffer must be C-contiguous")
+    if writable and not flags.writeable:
+        raise InvalidParamError(f"{name}: destination host buffer is read-only")
+    if arr.dtype == np.uint8 and arr.ndim == 1:
+        return arr
+    return arr.reshape(-1).view(np.uint8)
+
+
+def _check_nbytes(nbytes, name="nbytes") -> int:
+    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
+        raise InvalidParamError(f"{name}={nbytes!r} must be a non-negative int")
+    if nbytes < 0:
+        raise InvalidParamError(f"{name}={nbytes} is negative")
+    return int(nbytes)
+
+
+# ---------------------------------------------------------------------- malloc / free
+def malloc(nbytes: int, policy: MemMallocPolicy = MemMallocPolicy.HUGE_FIRST) -> DevicePtr:
+    """Allocate ``nbytes`` on the current device from the caching pool (aclrtMalloc).
+
+    Raises:
+        InvalidParamError: nbytes <= 0 or an unknown policy.
+        OutOfMemoryError: the pool cannot satisfy the request (message gives the numbers).
+    """
+    return _malloc(nbytes, policy, callsite(2))
+
+
+def _malloc(nbytes, policy, site, stream=None) -> DevicePtr:
+    ctx = current_context()
+    s = stream if stream is not None else resolve_stream(None)
+    with ctx.lock:
+        block = ctx.pool.malloc(nbytes, s, policy, site)
+        aid = next(_alloc_ids)
+        ctx.live[block.addr] = (block, aid)
+    return DevicePtr(ctx.device_id, block.addr, block.addr, aid)
+
+
+def free(ptr: DevicePtr) -> None:
+    """Return an allocation to the caching pool (aclrtFree); stream-aware, see docs/memory.md.
+
+    Raises:
+        MemoryAccessError: double free, or a pointer that is not the start of a live allocation.
+    """
+    if not isinstance(ptr, DevicePtr):
+        raise InvalidParamError(f"free(ptr={ptr!r}): expected a DevicePtr from runtime.malloc")
+    ctx = _contexts.get(ptr.device_id)
+    if ctx is None:
+        raise MemoryAccessError(f"free({ptr!r}): device {ptr.device_id} has no context "
+                                "(was it reset?)")
+    with ctx.lock:
+        entry = ctx.live.get(ptr.base)
+        if entry is None or entry[1] != ptr.alloc_id:
+            where = ctx.freed_sites.get(ptr.alloc_id)
+            raise MemoryAccessError(
+                f"free({ptr!r}): double free or invalid pointer: no live allocation starts here"
+                + (f" (allocated at {where}, already freed)" if where else ""))
+        if ptr.addr != ptr.base:
+            raise MemoryAccessError(f"free({ptr!r}): pointer is {ptr.addr - ptr.base} bytes into its "
+                                    "allocation; free the pointer malloc returned")
+        block = entry[0]
+        del ctx.live[ptr.base]
+        fs = ctx.freed_sites
+        fs[ptr.alloc_id] = block.site
+        if len(fs) > 4096:
+            fs.popitem(last=False)
+        ctx.pool.free(block, ctx.ready_marker(block.stream))
+
+
+def malloc_host(nbytes: int) -> HostBuffer:
+    """A pinned host buffer of ``nbytes`` (uint8 numpy array) usable for async copies."""
+    n = _check_nbytes(nbytes)
+    if n == 0:
+        raise InvalidParamError("malloc_host(nbytes=0): size must be positive")
+    return np.zeros(n, np.uint8).view(HostBuffer)
+
+
+def free_host(buf) -> None:
+    """Release a buffer from ``malloc_host`` (the memory goes when the last reference does)."""
+    if not isinstance(buf, HostBuffer):
+        raise InvalidParamError("free_host: expected a buffer returned by runtime.malloc_host")
+
+
+# ---------------------------------------------------------------------- copies
+def _resolve_copy(dst, src, nbytes, kind, name="memcpy"):
+    n = _check_nbytes(nbytes)
+    if isinstance(kind, bool) or kind not in _KINDS:
+        raise InvalidParamError(f"{name}: kind={kind!r} is not a MemcpyKind "
+                                f"({', '.join(k.name for k in MemcpyKind)})")
+    dd, sd = _is_device(dst), _is_device(src)
+    actual = _KINDS[1 if not sd and dd else 2 if sd and not dd else 3 if sd else 0]
+    if kind != 4 and kind != actual:
+        raise InvalidParamError(f"{name}: kind={MemcpyKind(kind).name} but dst is {'device' if dd else 'host'} "
+                                f"and src is {'device' if sd else 'host'} memory ({actual.name})")
+    if dd:
+        dst_view = host_view(dst, name="dst")
+    else:
+        dst_view = _host_region(dst, "dst", writable=True)
+    src_view = host_view(src, name="src") if sd else _host_region(src, "src", writable=False)
+    if n > dst_view.nbytes:
+        raise MemoryAccessError(f"{name}: copy of {n} bytes overruns dst: only {dst_view.nbytes} "
+                                "bytes are available there")
+    if n > src_view.nbytes:
+        raise MemoryAccessError(f"{name}: copy of {n} bytes overruns src: only {src_view.nbytes} "
+                                "bytes are available there")
+    if n != dst_view.nbytes:
+        dst_view = dst_view[:n]
+    if n != src_view.nbytes:
+        src_view = src_view[:n]
+    return dst_view, src_view, actual
+
+
+def _run_sync(s, fn, name: str, category: str, site: str | None = None, meta=None) -> None:
+    """Run ``fn`` after the work enqueued on ``s``; return when it is done."""
+    if s.query():
+        s._raise_error_upto(s._issued)
+        if profiler.active():
+            t0 = profiler.now_us()
+            fn()
+            profiler.record(s.id, name, category, t0, profiler.now_us(), meta)
+        else:
+            fn()
+        return
+    s._enqueue(fn, name, category, meta, site or callsite(3))
+    s.synchronize()
+
+
+def memcpy(dst, src, nbytes: int, kind: MemcpyKind = MemcpyKind.DEFAULT) -> None:
+    """Copy ``nbytes`` from ``src`` to ``dst`` after the current stream's work; return when done."""
+    d, s_, k = _resolve_copy(dst, src, nbytes, kind)
+    _run_sync(resolve_stream(None), lambda: np.copyto(d, s_), _COPY_NAMES[k], "copy", None,
+              {"bytes": d.nbytes})
+
+
+def memcpy_async(dst, src, nbytes: int, kind: MemcpyKind = MemcpyKind.DEFAULT, stream=None) -> None:
+    """Enqueue a copy of ``nbytes`` on ``stream``; returns at once.
+
+    A pageable (non-``malloc_host``) host source is staged at the call, as a real driver does, so the
+    caller may reuse it immediately; a host destination must stay alive until the stream completes.
+    """
+    s = resolve_stream(stream)
+    d, s_, k = _resolve_copy(dst, src, nbytes, kind, "memcpy_async")
+    if not _is_device(src) and not isinstance(src, HostBuffer):
+        s_ = s_.copy()
+    s._enqueue(lambda: np.copyto(d, s_), "memcpy_async " + MemcpyKind(k).name, "copy",
+               {"bytes": int(d.nbytes)}, callsite(2))
+
+
+def _memset_region(ptr, value, nbytes, name):
+    n = _check_nbytes(nbytes)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= 255:
+        raise InvalidParamError(f"{name}: value={value!r} must be a byte value in [0, 255]")
+    if not _is_device(ptr):
+        raise InvalidParamError(f"{name}: ptr={ptr!r} must be a DevicePtr or DeviceArray")
+    view = host_view(ptr, name="ptr")
+    if n > view.nbytes:
+        raise MemoryAccessError(f"{name}: {n} bytes overrun the allocation: only {view.nbytes} "
+                                "bytes are available from ptr")
+    return view[:n], int(value)
+
+
+def memset(ptr, value: int, nbytes: int) -> None:
+    """Set ``nbytes`` bytes at ``ptr`` to ``value`` after the current stream's work."""
+    v, val = _memset_region(ptr, value, nbytes, "memset")
+    _run_sync(resolve_stream(None), lambda: v.fill(val), "memset", "copy", None, {"bytes": v.nbytes})
+
+
+def memset_async(ptr, value: int, nbytes: int, stream=None) -> None:
+    """Enqueue a memset on ``stream``; returns at once."""
+    s = resolve_stream(stream)
+    v, val = _memset_region(ptr, value, nbytes, "memset_async")
+    s._enqueue(lambda: v.fill(val), "memset_async", "copy", {"bytes": int(v.nbytes)}, callsite(2))
+
+
+# ---------------------------------------------------------------------- statistics
+def _pool(device=None):
+    if device is None:
+        return current_context().pool
+    ctx = _contexts.get(device)
+    if ctx is None:
+        raise InvalidParamError(f"device={device!r} has no context in this process; call set_device")
+    return ctx.pool
+
+
+def memory_allocated(device=None) -> int:
+    return _pool(device).stats()["allocated_bytes.all.current"]
+
+
+def max_memory_allocated(device=None) -> int:
+    return _pool(device).stats()["allocated_bytes.all.peak"]
+
+
+def memory_reserved(device=None) -> int:
+    return _pool(device).stats()["reserved_bytes.all.current"]
+
+
+def max_memory_reserved(device=None) -> int:
+    return _pool(device).stats()["reserved_bytes.all.peak"]
+
+
+def memory_stats(device=None) -> dict:
+    return _pool(device).stats()
+
+
+def memory_summary(device=None) -> str:
+    return _pool(device).summary()
+
+
+def memory_snapshot(device=None) -> list:
+    return _pool(device).snapshot()
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    _pool(device).reset_peak_stats()
+
+
+def empty_cache() -> None:
+    """Return every unused cached segment of the current device to the device."""
+    ctx = current_context()
+    with ctx.lock:
+        ctx.pool.empty_cache()
+
+
+def set_per_process_memory_fraction(fraction: float, device=None) -> None:
+    """Cap this process's reserved memory at ``fraction`` of the device capacity."""
+    p = _pool(device)
+    with current_context().lock:
+        p.set_memory_fraction(fraction)

@@ -1,0 +1,271 @@
+"""Streams: ordered asynchronous task queues, each served by one worker thread.
+
+Design note. A stream is a *timeline*: every enqueued task takes the next sequence value
+(``issued``), and the worker advances ``done`` as tasks finish (or are skipped). Synchronizing on
+anything - the stream, an event, the device - means "wait until ``done`` reaches a value". Events
+are just (stream, value) pairs, so recording one costs no task unless it needs a timestamp.
+
+Waking a sleeping thread costs tens of microseconds here, more than a small kernel, and spinning
+under the GIL only makes it worse (measured). So a thread that synchronizes without a timeout
+runs the tasks the worker has not started yet itself, in order, under the stream's execution
+lock; the worker runs everything else. An idle stream sleeps on its condition: no core burns.
+
+A task that raises puts the stream in an error state: tasks already enqueued behind it are
+skipped; the error is raised once, by the first synchronize that observes it, as TaskError
+chained to the original exception and naming the task and the line that enqueued it. Work
+enqueued afterwards runs normally.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+
+from . import profiler
+from .callsite import callsite
+from .errors import InvalidParamError, SyncTimeoutError, TaskError
+
+log = logging.getLogger("runtime.stream")
+_ids = itertools.count(1)
+_perf = time.perf_counter
+
+
+class _Task:
+    __slots__ = ("fn", "name", "category", "meta", "site", "seq")
+
+    def __init__(self, fn, name, category, meta, site, seq):
+        self.fn, self.name, self.category, self.meta, self.site, self.seq = \
+            fn, name, category, meta, site, seq
+
+
+class Stream:
+    """An ordered queue of tasks on one device; different streams run concurrently.
+
+    Args:
+        priority: accepted for API fidelity (ACL priorities); all streams are served alike.
+    """
+
+    def __init__(self, priority: int = 0, *, _ctx=None, _name: str | None = None):
+        from .context import current_context
+        if not isinstance(priority, int):
+            raise InvalidParamError(f"Stream(priority={priority!r}): priority must be an int")
+        self._ctx = _ctx if _ctx is not None else current_context()
+        self.priority = priority
+        self.id = next(_ids)
+        self.name = _name or f"stream {self.id}"
+        self.device_id = self._ctx.device_id
+        self._q: collections.deque = collections.deque()
+        self._cv = threading.Condition(threading.Lock())
+        self._issued = 0
+        self._done = 0
+        self._skip_until = 0          # tasks with seq <= this are skipped (error state)
+        self._error: TaskError | None = None
+        self._error_seq = 0
+        self._sleeping = False
+        self._waiters = 0
+        self._running: _Task | None = None
+        self._running_since = 0.0
+        self._destroyed = False
+        self._thread: threading.Thread | None = None
+        self._exec = threading.Lock()       # held while a task runs: keeps the order
+        profiler.register_track(self.id, f"NPU{self.device_id} {self.name}")
+        self._ctx._add_stream(self)
+
+    # ------------------------------------------------------------------ enqueue
+    def _enqueue(self, fn, name: str, category: str = "kernel", meta=None, site: str | None = None) -> int:
+        """Queue ``fn()`` to run in order on this stream; returns its sequence value."""
+        if self._destroyed:
+            raise InvalidParamError(f"{self.name} was destroyed; create a new Stream")
+        if site is None:
+            site = callsite(2)
+        with self._cv:
+            self._issued += 1
+            seq = self._issued
+            self._q.append(_Task(fn, name, category, meta, site, seq))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name=f"npu{self.device_id}-{self.name}",
+                                                daemon=True)
+                self._thread.start()
+            elif self._sleeping:
+                self._cv.notify()
+        return seq
+
+    # ------------------------------------------------------------------ worker
+    def _work(self):
+        q, cv, ex = self._q, self._cv, self._exec
+        while True:
+            if not q:
+                with cv:
+                    while not q:
+                        self._sleeping = True
+                        cv.wait()
+                        self._sleeping = False
+            with ex:
+                while q:
+                    task = q.popleft()
+                    if task is None:      # destroy()
+                        return
+                    self._run(task)
+
+    def _run(self, task: _Task) -> None:
+        """Run (or skip) one task; the caller holds the execution lock."""
+        if task.seq > self._skip_until:
+            self._running, self._running_since = task, _perf()
+            t0 = profiler.now_us() if profiler.active() else 0.0
+            try:
+                task.fn()
+            except BaseException as exc:  # noqa: BLE001 - any failure becomes the stream's error
+                self._fail(task, exc)
+            if t0:
+                profiler.record(self.id, task.name, task.category, t0, profiler.now_us(), task.meta)
+            self._running = None
+        with self._cv:
+            self._done = task.seq
+            if self._waiters:
+                self._cv.notify_all()
+
+    def _fail(self, task: _Task, exc: BaseException) -> None:
+        with self._cv:
+            skipped = self._issued - task.seq
+            self._skip_until = self._issued
+            if self._error is None:
+                err = TaskError(
+                    f"task '{task.name}' on {self.name} (device {self.device_id}) failed: "
+                    f"{type(exc).__name__}: {exc}\n  enqueued at {task.site}\n"
+                    f"  {skipped} task(s) enqueued behind it were skipped; the stream runs new work again.",
+                    task=task.name, site=task.site, stream=self.name)
+                err.__cause__ = exc
+                self._error, self._error_seq = err, task.seq
+        log.error("task %s on %s failed: %r (enqueued at %s)", task.name, self.name, exc, task.site)
+
+    # ------------------------------------------------------------------ waiting
+    def _wait_value(self, value: int, timeout: float | None, what: str) -> None:
+        """Wait until the timeline reaches ``value``, raising the pending error once."""
+        if self._done < value and timeout is None:
+            self._steal(value)
+        if self._done < value:
+            deadline = None if timeout is None else _perf() + timeout
+            with self._cv:
+                self._waiters += 1
+                try:
+                    while self._done < value:
+                        left = None if deadline is None else deadline - _perf()
+                        if left is not None and left <= 0:
+                            raise self._timeout_error(timeout, what, value)
+                        self._cv.wait(left)
+                finally:
+                    self._waiters -= 1
+        self._raise_error_upto(value)
+
+    def _steal(self, value: int) -> None:
+        """Run queued tasks up to ``value`` in the waiting thread if the worker has not started them.
+
+        Waking a sleeping thread costs tens of microseconds, more than a small kernel: a caller
+        that is going to block anyway runs the work itself, in order, under the execution lock.
+        """
+        q = self._q
+        if q and q[0] is not None and self._exec.acquire(blocking=False):
+            try:
+                while self._done < value and q and q[0] is not None:
+                    self._run(q.popleft())
+            finally:
+                self._exec.release()
+
+    def _raise_error_upto(self, value: int) -> None:
+        if self._error is not None and self._error_seq <= value:
+            with self._cv:
+                err, self._error = self._error, None
+            if err is not None:
+                raise err
+
+    def _timeout_error(self, timeout, what, value) -> SyncTimeoutError:
+        run = self._running
+        running = (f"running '{run.name}' (enqueued at {run.site}) for "
+                   f"{_perf() - self._running_since:.1f} s" if run else "idle")
+        return SyncTimeoutError(
+            f"{what} timed out after {timeout:.3g} s on {self.name} (device {self.device_id}): "
+            f"{value - self._done} task(s) still pending, {running}. Nothing was cancelled: the work "
+            f"goes on and the stream stays usable; synchronize again, or find what blocks the task.")
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Block until every task enqueued so far has finished.
+
+        Raises:
+            TaskError: a task failed since the last synchronize (raised once).
+            SyncTimeoutError: ``timeout`` seconds passed first (code 507046); nothing changes.
+        """
+        self._wait_value(self._issued, timeout, "Stream.synchronize")
+
+    def query(self) -> bool:
+        """True when every task enqueued so far has finished."""
+        return self._done >= self._issued
+
+    def wait_event(self, event) -> None:
+        """Make later work on this stream wait until ``event`` completes (aclrtStreamWaitEvent)."""
+        from .event import Event
+        if not isinstance(event, Event):
+            raise InvalidParamError(f"wait_event(event={event!r}): expected a runtime.Event")
+        target = event._target()
+        if target is None:
+            return
+        src, value = target
+        if src is self:
+            return  # already ordered by the stream itself
+        self._enqueue(lambda: src._block_until(value), name="wait_event", category="event",
+                      site=callsite(2))
+
+    def wait_stream(self, other: "Stream") -> None:
+        """Make later work on this stream wait for the work enqueued on ``other`` so far."""
+        if not isinstance(other, Stream):
+            raise InvalidParamError(f"wait_stream(other={other!r}): expected a runtime.Stream")
+        if other is self:
+            return
+        value = other._issued
+        self._enqueue(lambda: other._block_until(value), name="wait_stream", category="event",
+                      site=callsite(2))
+
+    def _block_until(self, value: int) -> None:
+        """Wait (from another stream's worker) for the timeline; no error is consumed here."""
+        if self._done >= value:
+            return
+        with self._cv:
+            self._waiters += 1
+            try:
+                while self._done < value:
+                    self._cv.wait(1.0)
+            finally:
+                self._waiters -= 1
+
+    def record_event(self, event=None):
+        """Record ``event`` (a new one when None) on this stream and return it."""
+        from .event import Event
+        ev = Event() if event is None else event
+        ev.record(self)
+        return ev
+
+    def destroy(self) -> None:
+        """Finish the pending work and stop the worker; the stream is unusable afterwards."""
+        if self._destroyed:
+            return
+        if self is self._ctx.default_stream:
+            raise InvalidParamError("the default stream cannot be destroyed")
+        try:
+            self.synchronize()
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._destroyed = True
+        with self._cv:
+            if self._thread is not None:
+                self._q.append(None)
+                if self._sleeping:
+                    self._cv.notify()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._ctx._remove_stream(self)
+
+    def __repr__(self):
+        return f"<runtime.Stream {self.name} device={self.device_id} issued={self._issued} done={self._done}>"

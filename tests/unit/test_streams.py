@@ -1,0 +1,198 @@
+"""Streams and events: ordering, concurrency, sticky errors, timeouts."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import runtime
+from runtime import errors
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_tasks_run_in_order_and_enqueue_returns_at_once(device):
+    s = runtime.Stream()
+    out = []
+    gate = threading.Event()
+    runtime.launch(lambda: gate.wait(5), stream=s)
+    for i in range(100):
+        runtime.launch(out.append, i, stream=s)
+    assert out == [] and not s.query()     # returned before the work ran
+    gate.set()
+    s.synchronize()
+    assert out == list(range(100)) and s.query()
+
+
+def test_two_streams_run_concurrently(device):
+    a, b = runtime.Stream(), runtime.Stream()
+    t0 = time.perf_counter()
+    runtime.launch(time.sleep, 0.3, stream=a)
+    runtime.launch(time.sleep, 0.3, stream=b)
+    a.synchronize()
+    b.synchronize()
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 0.5, elapsed
+
+
+def test_event_orders_work_across_streams(device):
+    a, b = runtime.Stream(), runtime.Stream()
+    x = runtime.zeros(4, np.float32)
+    y = runtime.zeros(4, np.float32)
+
+    def slow_fill(v):
+        time.sleep(0.2)
+        v[:] = 7
+
+    runtime.launch(slow_fill, x, stream=a)
+    ev = a.record_event()
+    b.wait_event(ev)
+    runtime.launch(lambda src, dst: np.copyto(dst, src * 2), x, y, stream=b)
+    b.synchronize()
+    assert ev.query()
+    np.testing.assert_array_equal(y.to_host(), np.full(4, 14, np.float32))
+
+
+def test_wait_stream(device):
+    a, b = runtime.Stream(), runtime.Stream()
+    seen = []
+    runtime.launch(lambda: (time.sleep(0.1), seen.append("a")), stream=a)
+    b.wait_stream(a)
+    runtime.launch(lambda: seen.append("b"), stream=b)
+    b.synchronize()
+    assert seen == ["a", "b"]
+
+
+def test_never_recorded_event_is_complete(device):
+    ev = runtime.Event()
+    assert ev.query()
+    ev.synchronize(timeout=0.01)
+    s = runtime.Stream()
+    s.wait_event(ev)
+    s.synchronize(timeout=1)
+
+
+def test_task_error_is_sticky_skips_and_raises_once(device):
+    s = runtime.Stream()
+    ran = []
+
+    def bad():
+        raise ValueError("boom 42")
+
+    gate = threading.Event()
+    runtime.launch(gate.wait, 5, stream=s)
+    runtime.launch(bad, stream=s, name="my_kernel")
+    runtime.launch(ran.append, 1, stream=s)           # enqueued behind the failure: skipped
+    gate.set()
+    with pytest.raises(errors.TaskError) as ei:
+        s.synchronize()
+    err = ei.value
+    assert err.task == "my_kernel" and "test_streams.py" in err.site
+    assert isinstance(err.__cause__, ValueError) and "boom 42" in str(err)
+    assert ran == []
+    s.synchronize()                                     # raised once only
+    runtime.launch(ran.append, 2, stream=s)             # the stream runs new work again
+    s.synchronize()
+    assert ran == [2]
+
+
+def test_error_surfaces_through_event_and_device(device):
+    s = runtime.Stream()
+    runtime.launch(lambda: 1 / 0, stream=s, name="div")
+    ev = s.record_event()
+    with pytest.raises(errors.TaskError, match="div"):
+        ev.synchronize()
+    runtime.launch(lambda: 1 / 0, stream=s, name="div2")
+    with pytest.raises(errors.TaskError, match="div2"):
+        runtime.synchronize()
+
+
+def test_synchronize_timeout_changes_nothing(device):
+    s = runtime.Stream()
+    gate = threading.Event()
+    out = []
+    runtime.launch(lambda: gate.wait(10), stream=s, name="blocker")
+    runtime.launch(out.append, "done", stream=s)
+    with pytest.raises(errors.SyncTimeoutError) as ei:
+        s.synchronize(timeout=0.05)
+    assert ei.value.code == 507046 and "blocker" in str(ei.value)
+    ev = s.record_event()
+    with pytest.raises(errors.SyncTimeoutError):
+        ev.synchronize(timeout=0.01)
+    gate.set()
+    s.synchronize(timeout=5)
+    assert out == ["done"]
+
+
+def test_elapsed_time(device):
+    s = runtime.Stream()
+    a, b = runtime.Event(enable_timing=True), runtime.Event(enable_timing=True)
+    a.record(s)
+    runtime.launch(time.sleep, 0.05, stream=s)
+    b.record(s)
+    b.synchronize()
+    ms = a.elapsed_time(b)
+    assert 45 <= ms < 500, ms
+    with pytest.raises(errors.InvalidParamError, match="enable_timing"):
+        runtime.Event().elapsed_time(b)
+
+
+def test_current_stream_context_manager(device):
+    s = runtime.Stream()
+    assert runtime.current_stream() is runtime.default_stream()
+    with runtime.stream(s):
+        assert runtime.current_stream() is s
+        with runtime.stream(runtime.default_stream()):
+            assert runtime.current_stream() is runtime.default_stream()
+        assert runtime.current_stream() is s
+    assert runtime.current_stream() is runtime.default_stream()
+
+
+def test_callback_in_order(device):
+    s = runtime.Stream()
+    seen = []
+    runtime.launch(lambda: seen.append("k"), stream=s)
+    runtime.launch_callback(lambda: seen.append("cb"), stream=s)
+    s.synchronize()
+    assert seen == ["k", "cb"]
+
+
+def test_launch_non_callable(device):
+    with pytest.raises(errors.InvalidParamError, match="callable"):
+        runtime.launch(42)
+    with pytest.raises(errors.InvalidParamError, match="callable"):
+        runtime.launch_callback("nope")
+    runtime.synchronize()
+
+
+def test_destroyed_stream_rejects_work(device):
+    s = runtime.Stream()
+    s.destroy()
+    with pytest.raises(errors.InvalidParamError, match="destroyed"):
+        runtime.launch(print, stream=s)
+    with pytest.raises(errors.InvalidParamError):
+        runtime.default_stream().destroy()
+
+
+def test_use_before_set_device_says_what_to_call():
+    def other_thread(box):
+        try:
+            import runtime.context as c
+            c._tls.device = None
+            saved, c._process_device = c._process_device, None
+            try:
+                runtime.Stream()
+            finally:
+                c._process_device = saved
+        except errors.ContextError as e:
+            box.append(e)
+    box = []
+    t = threading.Thread(target=other_thread, args=(box,))
+    t.start()
+    t.join()
+    assert box and "set_device" in str(box[0]) and "LOCAL_RANK" in str(box[0])
+
+
+def test_set_device_out_of_range():
+    with pytest.raises(errors.InvalidParamError, match="NPUSIM_DEVICE_COUNT"):
+        runtime.set_device(99)
