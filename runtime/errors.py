@@ -88,3 +88,36 @@ class TaskError(NpuError):
         self.task = task
         self.site = site
         self.stream = stream
+
+
+_combined: dict[type, type] = {}
+
+
+def _rebuild_combined(orig_cls, message, state):
+    err = task_error_class(orig_cls).__new__(task_error_class(orig_cls))
+    Exception.__init__(err, message)
+    err.__dict__.update(state)
+    return err
+
+
+def task_error_class(orig_cls: type) -> type:
+    """``TaskError`` for a task exception; keeps the exception's own type when it asks to.
+
+    A library whose errors users catch by type (hccl's HcclTimeoutError, ...) marks its classes
+    with ``npusim_surface = True``; a failing task of such a type then surfaces as a class that is
+    both a ``TaskError`` and the original type, so ``except TaskError`` and
+    ``except HcclTimeoutError`` both work.
+    """
+    if not getattr(orig_cls, "npusim_surface", False):
+        return TaskError
+    cls = _combined.get(orig_cls)
+    if cls is None:
+        def __reduce__(self):
+            return (_rebuild_combined, (orig_cls, str(self), dict(self.__dict__)))
+
+        def __str__(self):
+            return Exception.__str__(self)
+        cls = type(f"TaskError[{orig_cls.__name__}]", (TaskError, orig_cls),
+                   {"__reduce__": __reduce__, "__str__": __str__, "__module__": __name__})
+        _combined[orig_cls] = cls
+    return cls

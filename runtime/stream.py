@@ -25,7 +25,7 @@ import time
 
 from . import profiler
 from .callsite import callsite
-from .errors import InvalidParamError, SyncTimeoutError, TaskError
+from .errors import InvalidParamError, SyncTimeoutError, TaskError, task_error_class
 
 log = logging.getLogger("runtime.stream")
 _ids = itertools.count(1)
@@ -131,14 +131,25 @@ class Stream:
             skipped = self._issued - task.seq
             self._skip_until = self._issued
             if self._error is None:
-                err = TaskError(
-                    f"task '{task.name}' on {self.name} (device {self.device_id}) failed: "
-                    f"{type(exc).__name__}: {exc}\n  enqueued at {task.site}\n"
-                    f"  {skipped} task(s) enqueued behind it were skipped; the stream runs new work again.",
-                    task=task.name, site=task.site, stream=self.name)
+                cls = task_error_class(type(exc))
+                where = (f"\n  task '{task.name}' on {self.name} (device {self.device_id}) enqueued at "
+                         f"{task.site}")
+                if skipped:
+                    where += f"; {skipped} task(s) enqueued behind it were skipped"
+                if cls is TaskError:
+                    msg = f"task '{task.name}' failed: {type(exc).__name__}: {exc}{where}"
+                else:  # the library's own message stays the first line
+                    msg = f"{exc}{where}"
+                err = cls.__new__(cls)
+                Exception.__init__(err, msg)
+                if cls is not TaskError:
+                    err.__dict__.update(exc.__dict__)
+                err.code = TaskError.code
+                err.task, err.site, err.stream = task.name, task.site, self.name
                 err.__cause__ = exc
                 self._error, self._error_seq = err, task.seq
-        log.error("task %s on %s failed: %r (enqueued at %s)", task.name, self.name, exc, task.site)
+        log.error("task %s on %s failed: %s (enqueued at %s)", task.name, self.name,
+                  str(exc).splitlines()[0] if str(exc) else repr(exc), task.site)
 
     # ------------------------------------------------------------------ waiting
     def _wait_value(self, value: int, timeout: float | None, what: str) -> None:

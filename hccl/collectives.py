@@ -1,0 +1,177 @@
+"""The HCCL API: every collective validates at the call, then enqueues one task on ``stream``.
+
+Names follow HCCL (``HcclAllReduce(sendBuf, recvBuf, count, dataType, op, comm, stream)`` is
+``all_reduce(send, recv, count, dtype, op, comm, stream)``); ``count`` is the per-rank element
+count. Buffers are ``runtime.DevicePtr`` or ``runtime.DeviceArray``; ``recv`` may be ``send``
+(in place). ``stream=None`` means the current stream. Bad arguments raise
+``InvalidArgumentError`` (E_PARA) naming the argument and the sizes, before anything is
+enqueued, so the communicator still works afterwards.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import runtime
+from runtime.callsite import callsite
+from runtime.errors import NpuError
+
+from .comm import Comm
+from .errors import InvalidArgumentError
+from .types import DataType, OpType, ReduceOp
+
+
+def _comm(comm, api) -> Comm:
+    if not isinstance(comm, Comm):
+        raise InvalidArgumentError(f"{api}: comm={comm!r} is not an hccl.Comm")
+    comm._check_alive(api)
+    return comm
+
+
+def _dtype(dtype, api) -> DataType:
+    try:
+        return DataType.of(dtype)
+    except Exception:
+        raise InvalidArgumentError(f"{api}: dtype={dtype!r} is not an HCCL data type "
+                                   f"({', '.join(d.name for d in DataType)})") from None
+
+
+def _redop(op, api) -> ReduceOp:
+    try:
+        return ReduceOp.of(op)
+    except Exception:
+        raise InvalidArgumentError(f"{api}: op={op!r} is not a ReduceOp (SUM, PROD, MAX, MIN)") from None
+
+
+def _count(count, api, name="count") -> int:
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+        raise InvalidArgumentError(f"{api}: {name}={count!r} must be a non-negative int")
+    return int(count)
+
+
+def _rank(value, size, api, name) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < size:
+        raise InvalidArgumentError(f"{api}: {name}={value!r} is out of range for a communicator of "
+                                   f"{size} ranks (valid: 0..{size - 1})")
+    return int(value)
+
+
+def _buf(b, need: int, api: str, name: str, dtype: DataType, count_desc: str):
+    """Check that ``b`` is device memory holding at least ``need`` bytes."""
+    if not isinstance(b, (runtime.DevicePtr, runtime.DeviceArray)):
+        raise InvalidArgumentError(f"{api}: {name}={b!r} must be a runtime.DevicePtr or DeviceArray")
+    if isinstance(b, runtime.DeviceArray) and b.nbytes == 0:
+        have = 0
+    else:
+        try:
+            have = runtime.buffer_nbytes(b)
+        except NpuError as e:
+            raise InvalidArgumentError(f"{api}: {name}: {e}") from None
+    if need > have:
+        raise InvalidArgumentError(
+            f"{api}: {name} holds {have} bytes but {count_desc} of {dtype.name} "
+            f"({dtype.itemsize} bytes each) need {need} bytes")
+    return b
+
+
+def all_reduce(send, recv, count, dtype, op, comm, stream=None, *, _site=None):
+    """HcclAllReduce: every rank receives the reduction of all ranks' ``count`` elements."""
+    api = "all_reduce"
+    comm, dt, n, rop = _comm(comm, api), _dtype(dtype, api), _count(count, api), _redop(op, api)
+    need = n * dt.itemsize
+    _buf(send, need, api, "send", dt, f"count={n} elements")
+    _buf(recv, need, api, "recv", dt, f"count={n} elements")
+    comm._enqueue(OpType.ALLREDUCE, api, bufs={"send": send, "recv": recv}, count=n, dtype=dt,
+                  redop=rop, stream=stream, site=_site or callsite(2))
+
+
+def all_gather(send, recv, send_count, dtype, comm, stream=None, *, _site=None):
+    """HcclAllGather: recv holds every rank's ``send_count`` elements, in rank order."""
+    api = "all_gather"
+    comm, dt, n = _comm(comm, api), _dtype(dtype, api), _count(send_count, api, "send_count")
+    _buf(send, n * dt.itemsize, api, "send", dt, f"send_count={n} elements")
+    _buf(recv, n * comm.size * dt.itemsize, api, "recv", dt,
+         f"send_count={n} x {comm.size} ranks = {n * comm.size} elements")
+    comm._enqueue(OpType.ALLGATHER, api, bufs={"send": send, "recv": recv}, count=n, dtype=dt,
+                  stream=stream, site=_site or callsite(2))
+
+
+def reduce_scatter(send, recv, recv_count, dtype, op, comm, stream=None, *, _site=None):
+    """HcclReduceScatter: rank r receives block r (``recv_count`` elements) of the reduction."""
+    api = "reduce_scatter"
+    comm, dt = _comm(comm, api), _dtype(dtype, api)
+    n, rop = _count(recv_count, api, "recv_count"), _redop(op, api)
+    _buf(send, n * comm.size * dt.itemsize, api, "send", dt,
+         f"recv_count={n} x {comm.size} ranks = {n * comm.size} elements")
+    _buf(recv, n * dt.itemsize, api, "recv", dt, f"recv_count={n} elements")
+    comm._enqueue(OpType.REDUCE_SCATTER, api, bufs={"send": send, "recv": recv}, count=n, dtype=dt,
+                  redop=rop, stream=stream, site=_site or callsite(2))
+
+
+def broadcast(buf, count, dtype, root, comm, stream=None, *, _site=None):
+    """HcclBroadcast: every rank's ``buf`` receives root's ``count`` elements."""
+    api = "broadcast"
+    comm, dt, n = _comm(comm, api), _dtype(dtype, api), _count(count, api)
+    r = _rank(root, comm.size, api, "root")
+    _buf(buf, n * dt.itemsize, api, "buf", dt, f"count={n} elements")
+    comm._enqueue(OpType.BROADCAST, api, bufs={"send": buf, "recv": buf}, count=n, dtype=dt, root=r,
+                  stream=stream, site=_site or callsite(2))
+
+
+def reduce(send, recv, count, dtype, op, root, comm, stream=None, *, _site=None):
+    """HcclReduce: root's ``recv`` receives the reduction; ``recv`` may be None elsewhere."""
+    api = "reduce"
+    comm, dt, n, rop = _comm(comm, api), _dtype(dtype, api), _count(count, api), _redop(op, api)
+    r = _rank(root, comm.size, api, "root")
+    _buf(send, n * dt.itemsize, api, "send", dt, f"count={n} elements")
+    if comm.rank == r or recv is not None:
+        _buf(recv, n * dt.itemsize, api, "recv", dt, f"count={n} elements")
+    comm._enqueue(OpType.REDUCE, api, bufs={"send": send, "recv": recv}, count=n, dtype=dt,
+                  redop=rop, root=r, stream=stream, site=_site or callsite(2))
+
+
+def all_to_all(send, send_count, recv, recv_count, dtype, comm, stream=None, *, _site=None):
+    """HcclAlltoAll: block j of rank i's send goes to block i of rank j's recv."""
+    api = "all_to_all"
+    comm, dt = _comm(comm, api), _dtype(dtype, api)
+    sc, rc = _count(send_count, api, "send_count"), _count(recv_count, api, "recv_count")
+    if sc != rc:
+        raise InvalidArgumentError(f"{api}: send_count={sc} and recv_count={rc} differ; npusim's "
+                                   "all_to_all exchanges equal blocks")
+    _buf(send, sc * comm.size * dt.itemsize, api, "send", dt,
+         f"send_count={sc} x {comm.size} ranks = {sc * comm.size} elements")
+    _buf(recv, rc * comm.size * dt.itemsize, api, "recv", dt,
+         f"recv_count={rc} x {comm.size} ranks = {rc * comm.size} elements")
+    comm._enqueue(OpType.ALLTOALL, api, bufs={"send": send, "recv": recv}, count=sc, dtype=dt,
+                  stream=stream, site=_site or callsite(2))
+
+
+def send(buf, count, dtype, dest, comm, stream=None, *, _site=None):
+    """HcclSend: send ``count`` elements to rank ``dest`` (matched by that rank's ``recv``)."""
+    api = "send"
+    comm, dt, n = _comm(comm, api), _dtype(dtype, api), _count(count, api)
+    d = _rank(dest, comm.size, api, "dest")
+    if d == comm.rank:
+        raise InvalidArgumentError(f"{api}: dest={d} is this rank; send to another rank")
+    _buf(buf, n * dt.itemsize, api, "buf", dt, f"count={n} elements")
+    comm._enqueue(OpType.SEND, api, bufs={"send": buf}, count=n, dtype=dt, peer=d, stream=stream,
+                  site=_site or callsite(2))
+
+
+def recv(buf, count, dtype, src, comm, stream=None, *, _site=None):
+    """HcclRecv: receive ``count`` elements from rank ``src``."""
+    api = "recv"
+    comm, dt, n = _comm(comm, api), _dtype(dtype, api), _count(count, api)
+    s = _rank(src, comm.size, api, "src")
+    if s == comm.rank:
+        raise InvalidArgumentError(f"{api}: src={s} is this rank; receive from another rank")
+    _buf(buf, n * dt.itemsize, api, "buf", dt, f"count={n} elements")
+    comm._enqueue(OpType.RECV, api, bufs={"recv": buf}, count=n, dtype=dt, peer=s, stream=stream,
+                  site=_site or callsite(2))
+
+
+def barrier(comm, stream=None, *, _site=None):
+    """HcclBarrier: completes on every rank once all ranks have reached it."""
+    api = "barrier"
+    comm = _comm(comm, api)
+    comm._enqueue(OpType.BARRIER, api, bufs={}, count=0, dtype=DataType.UINT8, stream=stream,
+                  site=_site or callsite(2))

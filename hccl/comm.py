@@ -1,0 +1,336 @@
+"""Communicators: ranks of a world, per-communicator sequence numbers, collectives as stream tasks.
+
+Design note. A *world* is one transport connecting the processes (or, in tests, threads) of a
+job. Every communicator of that world shares its transport and tags its messages with its own
+64-bit ``comm_id``, so concurrent communicators never cross. A collective takes the next ``seq``
+of its communicator when it is *called* (host order, as HCCL requires every rank to call the same
+collectives in the same order), validates every argument, builds its schedule (pure data) and
+enqueues one task on the caller's stream; the task runs the schedule through the executor.
+Point-to-point operations count their own per-peer sequence on a separate id, so they are never
+taken for a mismatch with a collective.
+
+When a collective fails on one rank (timeout, mismatch), that rank aborts the communicator: every
+peer waiting in it fails at once with RemoteRankError naming the rank (or, for a mismatch, with
+the same CollectiveMismatchError) instead of waiting for its own timeout. An aborted
+communicator stays aborted: create a new one.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+
+import numpy as np
+
+import runtime
+from runtime.callsite import callsite
+from runtime.context import resolve_stream
+from runtime.errors import NpuError
+
+from . import config, executor, schedule
+from .errors import CollectiveMismatchError, HcclError, HcclTimeoutError, InvalidArgumentError, RemoteRankError
+from .flight import recorder
+from .types import DataType, Fingerprint, OpType, ReduceOp, Result
+
+log = logging.getLogger("hccl")
+_P2P_BIT = 1 << 62
+_MISMATCH = "MISMATCH|"
+
+
+def comm_id_of(text: str) -> int:
+    """A 62-bit communicator id from a unique string."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") & (_P2P_BIT - 1)
+
+
+class World:
+    """One transport and what keeps it alive (store client, hosted store server)."""
+
+    def __init__(self, transport, *, uid: str, store=None, server=None):
+        self.transport, self.uid, self.store, self.server = transport, uid, store, server
+        self.rank, self.size = transport.rank, transport.size
+        self.comms = 0
+        self._lock = threading.Lock()
+
+    def release(self) -> None:
+        with self._lock:
+            self.comms -= 1
+            if self.comms > 0:
+                return
+        for obj in (self.transport, self.store, self.server):
+            if obj is not None:
+                try:
+                    obj.close()
+                except Exception:  # closing must never raise
+                    log.debug("close failed", exc_info=True)
+
+
+class Comm:
+    """A communicator: ``rank`` and ``size`` within it, a name, and its collectives.
+
+    Create one with ``comm_init_root_info``, ``init_comm`` or ``create_sub_comm``.
+    """
+
+    def __init__(self, world: World, ranks: list[int], comm_id: int, name: str):
+        self.world = world
+        self.ranks = list(ranks)            # comm rank -> world rank
+        self.rank = self.ranks.index(world.rank)
+        self.size = len(self.ranks)
+        self.comm_id = comm_id
+        self.name = name
+        self.exec_timeout: float | None = None
+        self._seq = 0
+        self._p2p: dict[tuple[str, int], int] = {}
+        self._subs: dict[tuple, int] = {}
+        self._lock = threading.Lock()
+        self._destroyed = False
+        with world._lock:
+            world.comms += 1
+
+    # ------------------------------------------------------------------ lifecycle
+    def __repr__(self):
+        return f"<hccl.Comm {self.name} rank {self.rank}/{self.size}{' destroyed' if self._destroyed else ''}>"
+
+    def set_exec_timeout(self, seconds: float) -> None:
+        """Override HCCL_EXEC_TIMEOUT for this communicator (the longest wait for a peer)."""
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+            raise InvalidArgumentError(f"set_exec_timeout(seconds={seconds!r}): must be a positive number")
+        self.exec_timeout = float(seconds)
+
+    def _timeout(self) -> tuple[float, str]:
+        if self.exec_timeout is not None:
+            return self.exec_timeout, f"comm.set_exec_timeout({self.exec_timeout:g})"
+        t = config.exec_timeout()
+        return t, f"HCCL_EXEC_TIMEOUT={t:g}"
+
+    def destroy(self) -> None:
+        """Release the communicator (HcclCommDestroy); later calls on it raise E_PARA."""
+        if self._destroyed:
+            return
+        self._destroyed = True
+        try:
+            self.world.transport.forget(self.comm_id)
+            self.world.transport.forget(self.comm_id | _P2P_BIT)
+        except Exception:
+            pass
+        self.world.release()
+
+    def _check_alive(self, what: str) -> None:
+        if self._destroyed:
+            raise InvalidArgumentError(f"{what}: communicator {self.name} was destroyed; create a new one",
+                                       Result.E_PARA)
+
+    def create_sub_comm(self, rank_ids) -> "Comm":
+        """A communicator of the ranks ``rank_ids`` of this one (called by each of them, in the
+        same order on every member). The caller's rank in the new comm is its index there."""
+        self._check_alive("create_sub_comm")
+        try:
+            ids = [int(r) for r in rank_ids]
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(f"create_sub_comm(rank_ids={rank_ids!r}): expected a list of ints") from None
+        if not ids or len(set(ids)) != len(ids) or any(not 0 <= r < self.size for r in ids):
+            raise InvalidArgumentError(
+                f"create_sub_comm(rank_ids={ids}): ranks must be distinct, non-empty and in [0, {self.size})")
+        if self.rank not in ids:
+            raise InvalidArgumentError(
+                f"create_sub_comm(rank_ids={ids}): rank {self.rank} is not a member; only members call it")
+        key = tuple(ids)
+        with self._lock:
+            n = self._subs.get(key, 0)
+            self._subs[key] = n + 1
+        cid = comm_id_of(f"{self.comm_id}/sub/{key}/{n}")
+        return Comm(self.world, [self.ranks[r] for r in ids], cid, f"{self.name}.sub{list(ids)}" + (f"#{n}" if n else ""))
+
+    # ------------------------------------------------------------------ the core
+    def _enqueue(self, op: OpType, api: str, *, bufs: dict, count: int, dtype: DataType,
+                 redop=None, root=None, peer=None, stream=None, site=None) -> None:
+        s = _resolve_stream(api, stream)
+        for name, b in bufs.items():
+            if b is not None and _device_of(b) not in (s.device_id, -1):
+                raise InvalidArgumentError(
+                    f"{api}: {name} is on device {_device_of(b)} but the stream is on device {s.device_id}")
+        p2p = op in (OpType.SEND, OpType.RECV)
+        fp_op = OpType.SEND if p2p else op
+        fp = Fingerprint.make(fp_op, count, dtype, redop, root)
+        inplace = bufs.get("send") is not None and _same(bufs.get("send"), bufs.get("recv"))
+        steps = schedule.build(op, self.rank, self.size, count, dtype.itemsize, config.slice_bytes(),
+                               root=root, peer=peer, inplace=inplace, algo=config.algo())
+        with self._lock:
+            if p2p:
+                key = ("send" if op == OpType.SEND else "recv", peer)
+                seq = self._p2p.get(key, 0) + 1
+                self._p2p[key] = seq
+            else:
+                self._seq += 1
+                seq = self._seq
+        cid = self.comm_id | _P2P_BIT if p2p else self.comm_id
+        site = site or callsite(3)
+        rec = recorder.enqueue(self, seq, Fingerprint.make(op, count, dtype, redop, root),
+                               stream=s.name, site=site, peer=peer,
+                               nbytes=count * dtype.itemsize)
+        timeout, source = self._timeout()
+        transport = self.world.transport
+        ext = schedule.buffer_extents(steps)
+        nbytes = {name: ext.get(name, 0) for name in ("send", "recv")}
+        if inplace:
+            nbytes["send"] = nbytes["recv"] = max(nbytes.values())
+
+        def task():
+            recorder.start(rec)
+            views = {name: runtime.host_view(b, nbytes[name], name=name)
+                     for name, b in bufs.items() if b is not None}
+            if inplace:
+                views["recv"] = views["send"]
+            try:
+                executor.run(steps, views, redop, dtype, transport, cid, seq, fp, self.ranks, timeout,
+                             on_wait=lambda p: recorder.waiting(rec, p), rank=self.rank)
+            except HcclError as e:
+                recorder.fail(rec, e)
+                raise self._failure(e, op, seq, fp, timeout, source, cid) from e
+            recorder.complete(rec)
+
+        meta = {"comm": self.name, "seq": seq, "count": count, "dtype": dtype.name,
+                "bytes": count * dtype.itemsize}
+        if peer is not None:
+            meta["peer"] = peer
+        s._enqueue(task, name=f"Hccl{_API_NAMES[op]}", category="collective", meta=meta, site=site)
+
+    def _describe(self, op, seq, fp) -> str:
+        parts = [f"comm={self.name}", f"seq={seq}"]
+        if op != OpType.BARRIER:
+            parts += [f"count={fp.count}", DataType(fp.dtype).name]
+        if fp.redop != -1:
+            parts.append(ReduceOp(fp.redop).name)
+        if fp.root != -1:
+            parts.append(f"root={fp.root}")
+        return f"{op.name}({', '.join(parts)})"
+
+    def _failure(self, e: HcclError, op, seq, fp, timeout, source, cid) -> HcclError:
+        """The error a user sees, with the op, the comm and the seq; aborts the comm for the peers."""
+        call = self._describe(op, seq, fp)
+        last_enq, last_done = recorder.last(self.name, self.rank)
+        transport = self.world.transport
+        if isinstance(e, HcclTimeoutError):
+            msg = (f"[rank {self.rank}] {call} timed out after {timeout:.1f} s ({source}); "
+                   f"last enqueued seq {last_enq}, last completed seq {last_done}\n  {e}")
+            err = HcclTimeoutError(msg, peer=e.peer, world_peer=getattr(e, "world_peer", None), seq=seq,
+                                   waited=e.waited, timeout=timeout, rank=self.rank,
+                                   step=getattr(e, "step", None))
+            transport.abort(cid, f"rank {self.rank} timed out in {call} waiting for rank {e.peer}")
+            return err
+        if isinstance(e, CollectiveMismatchError):
+            msg = f"[rank {self.rank}] {call}: collective mismatch: {e}"
+            err = CollectiveMismatchError(msg, seq=seq, ranks=e.ranks, calls=[str(c) for c in e.calls])
+            transport.abort(cid, _MISMATCH + str(e))
+            return err
+        if isinstance(e, RemoteRankError):
+            reason = getattr(e, "reason", "") or ""
+            if reason.startswith(_MISMATCH):
+                return CollectiveMismatchError(
+                    f"[rank {self.rank}] {call}: collective mismatch reported by rank {e.rank}: "
+                    f"{reason[len(_MISMATCH):]}", seq=seq, ranks=[e.rank], calls=[])
+            return RemoteRankError(f"[rank {self.rank}] {call} failed: rank {e.rank} failed or aborted "
+                                   f"the communicator: {reason}", rank=e.rank, reason=reason, seq=seq)
+        msg = f"[rank {self.rank}] {call} failed: {e}"
+        err = type(e).__new__(type(e))
+        Exception.__init__(err, msg)
+        err.__dict__.update(e.__dict__)
+        transport.abort(cid, f"rank {self.rank} failed in {call}: {str(e).splitlines()[0]}")
+        return err
+
+    # ------------------------------------------------------------------ methods with inferred count/dtype
+    def all_reduce(self, send, recv=None, op=ReduceOp.SUM, stream=None):
+        from .collectives import all_reduce
+        recv = send if recv is None else recv
+        all_reduce(send, recv, _size(send, "send"), _arr_dtype(send), op, self, stream, _site=callsite(2))
+        return recv
+
+    def all_gather(self, send, recv, stream=None):
+        from .collectives import all_gather
+        all_gather(send, recv, _size(send, "send"), _arr_dtype(send), self, stream, _site=callsite(2))
+        return recv
+
+    def reduce_scatter(self, send, recv, op=ReduceOp.SUM, stream=None):
+        from .collectives import reduce_scatter
+        reduce_scatter(send, recv, _size(recv, "recv"), _arr_dtype(recv), op, self, stream, _site=callsite(2))
+        return recv
+
+    def broadcast(self, buf, root=0, stream=None):
+        from .collectives import broadcast
+        broadcast(buf, _size(buf, "buf"), _arr_dtype(buf), root, self, stream, _site=callsite(2))
+        return buf
+
+    def reduce(self, send, recv=None, op=ReduceOp.SUM, root=0, stream=None):
+        from .collectives import reduce
+        reduce(send, recv, _size(send, "send"), _arr_dtype(send), op, root, self, stream, _site=callsite(2))
+        return recv
+
+    def all_to_all(self, send, recv, stream=None):
+        from .collectives import all_to_all
+        n = _size(send, "send")
+        if n % self.size:
+            raise InvalidArgumentError(f"all_to_all: send has {n} elements, not a multiple of the "
+                                       f"communicator size {self.size}")
+        c = n // self.size
+        all_to_all(send, c, recv, c, _arr_dtype(send), self, stream, _site=callsite(2))
+        return recv
+
+    def send(self, buf, dest, stream=None):
+        from .collectives import send
+        send(buf, _size(buf, "buf"), _arr_dtype(buf), dest, self, stream, _site=callsite(2))
+
+    def recv(self, buf, src, stream=None):
+        from .collectives import recv
+        recv(buf, _size(buf, "buf"), _arr_dtype(buf), src, self, stream, _site=callsite(2))
+        return buf
+
+    def barrier(self, stream=None):
+        from .collectives import barrier
+        barrier(self, stream, _site=callsite(2))
+
+
+_API_NAMES = {OpType.ALLREDUCE: "AllReduce", OpType.ALLGATHER: "AllGather",
+              OpType.REDUCE_SCATTER: "ReduceScatter", OpType.BROADCAST: "Broadcast",
+              OpType.REDUCE: "Reduce", OpType.ALLTOALL: "AlltoAll", OpType.SEND: "Send",
+              OpType.RECV: "Recv", OpType.BARRIER: "Barrier"}
+
+
+def _resolve_stream(api, stream):
+    try:
+        return resolve_stream(stream)
+    except NpuError as e:
+        raise InvalidArgumentError(f"{api}: stream: {e}") from None
+
+
+def _device_of(b) -> int:
+    if isinstance(b, runtime.DeviceArray):
+        return b.ptr.device_id if b.ptr is not None else -1
+    return b.device_id
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return False
+    if a is b:
+        return True
+    pa = a.ptr if isinstance(a, runtime.DeviceArray) else a
+    pb = b.ptr if isinstance(b, runtime.DeviceArray) else b
+    return pa is not None and pb is not None and pa.device_id == pb.device_id and pa.addr == pb.addr
+
+
+def _size(a, name) -> int:
+    if not isinstance(a, runtime.DeviceArray):
+        raise InvalidArgumentError(f"{name}={a!r}: the Comm methods infer count and dtype from a "
+                                   "DeviceArray; use hccl.<collective>(...) with a count for DevicePtr")
+    return a.size
+
+
+def _arr_dtype(a) -> DataType:
+    try:
+        return DataType.of(a.dtype)
+    except (InvalidArgumentError, ValueError, TypeError):
+        raise InvalidArgumentError(f"dtype {a.dtype} of the DeviceArray is not an HCCL data type "
+                                   f"({', '.join(d.name for d in DataType)})") from None
+
+
+def as_np_dtype(dt: DataType) -> np.dtype:
+    return dt.numpy

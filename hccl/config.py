@@ -1,0 +1,136 @@
+"""Every environment knob of hccl, read in one place, at call time.
+
+Names and units follow HCCL. A bad value raises ``InvalidArgumentError`` naming the variable, the
+value and what is expected, instead of being silently replaced by the default.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+
+from hccl.errors import InvalidArgumentError
+
+MiB = 1 << 20
+
+
+def _raw(name: str) -> str | None:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    return raw.strip()
+
+
+def _number(name: str, default: float, unit: str, example: str) -> float:
+    raw = _raw(name)
+    if raw is None:
+        return float(default)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise InvalidArgumentError(
+            f"{name}={raw!r} is not a positive number of {unit}; unset it or set e.g. {example}")
+    return value
+
+
+def _int(name: str, default: int, minimum: int, what: str) -> int:
+    raw = _raw(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw, 10)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise InvalidArgumentError(
+            f"{name}={raw!r} is not {what} (an integer >= {minimum}); unset it to use {default}")
+    return value
+
+
+def connect_timeout() -> float:
+    """HCCL_CONNECT_TIMEOUT: seconds for communicator init and link setup (default 120)."""
+    return _number("HCCL_CONNECT_TIMEOUT", 120, "seconds", "HCCL_CONNECT_TIMEOUT=120")
+
+
+def exec_timeout() -> float:
+    """HCCL_EXEC_TIMEOUT: seconds of the longest wait for a peer inside a collective (default 1800)."""
+    return _number("HCCL_EXEC_TIMEOUT", 1800, "seconds", "HCCL_EXEC_TIMEOUT=1800")
+
+
+def buffsize_mb() -> int:
+    """HCCL_BUFFSIZE: staging/pipelining buffer size in MB (default 200, at least 1)."""
+    return _int("HCCL_BUFFSIZE", 200, 1, "a size in MB")
+
+
+def slice_bytes() -> int:
+    """Largest piece of a chunk sent as one message: HCCL_BUFFSIZE MB.
+
+    ``NPUSIM_SLICE_BYTES`` (bytes, npusim only) overrides it, so tests can exercise slicing and
+    pipelining with small buffers.
+    """
+    override = _int("NPUSIM_SLICE_BYTES", 0, 1, "a size in bytes")
+    return override if override else buffsize_mb() * MiB
+
+
+def algo() -> str:
+    """HCCL_ALGO: algorithm name (default "ring").
+
+    Accepts a plain name (``ring``) or HCCL's per-level form (``level0:NA;level1:ring``), in which
+    case the highest level that names an algorithm wins. The name is checked against the
+    schedule registry by ``hccl.schedule.algorithms``.
+    """
+    raw = _raw("HCCL_ALGO")
+    if raw is None:
+        return "ring"
+    if ":" not in raw:
+        return raw.lower()
+    chosen = None
+    for part in raw.split(";"):
+        level, sep, name = part.partition(":")
+        name = name.strip().lower()
+        if not sep or not level.strip().lower().startswith("level") or not name:
+            raise InvalidArgumentError(
+                f"HCCL_ALGO={raw!r}: {part!r} is not 'levelN:algorithm'; use e.g. HCCL_ALGO=ring")
+        if name != "na":
+            chosen = name
+    if chosen is None:
+        raise InvalidArgumentError(f"HCCL_ALGO={raw!r} names no algorithm; use e.g. HCCL_ALGO=ring")
+    return chosen
+
+
+def if_ip() -> str | None:
+    """HCCL_IF_IP: the address to bind and advertise (default: None, meaning loopback/auto)."""
+    raw = _raw("HCCL_IF_IP")
+    if raw is None:
+        return None
+    try:
+        return str(ipaddress.ip_address(raw))
+    except ValueError:
+        raise InvalidArgumentError(
+            f"HCCL_IF_IP={raw!r} is not an IP address; set e.g. HCCL_IF_IP=10.0.0.5") from None
+
+
+_LOG_LEVELS = {0: logging.DEBUG, 1: logging.INFO, 2: logging.WARNING, 3: logging.ERROR,
+               4: logging.CRITICAL + 10}
+
+
+def log_level() -> int:
+    """ASCEND_GLOBAL_LOG_LEVEL: 0 debug, 1 info, 2 warning, 3 error (default), 4 off."""
+    level = _int("ASCEND_GLOBAL_LOG_LEVEL", 3, 0, "a log level 0-4")
+    if level > 4:
+        raise InvalidArgumentError(
+            f"ASCEND_GLOBAL_LOG_LEVEL={level} is out of range: use 0 debug, 1 info, 2 warning,"
+            " 3 error, 4 off")
+    return level
+
+
+def logging_level() -> int:
+    """``log_level()`` as a ``logging`` module level."""
+    return _LOG_LEVELS[log_level()]
+
+
+def trace_buffer() -> int:
+    """NPUSIM_TRACE_BUFFER: collective records kept by the flight recorder (default 2000)."""
+    return _int("NPUSIM_TRACE_BUFFER", 2000, 0, "a number of records")

@@ -1,0 +1,115 @@
+"""Flight recorder: the last NPUSIM_TRACE_BUFFER collective records of this process.
+
+Every collective leaves a record when it is enqueued and updates it as it starts, waits for a
+peer, completes or fails. The records feed hang reports (``dump``) and are written as JSON when
+a collective fails. Updates are plain attribute writes under one lock: cheap enough to stay on.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import threading
+import time
+
+from . import config
+
+STATES = ("enqueued", "started", "completed", "failed")
+
+
+class Record:
+    """One collective (or point-to-point operation) of one communicator."""
+
+    __slots__ = ("comm", "rank", "seq", "op", "count", "dtype", "redop", "root", "peer", "stream",
+                 "state", "t_enqueued", "t_started", "t_completed", "site", "waiting_for",
+                 "waiting_since", "error", "nbytes", "members")
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+class FlightRecorder:
+    """A bounded ring buffer of records plus per-communicator progress counters."""
+
+    def __init__(self, maxlen: int | None = None):
+        self._lock = threading.Lock()
+        self._records: collections.deque = collections.deque(
+            maxlen=config.trace_buffer() if maxlen is None else maxlen)
+        self._inflight: dict[int, Record] = {}
+        # (comm name, rank) -> [last enqueued seq, last completed seq]
+        self.progress: dict[tuple, list] = {}
+
+    def enqueue(self, comm, seq: int, fp, *, stream: str, site: str, peer=None, nbytes=0) -> Record:
+        r = Record()
+        r.comm, r.rank, r.seq = comm.name, comm.rank, seq
+        r.members = list(comm.ranks)
+        r.op = str(_name(fp.op))
+        r.count, r.dtype = fp.count, str(_name(fp.dtype))
+        r.redop = str(_name(fp.redop)) if fp.redop != -1 else None
+        r.root = fp.root if fp.root != -1 else None
+        r.peer, r.stream, r.site, r.nbytes = peer, stream, site, nbytes
+        r.state, r.t_enqueued = "enqueued", time.time()
+        r.t_started = r.t_completed = r.waiting_for = r.waiting_since = r.error = None
+        with self._lock:
+            self._records.append(r)
+            self._inflight[id(r)] = r
+            if peer is None:
+                p = self.progress.setdefault((comm.name, comm.rank), [0, 0])
+                p[0] = seq
+        return r
+
+    def start(self, r: Record) -> None:
+        r.state, r.t_started = "started", time.time()
+
+    def waiting(self, r: Record, peer: int) -> None:
+        r.waiting_for, r.waiting_since = peer, time.time()
+
+    def complete(self, r: Record) -> None:
+        r.state, r.t_completed, r.waiting_for = "completed", time.time(), None
+        with self._lock:
+            self._inflight.pop(id(r), None)
+            if r.peer is None:
+                p = self.progress.setdefault((r.comm, r.rank), [0, 0])
+                p[1] = max(p[1], r.seq)
+
+    def fail(self, r: Record, err: BaseException) -> None:
+        r.state, r.t_completed = "failed", time.time()
+        r.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        with self._lock:
+            self._inflight.pop(id(r), None)
+
+    def last(self, comm_name: str, rank: int) -> tuple[int, int]:
+        """(last enqueued seq, last completed seq) of a communicator on this rank."""
+        p = self.progress.get((comm_name, rank), (0, 0))
+        return p[0], p[1]
+
+    def in_flight(self) -> list[dict]:
+        """Records enqueued or started and not finished, oldest first."""
+        with self._lock:
+            recs = sorted(self._inflight.values(), key=lambda r: r.t_enqueued)
+        return [r.to_dict() for r in recs]
+
+    def dump(self) -> dict:
+        """Everything as JSON-able data: records (oldest first), in-flight ones, progress."""
+        with self._lock:
+            records = [r.to_dict() for r in self._records]
+            progress = [{"comm": c, "rank": rk, "last_enqueued": v[0], "last_completed": v[1]}
+                        for (c, rk), v in self.progress.items()]
+        return {"pid": os.getpid(), "rank": os.environ.get("RANK"), "time": time.time(),
+                "records": records, "in_flight": self.in_flight(), "progress": progress}
+
+    def dump_to(self, path: str) -> str:
+        """Write ``dump()`` as JSON to ``path`` (atomically); returns the path."""
+        os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(self.dump(), f, indent=1, default=str)
+        os.replace(tmp, path)
+        return path
+
+
+def _name(v):
+    return getattr(v, "name", v)
+
+
+recorder = FlightRecorder()

@@ -1,0 +1,169 @@
+"""Creating world communicators: root info (HcclGetRootInfo / HcclCommInitRootInfo) and init_comm.
+
+Root info is opaque bytes (``NPUSIMRI1`` + JSON, never pickle) naming the store that the root
+hosts and a unique id; it also carries the job secret when the process has none in its
+environment (``NPUSIM_JOB_SECRET``), so keep it as private as the secret itself. Every rank
+binds its transport, publishes the address under ``<uid>/addr/<rank>`` and waits at most
+HCCL_CONNECT_TIMEOUT for all the others; a rank that never arrives fails init on every rank
+with a message listing the ranks that arrived and the ranks that did not.
+"""
+from __future__ import annotations
+
+import atexit
+import ipaddress
+import json
+import os
+import secrets
+import socket
+import threading
+
+from . import config
+from .comm import Comm, World, comm_id_of
+from .errors import HcclError, HcclTimeoutError, InvalidArgumentError
+from .store import StoreClient, StoreServer, StoreTimeout
+from .transport.zmq import ZmqTransport
+from .types import Result
+
+_MAGIC = b"NPUSIMRI1"
+_servers: list = []
+_lock = threading.Lock()
+_init_calls = 0
+
+
+def _env_secret() -> bytes | None:
+    raw = os.environ.get("NPUSIM_JOB_SECRET")
+    if not raw:
+        return None
+    try:
+        return bytes.fromhex(raw)
+    except ValueError:
+        raise InvalidArgumentError("NPUSIM_JOB_SECRET must be hex (npurun sets it)") from None
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def _bind_host(store_host: str) -> str:
+    """HCCL_IF_IP, else loopback for a loopback store, else the address that routes to the store."""
+    ip = config.if_ip()
+    if ip:
+        return ip
+    if _is_loopback(store_host):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((socket.gethostbyname(store_host), 9))   # no packet is sent for UDP connect
+        return s.getsockname()[0]
+
+
+def get_root_info() -> bytes:
+    """On the root rank: host a rendezvous store and return the root info to give every rank."""
+    secret = _env_secret()
+    embed = secret is None
+    if embed:
+        secret = secrets.token_bytes(32)
+    host = config.if_ip() or "127.0.0.1"
+    server = StoreServer(host, 0, secret, name="hccl-root-store").start()
+    with _lock:
+        _servers.append(server)
+    info = {"host": host, "port": server.port, "uid": secrets.token_hex(12)}
+    if embed:
+        info["secret"] = secret.hex()
+    return _MAGIC + json.dumps(info, sort_keys=True).encode()
+
+
+def _parse_root_info(root_info) -> dict:
+    if not isinstance(root_info, (bytes, bytearray)) or not bytes(root_info).startswith(_MAGIC):
+        raise InvalidArgumentError("comm_init_root_info: root_info is not the bytes returned by "
+                                   "hccl.get_root_info() on the root rank")
+    try:
+        info = json.loads(bytes(root_info)[len(_MAGIC):].decode())
+        host, port, uid = str(info["host"]), int(info["port"]), str(info["uid"])
+    except (ValueError, KeyError, TypeError):
+        raise InvalidArgumentError("comm_init_root_info: root_info is corrupted") from None
+    secret = bytes.fromhex(info["secret"]) if "secret" in info else _env_secret()
+    if secret is None:
+        raise InvalidArgumentError("comm_init_root_info: root_info carries no secret and "
+                                   "NPUSIM_JOB_SECRET is not set in this process")
+    return {"host": host, "port": port, "uid": uid, "secret": secret}
+
+
+def comm_init_root_info(nranks: int, root_info: bytes, rank: int) -> Comm:
+    """HcclCommInitRootInfo: join the world communicator of ``nranks`` ranks as ``rank``."""
+    if isinstance(nranks, bool) or not isinstance(nranks, int) or nranks < 1:
+        raise InvalidArgumentError(f"comm_init_root_info: nranks={nranks!r} must be a positive int")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < nranks:
+        raise InvalidArgumentError(f"comm_init_root_info: rank={rank!r} must be in [0, {nranks})")
+    info = _parse_root_info(root_info)
+    return _rendezvous(info["host"], info["port"], info["secret"], info["uid"], rank, nranks)
+
+
+def init_comm() -> Comm:
+    """The world communicator of a job started by npurun / launcher.spawn (from its environment:
+    RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, NPUSIM_JOB_SECRET). Each call makes a new one;
+    every rank must make the same calls in the same order."""
+    global _init_calls
+    env = os.environ
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NPUSIM_JOB_SECRET")
+               if not env.get(k)]
+    if missing:
+        raise InvalidArgumentError(
+            f"init_comm: {', '.join(missing)} not set; start the job with npurun (or launcher.spawn), "
+            "or use get_root_info / comm_init_root_info")
+    try:
+        rank, size, port = int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["MASTER_PORT"])
+    except ValueError:
+        raise InvalidArgumentError("init_comm: RANK, WORLD_SIZE and MASTER_PORT must be integers") from None
+    with _lock:
+        _init_calls += 1
+        n = _init_calls
+    job = env.get("NPUSIM_JOB_ID", "job")
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    uid = f"hccl/{job}/{attempt}/world{n}"
+    return _rendezvous(env["MASTER_ADDR"], port, _env_secret(), uid, rank, size)
+
+
+def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: int) -> Comm:
+    timeout = config.connect_timeout()
+    store = StoreClient(host, port, secret, timeout=timeout)
+    transport = None
+    try:
+        transport = ZmqTransport(rank, size, secret, bind_host=_bind_host(host))
+        store.set(f"{uid}/addr/{rank}", transport.address.encode())
+        keys = [f"{uid}/addr/{r}" for r in range(size)]
+        try:
+            store.wait(keys, timeout=timeout)
+        except StoreTimeout as e:
+            gone = sorted(int(k.rsplit("/", 1)[1]) for k in e.missing)
+            came = [r for r in range(size) if r not in gone]
+            raise HcclTimeoutError(
+                f"[rank {rank}] communicator init timed out after {timeout:g} s "
+                f"(HCCL_CONNECT_TIMEOUT={timeout:g}): ranks {gone} never arrived; arrived: {came}. "
+                "Check that every rank started and calls init with the same world size, or raise "
+                "HCCL_CONNECT_TIMEOUT.", seq=0, waited=timeout, timeout=timeout, rank=rank) from None
+        addrs = {r: store.get(keys[r]).decode() for r in range(size) if r != rank}
+        transport.connect(addrs)
+    except BaseException:
+        if transport is not None:
+            transport.close()
+        store.close()
+        raise
+    world = World(transport, uid=uid, store=store)
+    return Comm(world, list(range(size)), comm_id_of(uid), "world")
+
+
+def _close_servers():
+    for s in _servers:
+        try:
+            s.close()
+        except Exception:
+            pass
+
+
+atexit.register(_close_servers)
+
+
+__all__ = ["get_root_info", "comm_init_root_info", "init_comm", "HcclError", "Result"]

@@ -1,0 +1,520 @@
+"""The job's rendezvous key-value store (TCPStore semantics) over authenticated ZeroMQ.
+
+Design note. ``StoreServer`` owns one ROUTER socket served by one daemon thread: it holds the
+data, and a blocking ``get``/``wait`` whose keys are missing becomes a *waiter* parked
+server-side (indexed by the keys it misses, plus a deadline heap) that a ``set``/``add``/
+``compare_set`` of those keys wakes, or its deadline answers with TIMEOUT and the missing keys.
+The thread sleeps in ``poll`` until a message or the next deadline, so an idle store costs no CPU.
+
+Every message is a ``hccl.wire`` message signed with the job secret. A message that fails
+``wire.unpack``, whose ZeroMQ identity does not match its signed ``(sender, conn)``, or that
+replays a serial, is dropped and logged (rate-limited) on ``hccl.store``: a stranger can neither
+crash, block nor slow the server. ``ZMQ_MAXMSGSIZE`` makes libzmq drop a connection that announces
+a frame larger than ``max_message`` before allocating it.
+
+``StoreClient`` is thread-safe by giving each calling thread its own DEALER connection (one
+outstanding request per connection, replies matched by request serial), so a thread blocked in
+``get`` never holds up another thread's ``set`` on the same client.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+import os
+import threading
+import time
+from typing import Iterable
+
+import zmq
+
+from hccl import wire
+from hccl.wire import Kind
+
+log = logging.getLogger("hccl.store")
+
+MAX_MESSAGE = 64 << 20
+_CLIENT_TAG = b"C"
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+class StoreError(RuntimeError):
+    """The store refused a request (e.g. ``add`` on a non-integer value) or the client is closed."""
+
+
+class StoreTimeout(TimeoutError):
+    """A store request ran out of time; ``missing`` lists the keys that were not there."""
+
+    def __init__(self, message: str, missing: Iterable[str] = ()):
+        super().__init__(message)
+        self.missing = list(missing)
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "store timeout"
+
+
+def _tcp(host: str, port) -> str:
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def _peer(frame) -> str:
+    """The remote address libzmq attached to a received frame (for logs)."""
+    try:
+        return frame.get("Peer-Address")
+    except Exception:
+        return "?"
+
+
+class _Waiter:
+    __slots__ = ("ident", "sender", "conn", "serial", "kind", "keys", "registered", "deadline",
+                 "timeout", "done")
+
+    def __init__(self, ident, h: wire.Header, keys, timeout: float):
+        self.ident, self.sender, self.conn, self.serial = ident, h.sender, h.conn, h.serial
+        self.kind, self.keys, self.timeout = h.kind, keys, timeout
+        self.deadline = time.monotonic() + timeout
+        self.registered: set[str] = set()
+        self.done = False
+
+
+class StoreServer:
+    """Serve the rendezvous store on ``host:port`` (port 0 = a free port), authenticated by ``secret``.
+
+    Binds at construction (``.host``, ``.port``, ``.address`` are valid at once); ``start()``
+    serves in a daemon thread; ``close()`` stops it. Usable as a context manager.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, secret: bytes | None = None, *,
+                 name: str = "store", max_message: int = MAX_MESSAGE):
+        if secret is None:
+            raise ValueError("StoreServer needs the job secret (bytes)")
+        self._secret = wire._check_secret(secret)
+        self.name, self.host = name, host
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.linger = 0
+        self._sock.setsockopt(zmq.MAXMSGSIZE, max_message)
+        self._sock.sndhwm = 0          # replies are never blocked (ROUTER drops for gone peers)
+        if ":" in host:
+            self._sock.ipv6 = True
+        try:
+            self._sock.bind(_tcp(host, port if port else "*"))
+        except zmq.ZMQError as e:
+            self._sock.close()
+            self._ctx.term()
+            raise OSError(f"{name}: cannot bind {_tcp(host, port)}: {e} (port in use? pick another "
+                          f"MASTER_PORT or 0 for a free one)") from None
+        self.port = int(self._sock.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1])
+        self.address = _tcp(host, self.port)
+        self._data: dict[str, bytes] = {}
+        self._waiting: dict[str, set[_Waiter]] = {}
+        self._deadlines: list = []
+        self._tick = itertools.count()
+        self._serial = itertools.count(1)
+        self._guard = wire.ReplayGuard()
+        self.drops = wire.DropLog(log)
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> "StoreServer":
+        """Serve in a daemon thread; returns self."""
+        if self._closed:
+            raise StoreError(f"{self.name}: start() after close()")
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name=f"hccl-{self.name}",
+                                            daemon=True)
+            self._thread.start()
+            log.info("%s serving on %s", self.name, self.address)
+        return self
+
+    def close(self) -> None:
+        """Stop serving and release the socket; pending waiters get no answer (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is None:
+            self._sock.close(linger=0)
+        # term() wakes the serving thread's poll with ETERM; it closes its socket and exits.
+        self._ctx.term()
+        if self._thread is not None:
+            self._thread.join()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- serving loop ----------------------------------------------------------------------
+    def _serve(self) -> None:
+        sock = self._sock
+        try:
+            while True:
+                if sock.poll(self._poll_timeout_ms()):
+                    for _ in range(512):   # drain a batch, then look at deadlines again
+                        try:
+                            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        try:
+                            self._handle(frames)
+                        except Exception:   # a bug here must not kill the store
+                            log.exception("%s: internal error handling a request", self.name)
+                self._expire()
+        except zmq.ContextTerminated:
+            pass
+        except Exception:
+            log.exception("%s: serving thread failed", self.name)
+        finally:
+            sock.close(linger=0)
+
+    def _poll_timeout_ms(self) -> int | None:
+        while self._deadlines and self._deadlines[0][2].done:
+            heapq.heappop(self._deadlines)
+        if not self._deadlines:
+            return None
+        return max(0, math.ceil((self._deadlines[0][0] - time.monotonic()) * 1000))
+
+    def _handle(self, frames) -> None:
+        if len(frames) < 2:
+            self.drops(self.name, f"{len(frames)}-frame message from {_peer(frames[-1])}")
+            return
+        ident = frames[0].bytes
+        try:
+            h = wire.unpack(frames[1:], self._secret, dest=wire.STORE_ID)
+            if ident != wire.routing_id(_CLIENT_TAG, h.sender, h.conn):
+                raise wire.BadFrame("socket identity does not match the signed sender")
+            self._guard.accept(h.sender, h.conn, h.serial)
+            if h.kind not in _HANDLERS:
+                raise wire.BadFrame(f"{h.kind.name} is not a store request")
+        except wire.BadFrame as e:
+            self.drops(self.name, f"{e} (from {_peer(frames[-1])})")
+            return
+        _HANDLERS[h.kind](self, ident, h)
+
+    def _reply(self, ident: bytes, h, kind: Kind, *, value: int = 0, text: str = "",
+               payloads=()) -> None:
+        frames = wire.pack(self._secret, kind, sender=wire.STORE_ID, dest=h.sender, conn=h.conn,
+                           serial=next(self._serial), seq=h.serial, value=value, text=text,
+                           payloads=payloads)
+        try:
+            self._sock.send_multipart([ident, *frames], copy=False)
+        except zmq.ZMQError as e:   # peer gone or queue trouble: never stall the store
+            log.debug("%s: reply dropped: %s", self.name, e)
+
+    # -- requests --------------------------------------------------------------------------
+    def _put(self, key: str, value: bytes) -> None:
+        self._data[key] = value
+        waiters = self._waiting.pop(key, None)
+        if not waiters:
+            return
+        for w in waiters:
+            if w.done:
+                continue
+            w.registered.discard(key)
+            self._try_finish(w)
+
+    def _try_finish(self, w: _Waiter) -> bool:
+        missing = [k for k in w.keys if k not in self._data]
+        if missing:
+            for k in missing:
+                if k not in w.registered:
+                    w.registered.add(k)
+                    self._waiting.setdefault(k, set()).add(w)
+            return False
+        w.done = True
+        self._unregister(w)
+        if w.kind == Kind.GET:
+            self._reply(w.ident, w, Kind.OK, payloads=[self._data[w.keys[0]]])
+        else:
+            self._reply(w.ident, w, Kind.OK)
+        return True
+
+    def _unregister(self, w: _Waiter) -> None:
+        for k in w.registered:
+            s = self._waiting.get(k)
+            if s is not None:
+                s.discard(w)
+                if not s:
+                    del self._waiting[k]
+        w.registered.clear()
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            w = heapq.heappop(self._deadlines)[2]
+            if w.done:
+                continue
+            w.done = True
+            self._unregister(w)
+            missing = [k for k in w.keys if k not in self._data]
+            self._reply(w.ident, w, Kind.TIMEOUT, text="\0".join(missing),
+                        value=int(w.timeout * 1000))
+
+    def _blocking(self, ident, h, keys: list[str]) -> None:
+        w = _Waiter(ident, h, keys, max(0, h.value) / 1000.0)
+        if self._try_finish(w):
+            return
+        heapq.heappush(self._deadlines, (w.deadline, next(self._tick), w))
+        if h.value <= 0:
+            self._expire()
+
+    def _on_set(self, ident, h) -> None:
+        if len(h.payloads) != 1:
+            self._reply(ident, h, Kind.ERROR, text="SET needs exactly one value frame")
+            return
+        self._put(h.text, h.payloads[0].bytes)
+        self._reply(ident, h, Kind.OK)
+
+    def _on_get(self, ident, h) -> None:
+        self._blocking(ident, h, [h.text])
+
+    def _on_wait(self, ident, h) -> None:
+        self._blocking(ident, h, h.text.split("\0"))
+
+    def _on_check(self, ident, h) -> None:
+        ok = all(k in self._data for k in h.text.split("\0"))
+        self._reply(ident, h, Kind.OK, value=int(ok))
+
+    def _on_delete(self, ident, h) -> None:
+        existed = self._data.pop(h.text, None) is not None
+        self._reply(ident, h, Kind.OK, value=int(existed))
+
+    def _on_add(self, ident, h) -> None:
+        cur = self._data.get(h.text, b"0")
+        try:
+            n = int(cur.decode("ascii")) + h.value
+        except (UnicodeDecodeError, ValueError):
+            self._reply(ident, h, Kind.ERROR,
+                        text=f"add({h.text!r}): the stored value {cur[:40]!r} is not an integer")
+            return
+        if not _INT64[0] <= n <= _INT64[1]:
+            self._reply(ident, h, Kind.ERROR, text=f"add({h.text!r}): {n} overflows int64")
+            return
+        self._put(h.text, str(n).encode("ascii"))
+        self._reply(ident, h, Kind.OK, value=n)
+
+    def _on_compare_set(self, ident, h) -> None:
+        if len(h.payloads) != 2:
+            self._reply(ident, h, Kind.ERROR, text="COMPARE_SET needs expected and desired frames")
+            return
+        expected, desired = h.payloads[0].bytes, h.payloads[1].bytes
+        cur = self._data.get(h.text)
+        # TCPStore semantics: a missing key is created only when `expected` is empty.
+        if (cur is None and expected == b"") or (cur is not None and cur == expected):
+            self._put(h.text, desired)
+            cur = desired
+        elif cur is None:
+            cur = expected
+        self._reply(ident, h, Kind.OK, payloads=[cur])
+
+
+_HANDLERS = {
+    Kind.SET: StoreServer._on_set, Kind.GET: StoreServer._on_get, Kind.ADD: StoreServer._on_add,
+    Kind.WAIT: StoreServer._on_wait, Kind.CHECK: StoreServer._on_check,
+    Kind.DELETE: StoreServer._on_delete, Kind.COMPARE_SET: StoreServer._on_compare_set,
+}
+
+
+class _Conn:
+    """One thread's DEALER connection to the store."""
+
+    __slots__ = ("sock", "conn", "serial", "busy", "closed", "thread")
+
+    def __init__(self, sock, conn: int):
+        self.sock, self.conn, self.serial = sock, conn, 0
+        self.busy = self.closed = False
+        self.thread = threading.current_thread()
+
+
+class StoreClient:
+    """A thread-safe client of the rendezvous store at ``host:port``.
+
+    ``timeout`` (s) bounds every request and is the default of ``get``/``wait``. Blocking
+    requests are held by the server; when they run out they raise ``StoreTimeout`` whose
+    ``.missing`` lists the keys that were not set. Server-side refusals raise ``StoreError``.
+    """
+
+    def __init__(self, host: str, port: int, secret: bytes, *, timeout: float):
+        if not (isinstance(timeout, (int, float)) and 0 < timeout < math.inf):
+            raise ValueError(f"StoreClient timeout must be a positive number of seconds, "
+                             f"got {timeout!r}")
+        self._secret = wire._check_secret(secret)
+        self.address = _tcp(host, port)
+        self._ipv6 = ":" in host
+        self.timeout = float(timeout)
+        self._sender = os.getpid() & 0xFFFFFFFF
+        self._pid = os.getpid()
+        self._ctx: zmq.Context | None = None
+        self._local = threading.local()
+        self._conns: list[_Conn] = []
+        self._reg = threading.Lock()
+        self._closed = False
+        self.drops = wire.DropLog(log)
+
+    # -- public API ------------------------------------------------------------------------
+    def set(self, key: str, value: bytes) -> None:
+        """Store ``value`` (bytes, or str as utf-8) under ``key``, waking waiters of ``key``."""
+        self._request(Kind.SET, [key], payloads=[_as_bytes(value)])
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        """Return the value of ``key``, waiting up to ``timeout`` (default: the client's) for it."""
+        t = self._timeout(timeout)
+        h = self._request(Kind.GET, [key], value=int(t * 1000), wait=t)
+        return h.payloads[0].bytes
+
+    def add(self, key: str, amount: int) -> int:
+        """Add ``amount`` to the integer at ``key`` (0 if missing); return the new value."""
+        return self._request(Kind.ADD, [key], value=int(amount)).value
+
+    def wait(self, keys: list[str], timeout: float | None = None) -> None:
+        """Block until every key in ``keys`` is set; ``StoreTimeout`` lists the missing ones."""
+        keys = list(keys)
+        if keys:
+            t = self._timeout(timeout)
+            self._request(Kind.WAIT, keys, value=int(t * 1000), wait=t)
+
+    def check(self, keys: list[str]) -> bool:
+        """True if every key in ``keys`` is set (does not wait)."""
+        keys = list(keys)
+        return not keys or bool(self._request(Kind.CHECK, keys).value)
+
+    def delete(self, key: str) -> bool:
+        """Delete ``key``; True if it existed."""
+        return bool(self._request(Kind.DELETE, [key]).value)
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        """Set ``key`` to ``desired`` if it holds ``expected`` (or is missing and ``expected`` is
+        empty); return the value after the operation (TCPStore semantics)."""
+        h = self._request(Kind.COMPARE_SET, [key],
+                          payloads=[_as_bytes(expected), _as_bytes(desired)])
+        return h.payloads[0].bytes
+
+    def close(self) -> None:
+        """Close every connection of this client (idempotent). Blocked requests raise StoreError."""
+        with self._reg:
+            if self._closed:
+                return
+            self._closed = True
+            for c in self._conns:
+                if not c.busy and not c.closed:
+                    c.sock.close(linger=0)
+                    c.closed = True
+            ctx = self._ctx
+        if ctx is not None:
+            ctx.term()   # interrupts busy connections; their threads close them
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- internals -------------------------------------------------------------------------
+    def _timeout(self, timeout: float | None) -> float:
+        if timeout is None:
+            return self.timeout
+        if not 0 <= timeout < math.inf:
+            raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
+        return float(timeout)
+
+    def _acquire(self) -> _Conn:
+        if os.getpid() != self._pid:
+            raise StoreError("StoreClient used in a forked child; create a new client there")
+        c = getattr(self._local, "conn", None)
+        with self._reg:
+            if self._closed:
+                raise StoreError(f"store client of {self.address} is closed")
+            if c is None or c.closed:
+                if self._ctx is None:
+                    self._ctx = zmq.Context()
+                self._reap()
+                conn = wire.new_conn_id()
+                s = self._ctx.socket(zmq.DEALER)
+                s.linger = 0
+                s.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE + (1 << 20))
+                s.routing_id = wire.routing_id(_CLIENT_TAG, self._sender, conn)
+                if self._ipv6:
+                    s.ipv6 = True
+                s.connect(self.address)
+                c = _Conn(s, conn)
+                self._conns.append(c)
+                self._local.conn = c
+            c.busy = True
+        return c
+
+    def _reap(self) -> None:
+        """Close connections of threads that have exited (called with ``_reg`` held)."""
+        keep = []
+        for c in self._conns:
+            if not c.closed and not c.busy and not c.thread.is_alive():
+                c.sock.close(linger=0)
+                c.closed = True
+            if not c.closed:
+                keep.append(c)
+        self._conns = keep
+
+    def _release(self, c: _Conn) -> None:
+        with self._reg:
+            c.busy = False
+            if self._closed and not c.closed:
+                c.sock.close(linger=0)
+                c.closed = True
+
+    def _request(self, kind: Kind, keys: list[str], *, value: int = 0, payloads=(),
+                 wait: float = 0.0) -> wire.Header:
+        for k in keys:
+            if not isinstance(k, str) or "\0" in k:
+                raise ValueError(f"store keys are str without NUL characters, got {k!r}")
+        if sum(len(p) for p in payloads) > MAX_MESSAGE - wire.MAX_HEADER:
+            raise ValueError(f"store values are limited to {MAX_MESSAGE >> 20} MiB")
+        c = self._acquire()
+        try:
+            c.serial += 1
+            frames = wire.pack(self._secret, kind, sender=self._sender, dest=wire.STORE_ID,
+                               conn=c.conn, serial=c.serial, value=value, text="\0".join(keys),
+                               payloads=payloads)
+            budget = wait + max(1.0, 0.05 * wait) if wait else self.timeout
+            deadline = time.monotonic() + budget
+            c.sock.send_multipart(frames, copy=False)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StoreTimeout(
+                        f"no reply from the rendezvous store at {self.address} within "
+                        f"{budget:.1f} s to {kind.name} {keys}: is it running and reachable, and "
+                        f"does this process have the job's secret?",
+                        keys if kind in (Kind.GET, Kind.WAIT) else ())
+                if not c.sock.poll(max(1, math.ceil(left * 1000))):
+                    continue
+                reply = c.sock.recv_multipart(copy=False)
+                try:
+                    h = wire.unpack(reply, self._secret, dest=self._sender)
+                except wire.BadFrame as e:
+                    self.drops(f"store client of {self.address}", e)
+                    continue
+                if h.sender != wire.STORE_ID or h.conn != c.conn or h.seq != c.serial:
+                    continue   # a late answer to an earlier request that timed out
+                break
+        except zmq.ContextTerminated:
+            raise StoreError(f"store client of {self.address} was closed during {kind.name}") \
+                from None
+        finally:
+            self._release(c)
+        if h.kind == Kind.OK:
+            return h
+        if h.kind == Kind.TIMEOUT:
+            missing = h.text.split("\0")   # a TIMEOUT always names at least one key
+            raise StoreTimeout(f"rendezvous store at {self.address}: key(s) {missing} not set "
+                               f"within {h.value / 1000:.1f} s", missing)
+        raise StoreError(f"rendezvous store at {self.address}: {h.text}")
+
+
+def _as_bytes(value) -> bytes:
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, bytes):
+        return value
+    return bytes(memoryview(value).cast("B"))

@@ -1,0 +1,273 @@
+"""The thin transport interface under the executor, and the mailbox matching every transport shares.
+
+Design note. A transport connects the ``size`` ranks of one world; this endpoint is ``rank``.
+A message is tagged ``(comm_id, seq, step)`` and carries the collective's fingerprint
+``(op, count, dtype, redop, root)``. Inbound messages go into a mailbox per
+``(peer, comm_id, seq)`` holding a FIFO per ``step`` (messages with the same tag are received in
+the order they were sent) and every fingerprint that peer used for that ``(comm_id, seq)``.
+``recv`` sleeps on one Condition until, in this order of precedence:
+
+1. the transport was closed                        -> ``TransportClosed``
+2. ``comm_id`` was aborted, here or by any peer    -> ``Aborted`` (sticky for that comm_id)
+3. any message from ``peer`` for ``(comm_id, seq)`` carries another fingerprint
+                                                   -> ``FingerprintMismatch`` (also when it arrived
+                                                      before ``recv`` was called)
+4. the message for the exact tag is there           -> its payload (popped)
+5. ``timeout`` passed                               -> ``PeerTimeout``
+
+Memory: ``recv`` pops what it returns and drops emptied mailboxes; ``forget`` drops leftovers
+(e.g. after a mismatch); messages for an aborted comm_id are discarded on arrival.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+Fingerprint = tuple[int, int, int, int, int]   # (op, count, dtype, redop, root) as ints
+
+
+class TransportError(Exception):
+    """Base of the transport's exceptions (the executor translates them into hccl errors)."""
+
+
+class PeerTimeout(TransportError, TimeoutError):
+    """Nothing arrived from ``peer`` for the awaited tag within ``waited`` seconds."""
+
+    def __init__(self, peer: int, waited: float):
+        super().__init__(peer, waited)
+        self.peer, self.waited = peer, waited
+
+    def __str__(self) -> str:
+        return f"no message from rank {self.peer} after {self.waited:.1f} s"
+
+
+class FingerprintMismatch(TransportError):
+    """Rank ``peer`` sent, for the same ``seq``, a message of another collective (``theirs``)."""
+
+    def __init__(self, peer: int, seq: int, theirs: Fingerprint, mine: Fingerprint):
+        super().__init__(peer, seq, theirs, mine)
+        self.peer, self.seq, self.theirs, self.mine = peer, seq, tuple(theirs), tuple(mine)
+
+    def __str__(self) -> str:
+        return (f"seq {self.seq}: rank {self.peer} is in collective {self.theirs}, this rank in "
+                f"{self.mine} (op, count, dtype, redop, root)")
+
+
+class Aborted(TransportError):
+    """``comm_id`` was aborted by rank ``peer`` (this rank for a local abort) because of ``reason``."""
+
+    def __init__(self, peer: int, reason: str):
+        super().__init__(peer, reason)
+        self.peer, self.reason = peer, reason
+
+    def __str__(self) -> str:
+        return f"aborted by rank {self.peer}: {self.reason}"
+
+
+class TransportClosed(TransportError):
+    """The transport was closed (locally) while or before it was used."""
+
+
+class SendHandle:
+    """Completion of one ``send``: after ``wait`` returns, the payload buffer may be reused."""
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Return once the transport no longer reads the payload; ``PeerTimeout`` if it took
+        longer than ``timeout`` seconds (None = no limit)."""
+
+    def done(self) -> bool:
+        """True if ``wait`` would return at once."""
+        return True
+
+
+DONE = SendHandle()   # the handle of a send whose payload was already copied
+
+
+class _Mailbox:
+    __slots__ = ("fps", "steps")
+
+    def __init__(self):
+        self.fps: list[tuple] = []                 # distinct fingerprints seen, usually one
+        self.steps: dict[int, deque] = {}
+
+
+class Transport:
+    """Endpoint ``rank`` of a world of ``size`` ranks. Subclasses implement ``send``,
+    ``_broadcast_abort`` and ``close``; matching, abort and timeouts live here."""
+
+    def __init__(self, rank: int, size: int):
+        if not (isinstance(size, int) and size >= 1 and isinstance(rank, int)
+                and 0 <= rank < size):
+            raise ValueError(f"transport rank {rank!r} must be in [0, {size!r}) with size >= 1")
+        self.rank, self.size = rank, size
+        self._cond = threading.Condition()
+        self._boxes: dict[tuple[int, int, int], _Mailbox] = {}
+        self._aborted: dict[int, tuple[int, str]] = {}
+        self._closed = False
+
+    # -- the interface -------------------------------------------------------------------
+    def send(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
+             payload: Any) -> SendHandle:
+        """Send ``payload`` (a C-contiguous buffer) to ``peer`` without blocking.
+
+        The caller must not modify ``payload`` until ``handle.wait()`` returns. Raises
+        ``Aborted`` if ``comm_id`` is aborted, ``TransportClosed`` after ``close``.
+        """
+        raise NotImplementedError
+
+    def recv(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
+             timeout: float | None) -> memoryview:
+        """Wait for the message tagged ``(comm_id, seq, step)`` from ``peer``; return its payload
+        as a flat byte memoryview that the caller now owns (writable, valid while referenced).
+
+        Raises ``FingerprintMismatch``, ``Aborted``, ``PeerTimeout`` (after ``timeout`` s; None
+        waits forever) or ``TransportClosed``, see the module note for precedence.
+        """
+        self._check_peer(peer)
+        fp = norm_fp(fp)
+        key = (peer, comm_id, seq)
+        t0 = time.monotonic()
+        deadline = math.inf if timeout is None else t0 + max(0.0, timeout)
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise TransportClosed(f"rank {self.rank}: transport closed")
+                ab = self._aborted.get(comm_id)
+                if ab is not None:
+                    raise Aborted(*ab)
+                box = self._boxes.get(key)
+                if box is not None:
+                    for theirs in box.fps:
+                        if theirs != fp:
+                            raise FingerprintMismatch(peer, seq, theirs, fp)
+                    q = box.steps.get(step)
+                    if q:
+                        payload = q.popleft()
+                        if not q:
+                            del box.steps[step]
+                            if not box.steps:
+                                del self._boxes[key]
+                        return payload
+                now = time.monotonic()
+                if now >= deadline:
+                    raise PeerTimeout(peer, now - t0)
+                self._cond.wait(None if deadline == math.inf else deadline - now)
+
+    def abort(self, comm_id: int, reason: str) -> None:
+        """Abort ``comm_id``: wake local waiters with ``Aborted`` and tell every peer (once)."""
+        if self._mark_aborted(comm_id, self.rank, reason):
+            self._broadcast_abort(comm_id, reason)
+
+    def aborted(self, comm_id: int) -> tuple[int, str] | None:
+        """``(rank, reason)`` if ``comm_id`` was aborted, else None."""
+        with self._cond:
+            return self._aborted.get(comm_id)
+
+    def forget(self, comm_id: int, seq: int | None = None, peer: int | None = None) -> int:
+        """Drop messages still held for ``comm_id`` (only ``seq`` / only from ``peer`` if given).
+
+        With ``seq=None`` and ``peer=None`` the comm's abort state is cleared too (comm destroyed).
+        Returns the number of messages dropped.
+        """
+        dropped = 0
+        with self._cond:
+            for key in [k for k in self._boxes if k[1] == comm_id
+                        and (seq is None or k[2] == seq) and (peer is None or k[0] == peer)]:
+                dropped += sum(len(q) for q in self._boxes.pop(key).steps.values())
+            if seq is None and peer is None:
+                self._aborted.pop(comm_id, None)
+        return dropped
+
+    def pending(self) -> int:
+        """Number of received messages not yet taken by ``recv`` (leak checks, statistics)."""
+        with self._cond:
+            return sum(len(q) for b in self._boxes.values() for q in b.steps.values())
+
+    def close(self) -> None:
+        """Release the transport; blocked and later calls raise ``TransportClosed``."""
+        with self._cond:
+            self._closed = True
+            self._boxes.clear()
+            self._cond.notify_all()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- for subclasses ------------------------------------------------------------------
+    def _broadcast_abort(self, comm_id: int, reason: str) -> None:
+        raise NotImplementedError
+
+    def _check_peer(self, peer: int) -> None:
+        if not (isinstance(peer, int) and 0 <= peer < self.size):
+            raise ValueError(f"rank {self.rank}: peer {peer!r} is not in [0, {self.size})")
+
+    def _check_send(self, peer: int, comm_id: int) -> None:
+        self._check_peer(peer)
+        with self._cond:
+            if self._closed:
+                raise TransportClosed(f"rank {self.rank}: transport closed")
+            ab = self._aborted.get(comm_id)
+            if ab is not None:
+                raise Aborted(*ab)
+
+    def _deliver(self, peer: int, comm_id: int, seq: int, step: int, fp: tuple,
+                 payload: memoryview) -> None:
+        """File an inbound message and wake waiters."""
+        with self._cond:
+            if self._closed or comm_id in self._aborted:
+                return
+            key = (peer, comm_id, seq)
+            box = self._boxes.get(key)
+            if box is None:
+                box = self._boxes[key] = _Mailbox()
+            if fp not in box.fps:
+                box.fps.append(fp)
+            q = box.steps.get(step)
+            if q is None:
+                q = box.steps[step] = deque()
+            q.append(payload)
+            self._cond.notify_all()
+
+    def _mark_aborted(self, comm_id: int, peer: int, reason: str) -> bool:
+        """Record the abort of ``comm_id``; False if it already was aborted."""
+        with self._cond:
+            if comm_id in self._aborted:
+                return False
+            self._aborted[comm_id] = (peer, reason)
+            for key in [k for k in self._boxes if k[1] == comm_id]:
+                del self._boxes[key]
+            self._cond.notify_all()
+            return True
+
+
+def norm_fp(fp: Any) -> Fingerprint:
+    """``fp`` as a tuple of 5 Python ints; ValueError otherwise."""
+    t = tuple(int(x) for x in fp)
+    if len(t) != 5:
+        raise ValueError(f"a fingerprint is 5 ints (op, count, dtype, redop, root), got {fp!r}")
+    return t
+
+
+def as_bytes_view(payload: Any) -> memoryview:
+    """A flat byte memoryview of a C-contiguous buffer (numpy arrays of any dtype, bfloat16 and
+    zero-size included); raises ValueError for a non-contiguous one."""
+    if isinstance(payload, np.ndarray):
+        if not payload.flags.c_contiguous:
+            raise ValueError("transport payloads must be C-contiguous buffers")
+        return memoryview(payload.reshape(-1).view(np.uint8))
+    mv = memoryview(payload)
+    if not mv.c_contiguous:
+        raise ValueError("transport payloads must be C-contiguous buffers")
+    if mv.ndim == 1 and mv.format == "B":
+        return mv
+    if mv.nbytes == 0:
+        return memoryview(b"")
+    return mv.cast("B")

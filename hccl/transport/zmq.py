@@ -1,0 +1,237 @@
+"""Ranks as processes: the transport over authenticated ZeroMQ TCP connections.
+
+Design note. Each endpoint binds one ROUTER (inbound from every peer) and opens one DEALER per
+peer (outbound), whose routing id encodes ``(rank, conn)`` with a random ``conn`` per link. A
+receiver thread owns the ROUTER: it verifies every message with ``wire.unpack`` (MAC, sizes,
+addressed to this rank), checks that the socket identity matches the signed sender, rejects
+replayed serials, and files DATA into the mailboxes of ``base.Transport`` (waiters sleep on its
+Condition) or applies ABORT. Anything else is dropped and logged (rate-limited) on
+``hccl.transport``; nothing received is ever unpickled.
+
+Sends never block (SNDHWM/RCVHWM 0: the collectives post sends before their receives). Sends
+from several threads to one peer are serialized by that link's lock, which also keeps the link's
+serials in wire order. Payloads from ``zmq.COPY_THRESHOLD`` (64 KiB) up are sent zero-copy with
+a tracker: the caller must leave the buffer untouched until ``handle.wait()``. Smaller ones are
+copied (cheaper, and the handle is complete at once).
+
+Every socket has LINGER 0; ``close`` alone gives outbound links a bounded linger (1 s by default)
+so a last ABORT still leaves, then discards what a dead peer never took: it never hangs. It
+terminates the Context, which wakes the receiver thread with ETERM.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import zmq
+
+from hccl import wire
+from hccl.transport.base import (DONE, Fingerprint, PeerTimeout, SendHandle, Transport,
+                                 TransportClosed, as_bytes_view, norm_fp)
+
+log = logging.getLogger("hccl.transport")
+
+MAX_MESSAGE = 256 << 20   # > HCCL_BUFFSIZE's default 200 MB; libzmq drops larger inbound frames
+_RANK_TAG = b"R"
+_MAX_REASON = 4000
+
+
+class _TrackedHandle(SendHandle):
+    __slots__ = ("_tracker", "_peer")
+
+    def __init__(self, tracker: zmq.MessageTracker, peer: int):
+        self._tracker, self._peer = tracker, peer
+
+    def wait(self, timeout: float | None = None) -> None:
+        try:
+            self._tracker.wait(-1 if timeout is None else max(0.0, timeout))
+        except zmq.NotDone:
+            raise PeerTimeout(self._peer, timeout) from None
+
+    def done(self) -> bool:
+        return self._tracker.done
+
+
+class _Link:
+    """The outbound DEALER to one peer."""
+
+    __slots__ = ("sock", "conn", "serial", "lock", "closed")
+
+    def __init__(self, sock: zmq.Socket, conn: int):
+        self.sock, self.conn, self.serial = sock, conn, 0
+        self.lock = threading.Lock()
+        self.closed = False
+
+
+class ZmqTransport(Transport):
+    """Endpoint ``rank`` of ``size`` processes; binds at construction (``.address``), then
+    ``connect(addresses)`` opens the links to the peers.
+
+    ``max_message`` bounds one payload both ways (``send`` raises ValueError above it, the ROUTER
+    drops a connection announcing more); the executor must slice below it.
+    """
+
+    def __init__(self, rank: int, size: int, secret: bytes, bind_host: str = "127.0.0.1", *,
+                 max_message: int = MAX_MESSAGE):
+        super().__init__(rank, size)
+        self._secret = wire._check_secret(secret)
+        self.max_message = int(max_message)
+        self._ctx = zmq.Context()
+        r = self._router = self._ctx.socket(zmq.ROUTER)
+        r.linger = 0
+        r.rcvhwm = 0
+        r.setsockopt(zmq.MAXMSGSIZE, self.max_message + wire.MAX_HEADER)
+        if ":" in bind_host:
+            r.ipv6 = True
+        host = f"[{bind_host}]" if ":" in bind_host else bind_host
+        try:
+            r.bind(f"tcp://{host}:*")
+        except zmq.ZMQError as e:
+            r.close()
+            self._ctx.term()
+            raise OSError(f"rank {rank}: cannot bind a transport socket on {bind_host!r}: {e} "
+                          f"(check HCCL_IF_IP)") from None
+        port = r.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1]
+        self.address = f"tcp://{host}:{port}"
+        self._links: dict[int, _Link] = {}
+        self._links_lock = threading.Lock()
+        self._guard = wire.ReplayGuard()
+        self.drops = wire.DropLog(log)
+        self._closing = False
+        self._rx = threading.Thread(target=self._receive, name=f"hccl-rx-rank{rank}", daemon=True)
+        self._rx.start()
+
+    # -- setup -----------------------------------------------------------------------------
+    def connect(self, addresses: dict[int, str]) -> None:
+        """Open a link to every rank in ``addresses`` (``{rank: "tcp://host:port"}``; this rank
+        and already linked ranks are skipped). Never blocks: ZeroMQ connects in the background
+        and queues what is sent meanwhile."""
+        with self._links_lock:
+            if self._closing:
+                raise TransportClosed(f"rank {self.rank}: transport closed")
+            for peer, addr in addresses.items():
+                self._check_peer(peer)
+                if peer == self.rank or peer in self._links:
+                    continue
+                conn = wire.new_conn_id()
+                s = self._ctx.socket(zmq.DEALER)
+                s.linger = 0
+                s.sndhwm = 0
+                s.setsockopt(zmq.MAXMSGSIZE, 1 << 20)   # peers never send on this socket
+                s.routing_id = wire.routing_id(_RANK_TAG, self.rank, conn)
+                if addr.startswith("tcp://["):
+                    s.ipv6 = True
+                s.connect(addr)
+                self._links[peer] = _Link(s, conn)
+
+    # -- data path -------------------------------------------------------------------------
+    def send(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
+             payload: Any) -> SendHandle:
+        self._check_send(peer, comm_id)
+        fp = norm_fp(fp)
+        mv = as_bytes_view(payload)
+        if mv.nbytes > self.max_message:
+            raise ValueError(f"rank {self.rank}: a {mv.nbytes}-byte message exceeds the transport "
+                             f"limit of {self.max_message} bytes; slice it (HCCL_BUFFSIZE)")
+        if peer == self.rank:
+            self._deliver(peer, comm_id, seq, step, fp, memoryview(bytearray(mv)))
+            return DONE
+        link = self._link(peer)
+        with link.lock:
+            if link.closed:
+                raise TransportClosed(f"rank {self.rank}: transport closed")
+            link.serial += 1
+            frames = wire.pack(self._secret, wire.Kind.DATA, sender=self.rank, dest=peer,
+                               conn=link.conn, serial=link.serial, comm_id=comm_id, seq=seq,
+                               step=step, fp=fp, payloads=(mv,))
+            if mv.nbytes < zmq.COPY_THRESHOLD:
+                link.sock.send_multipart(frames)
+                return DONE
+            link.sock.send(frames[0], zmq.SNDMORE)
+            tracker = link.sock.send(mv, copy=False, track=True)
+        return _TrackedHandle(tracker, peer)
+
+    def _link(self, peer: int) -> _Link:
+        link = self._links.get(peer)
+        if link is None:
+            raise ValueError(f"rank {self.rank}: no link to rank {peer}; call connect() with its "
+                             f"address first")
+        return link
+
+    def _broadcast_abort(self, comm_id: int, reason: str) -> None:
+        text = reason.encode("utf-8")[:_MAX_REASON].decode("utf-8", errors="ignore")
+        with self._links_lock:
+            links = list(self._links.items())
+        for peer, link in links:
+            with link.lock:
+                if link.closed:
+                    continue
+                link.serial += 1
+                link.sock.send_multipart(wire.pack(
+                    self._secret, wire.Kind.ABORT, sender=self.rank, dest=peer, conn=link.conn,
+                    serial=link.serial, comm_id=comm_id, text=text))
+
+    # -- receiver thread -------------------------------------------------------------------
+    def _receive(self) -> None:
+        sock = self._router
+        try:
+            while True:
+                frames = sock.recv_multipart(copy=False)
+                try:
+                    self._dispatch(frames)
+                except wire.BadFrame as e:
+                    self.drops(f"rank {self.rank}", f"{e} (from {_peer(frames[-1])})")
+                except Exception:   # a bug here must not kill the receiver
+                    log.exception("rank %d: internal error handling a message", self.rank)
+        except zmq.ContextTerminated:
+            pass
+        except Exception:
+            log.exception("rank %d: transport receiver failed; closing the transport", self.rank)
+            Transport.close(self)
+        finally:
+            sock.close(linger=0)
+
+    def _dispatch(self, frames: list) -> None:
+        if len(frames) < 2:
+            raise wire.BadFrame(f"{len(frames)}-frame message")
+        h = wire.unpack(frames[1:], self._secret, dest=self.rank)
+        if not 0 <= h.sender < self.size or h.sender == self.rank:
+            raise wire.BadFrame(f"sender {h.sender} is not a peer rank of this world")
+        if frames[0].bytes != wire.routing_id(_RANK_TAG, h.sender, h.conn):
+            raise wire.BadFrame("socket identity does not match the signed sender")
+        self._guard.accept(h.sender, h.conn, h.serial)
+        if h.kind == wire.Kind.DATA and len(h.payloads) == 1:
+            self._deliver(h.sender, h.comm_id, h.seq, h.step, h.fp, h.payloads[0].buffer)
+        elif h.kind == wire.Kind.ABORT:
+            self._mark_aborted(h.comm_id, h.sender, h.text)
+        else:
+            raise wire.BadFrame(f"unexpected {h.kind.name} message with {len(h.payloads)} payloads")
+
+    # -- teardown --------------------------------------------------------------------------
+    def close(self, linger: float = 1.0) -> None:
+        """Close every socket and stop the receiver (idempotent).
+
+        Messages still queued (e.g. an ABORT just sent) get up to ``linger`` seconds to leave;
+        what a dead peer never takes is then discarded, so this never hangs.
+        """
+        with self._links_lock:
+            if self._closing:
+                return
+            self._closing = True
+            links = list(self._links.values())
+        Transport.close(self)
+        for link in links:
+            with link.lock:
+                link.closed = True
+                link.sock.close(linger=max(0, int(linger * 1000)))
+        self._ctx.term()   # waits out the lingers; the receiver's recv raises ETERM and exits
+        self._rx.join()
+
+
+def _peer(frame) -> str:
+    """The remote address libzmq attached to a received frame (for logs)."""
+    try:
+        return frame.get("Peer-Address")
+    except Exception:
+        return "?"

@@ -1,0 +1,963 @@
+"""The per-device caching allocator: segments from a raw allocator, blocks handed to callers.
+
+Design note
+-----------
+Layers, as in CuPy and torch's CUDACachingAllocator: ``CachingAllocator`` (this module, pure: no
+device, no threads; the caller serializes calls) -> *segments* (one ``RawAllocator.reserve`` each)
+-> *blocks* (slices of a segment, split on malloc and merged with free neighbours on free). The
+raw allocator is injected, so the whole policy is tested without a device.
+
+Sizes. Requests are rounded up to 512 bytes. Requests of at most 1 MiB come from the *small pool*,
+whose segments are 2 MiB of normal pages whatever the policy (a huge page per tiny tensor is the
+waste the small pool exists to avoid). Larger requests come from the *large pool*; a new large
+segment is the request rounded up to 2 MiB (huge pages) under HUGE_FIRST / HUGE_ONLY, or to 4 KiB
+(normal pages) under NORMAL_ONLY. HUGE_FIRST falls back to a normal-page segment when the
+2 MiB-rounded one does not fit under the limit; HUGE_ONLY never does. Cached huge and normal
+blocks are kept apart so each policy only reuses the page kind it accepts (HUGE_FIRST: huge
+first, then normal).
+
+Reuse. Free blocks sit in lists sorted by ``(size, addr)`` (one int key, ``size << 64 | addr``),
+so best fit is one ``bisect``. A block is split when the rest is worth keeping (small pool: at
+least 512 bytes; large pool: more than 1 MiB, as torch does, so large blocks are not shredded)
+and merged with its free neighbours when freed. Blocks are never moved between segments.
+
+Streams. ``free(block, ready)`` takes a *marker*: an object whose ``query()`` tells whether the
+work the block's stream had enqueued at free time is done (an event recorded there; ``None``
+means done now). Until then the block may be reused at once by a malloc on the same stream
+(stream order makes that safe) but not by another stream; such *pending* blocks live in a
+per-stream list. When a malloc finds no fit, the pool polls the markers, drops the completed ones
+and moves those blocks to the shared list. Two free neighbours merge only when that stays sound:
+when one of them is ready (the merged block stays on the freed block's stream), or both are
+pending on the same stream. Merging keeps the union of the markers; since a marker covers all the
+work of its stream up to its free, the later marker of a stream implies the earlier ones, so a
+block keeps just the latest (this keeps a busy loop on one stream from piling up markers). A
+block handed out from pending memory carries its marker, so freeing it with ``ready=None`` keeps
+it pending. ``empty_cache`` releases only whole free segments with no pending marker.
+
+Limits. ``reserved`` never exceeds ``limit`` = capacity * fraction. When a new segment does not
+fit, the pool releases its cached whole free segments (counted in ``num_alloc_retries``) and
+tries again, then raises ``OutOfMemoryError`` with the numbers and the fix. Every handle returned
+by ``malloc`` is a fresh ``Block`` object that never returns to the free lists, so a stale handle
+is always detected (double free, use after free) and never aliases a later allocation.
+
+Statistics follow torch.cuda.memory_stats (``Stat{current, peak, allocated, freed}``, flat dotted
+keys) and are kept incrementally, O(1) per operation. ``active`` equals ``allocation`` here:
+a block freed with a pending marker is already reusable by its stream, so it counts as cached.
+"""
+from __future__ import annotations
+
+import enum
+import math
+import operator
+from bisect import bisect_left, bisect_right, insort
+from typing import Protocol
+
+from runtime.errors import InvalidParamError, MemoryAccessError, OutOfMemoryError
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+
+ROUND = 512                    # every block size is a multiple of this
+SMALL_SIZE = 1 * MiB           # largest request served by the small pool
+SMALL_SEGMENT = 2 * MiB        # size of every small-pool segment
+HUGE_PAGE = 2 * MiB
+NORMAL_PAGE = 4 * KiB
+LARGE_SPLIT_MIN = 1 * MiB      # a large block is split only if more than this remains
+
+_ROUND_MASK = ~(ROUND - 1)
+_ADDR_BITS = 64
+_ADDR_MASK = (1 << _ADDR_BITS) - 1
+
+# Free-list kinds; a segment has exactly one.
+_SMALL, _LARGE_HUGE, _LARGE_NORMAL = 0, 1, 2
+_KIND_POOL = (1, 2, 2)         # stats pool slot of each kind: 0 all, 1 small_pool, 2 large_pool
+_KIND_HUGE = (False, True, False)
+_POOL_NAMES = ("all", "small_pool", "large_pool")
+
+# Stats: one list per pool (all, small, large); index = stat * 4 + field. The "all" list keeps
+# only current and peak; its totals are the sums of the pools'. The hot paths inline the updates
+# with these offsets (a method call per stat would double the cost of a cached malloc).
+_ALLOC_BYTES, _RESERVED_BYTES, _INACTIVE_BYTES, _REQUESTED_BYTES = 0, 4, 8, 12
+_ALLOCATION, _SEGMENT, _INACTIVE = 16, 20, 24
+_N_STATS = 28
+_STAT_NAMES = ("allocated_bytes", "reserved_bytes", "inactive_split_bytes", "requested_bytes",
+               "allocation", "segment", "inactive_split")
+_MIRRORS = {"active_bytes": _ALLOC_BYTES, "active": _ALLOCATION}  # see the design note
+_CUR, _PEAK, _TOT, _BASE = 0, 1, 2, 3   # freed = base + allocated - current (see _stat_fields)
+_STAT_TYPES = tuple(zip(range(0, _N_STATS, 4), _STAT_NAMES)) + tuple(
+    (t, name) for name, t in _MIRRORS.items())
+
+
+class MemMallocPolicy(enum.IntEnum):
+    """Page policy of ``malloc``; the values are ACL's ``aclrtMemMallocPolicy``."""
+
+    HUGE_FIRST = 0
+    HUGE_ONLY = 1
+    NORMAL_ONLY = 2
+
+
+_LARGE_KINDS = {
+    MemMallocPolicy.HUGE_FIRST: (_LARGE_HUGE, _LARGE_NORMAL),
+    MemMallocPolicy.HUGE_ONLY: (_LARGE_HUGE,),
+    MemMallocPolicy.NORMAL_ONLY: (_LARGE_NORMAL,),
+}
+_SMALL_KINDS = (_SMALL,)
+
+
+class RawAllocator(Protocol):
+    """Where segments come from: a device address space (or a fake one in tests)."""
+
+    def reserve(self, nbytes: int) -> int:
+        """Return the address of ``nbytes`` fresh bytes; raise MemoryError if there is no room."""
+
+    def release(self, addr: int, nbytes: int) -> None:
+        """Give back a range returned by ``reserve`` (same address and size)."""
+
+
+class Segment:
+    """One raw reservation; its blocks form a doubly linked list from ``head``, in address order."""
+
+    __slots__ = ("addr", "size", "kind", "stream", "head")
+
+    def __init__(self, addr: int, size: int, kind: int, stream):
+        self.addr = addr
+        self.size = size
+        self.kind = kind
+        self.stream = stream        # the stream whose malloc reserved it
+        self.head: Block | None = None
+
+    @property
+    def huge(self) -> bool:
+        return _KIND_HUGE[self.kind]
+
+    @property
+    def pool(self) -> str:
+        return _POOL_NAMES[_KIND_POOL[self.kind]]
+
+    def blocks(self):
+        """Yield the segment's blocks in address order."""
+        b = self.head
+        while b is not None:
+            yield b
+            b = b.next
+
+    @property
+    def allocated(self) -> int:
+        """Bytes of the segment's allocated blocks (walks the blocks)."""
+        return sum(b.size for b in self.blocks() if b.allocated)
+
+    def __repr__(self):
+        return (f"Segment(addr=0x{self.addr:x}, size={self.size}, pool={self.pool}, "
+                f"huge={self.huge})")
+
+
+class Block:
+    """A slice of a segment. ``malloc`` returns one; it is the caller's handle until ``free``.
+
+    Fields: ``addr``, ``size`` (bytes of the block, a multiple of 512, at least the rounded
+    request), ``requested`` (bytes asked for), ``stream`` (of the last malloc), ``segment``,
+    ``allocated``, ``site`` (file:line of the malloc), ``huge`` (huge pages), ``pending`` (the
+    marker that must complete before another stream may reuse this memory, or None).
+    """
+
+    __slots__ = ("addr", "size", "requested", "stream", "segment", "allocated", "site",
+                 "prev", "next", "pending", "seq")
+
+    def __init__(self, addr: int, size: int, segment: Segment, stream=None):
+        self.addr = addr
+        self.size = size
+        self.segment = segment
+        self.stream = stream
+        self.requested = 0
+        self.allocated = False
+        self.site = ""
+        self.prev: Block | None = None
+        self.next: Block | None = None
+        self.pending = None         # marker object with .query(), None when ready
+        self.seq = 0                # when the marker was attached; the later marker wins a merge
+
+    @property
+    def huge(self) -> bool:
+        return _KIND_HUGE[self.segment.kind]
+
+    @property
+    def pool(self) -> str:
+        return _POOL_NAMES[_KIND_POOL[self.segment.kind]]
+
+    @property
+    def end(self) -> int:
+        return self.addr + self.size
+
+    def __repr__(self):
+        state = "allocated" if self.allocated else "free"
+        return (f"Block(addr=0x{self.addr:x}, size={self.size}, requested={self.requested}, "
+                f"{state}, huge={self.huge}, site={self.site!r})")
+
+
+def format_size(nbytes: int) -> str:
+    """Human-readable size with two decimals: ``512 B``, ``1.50 KiB``, ``3.00 GiB``."""
+    if nbytes < KiB:
+        return f"{nbytes} B"
+    for unit, scale in (("TiB", 1 << 40), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes} B"  # unreachable
+
+
+def _check_nbytes(nbytes) -> int:
+    """Return ``nbytes`` as an int > 0 or raise InvalidParamError (slow path of malloc)."""
+    if isinstance(nbytes, bool) or isinstance(nbytes, float):
+        raise InvalidParamError(
+            f"malloc: nbytes={nbytes!r} must be an int > 0 (got {type(nbytes).__name__})")
+    try:
+        n = operator.index(nbytes)
+    except TypeError:
+        raise InvalidParamError(
+            f"malloc: nbytes={nbytes!r} must be an int > 0 (got {type(nbytes).__name__})") from None
+    if n <= 0:
+        raise InvalidParamError(
+            f"malloc: nbytes={n} must be > 0; zero-size and negative allocations are not allowed "
+            f"(zero-size arrays take no device memory: do not malloc them)")
+    return n
+
+
+def _bad_policy(policy) -> InvalidParamError:
+    valid = ", ".join(f"MemMallocPolicy.{p.name} ({p.value})" for p in MemMallocPolicy)
+    return InvalidParamError(f"malloc: unknown policy={policy!r}; valid policies: {valid}")
+
+
+class CachingAllocator:
+    """Caching pool of one device: malloc/free of blocks carved from raw segments.
+
+    ``raw`` supplies segments, ``capacity`` is the device memory in bytes. Not thread-safe: the
+    caller serializes calls (one lock per device). See the module design note for the policy.
+    """
+
+    def __init__(self, raw: RawAllocator, capacity: int, device_id: int = 0):
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+            raise InvalidParamError(f"CachingAllocator: capacity={capacity!r} must be an int > 0")
+        self._raw = raw
+        self.device_id = device_id
+        self._capacity = capacity
+        self._fraction = 1.0
+        self._limit = capacity
+        # free blocks: kind -> sorted keys (ready); kind -> {stream: sorted keys} (pending)
+        self._ready: list[list[int]] = [[], [], []]
+        self._pend: list[dict] = [{}, {}, {}]
+        self._n_pending = 0
+        self._free: dict[int, Block] = {}       # addr -> free block
+        self._live: dict[int, Block] = {}       # addr -> allocated block
+        self._seg_addrs: list[int] = []         # sorted segment addresses
+        self._segs: dict[int, Segment] = {}
+        self._seq = 0
+        self._sa = [0] * _N_STATS                   # stats of all pools (current, peak only)
+        self._pools = (self._sa, [0] * _N_STATS, [0] * _N_STATS)   # indexed by _KIND_POOL
+        self.num_alloc_retries = 0
+        self.num_ooms = 0
+        self.num_device_alloc = 0
+        self.num_device_free = 0
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def capacity(self) -> int:
+        """Device memory in bytes."""
+        return self._capacity
+
+    @property
+    def fraction(self) -> float:
+        return self._fraction
+
+    @property
+    def limit(self) -> int:
+        """The most the pool may reserve: ``int(capacity * fraction)``."""
+        return self._limit
+
+    @property
+    def allocated(self) -> int:
+        """Bytes in allocated blocks (torch ``memory_allocated``)."""
+        return self._sa[_ALLOC_BYTES]
+
+    @property
+    def reserved(self) -> int:
+        """Bytes in segments (torch ``memory_reserved``)."""
+        return self._sa[_RESERVED_BYTES]
+
+    @property
+    def max_allocated(self) -> int:
+        """Peak of ``allocated`` since the last ``reset_peak_stats``."""
+        return self._sa[_ALLOC_BYTES + _PEAK]
+
+    @property
+    def max_reserved(self) -> int:
+        """Peak of ``reserved`` since the last ``reset_peak_stats``."""
+        return self._sa[_RESERVED_BYTES + _PEAK]
+
+    def largest_free_block(self) -> int:
+        """Size of the largest cached free block (ready or pending), 0 if none."""
+        best = 0
+        for kind in range(3):
+            if self._ready[kind]:
+                best = max(best, self._ready[kind][-1] >> _ADDR_BITS)
+            for lst in self._pend[kind].values():
+                best = max(best, lst[-1] >> _ADDR_BITS)
+        return best
+
+    # ------------------------------------------------------------------ malloc / free
+    def malloc(self, nbytes: int, stream, policy=MemMallocPolicy.HUGE_FIRST,
+               site: str = "") -> Block:
+        """Return a block of at least ``nbytes`` bytes for use on ``stream``.
+
+        ``stream`` is any hashable object; ``site`` (file:line) is kept for leak reports and
+        errors. Raises InvalidParamError for a bad size or policy (nothing changed) and
+        OutOfMemoryError when the limit or the address space leaves no room.
+        """
+        if type(nbytes) is not int or nbytes <= 0:
+            nbytes = _check_nbytes(nbytes)
+        kinds = None if type(policy) is bool else _LARGE_KINDS.get(policy)
+        if kinds is None:
+            raise _bad_policy(policy)
+        try:
+            hash(stream)
+        except TypeError:
+            raise InvalidParamError(f"malloc: stream={stream!r} must be hashable") from None
+        size = (nbytes + ROUND - 1) & _ROUND_MASK
+        if size <= SMALL_SIZE:
+            kinds = _SMALL_KINDS
+        block = self._take_cached(size, stream, kinds)
+        if block is None:
+            block = self._grow(size, nbytes, stream, kinds, policy)
+        return self._carve(block, size, nbytes, stream, site)
+
+    def free(self, block: Block, ready=None) -> None:
+        """Return ``block`` to the pool.
+
+        ``ready`` is None (the block's memory is idle now) or a marker with ``query() -> bool``
+        that turns True once the work enqueued on ``block.stream`` before this free is done;
+        until then only that stream may reuse the memory. Raises MemoryAccessError for a double
+        free or a block of another pool, InvalidParamError for a bad argument (nothing changed).
+        """
+        if type(block) is not Block or self._live.get(block.addr) is not block:
+            raise self._bad_free(block)
+        addr = block.addr
+        if ready is not None and not hasattr(ready, "query"):
+            raise InvalidParamError(
+                f"free: ready={ready!r} must be None or have a query() method (an event)")
+        del self._live[addr]
+        block.allocated = False
+        seg = block.segment
+        size = block.size
+        sp = self._pools[_KIND_POOL[seg.kind]]
+        sa = self._sa
+        n = block.requested
+        sp[0] -= size                                # allocated_bytes, requested_bytes, allocation
+        sa[0] -= size
+        sp[12] -= n
+        sa[12] -= n
+        sp[16] -= 1
+        sa[16] -= 1
+
+        if ready is not None:
+            self._seq += 1
+            pend, seq = ready, self._seq
+        else:
+            pend, seq = block.pending, block.seq     # memory carved from pending stays pending
+        stream = block.stream
+        prev, nxt = block.prev, block.next
+        block.prev = block.next = block.pending = None
+        # The handle is retired: the memory goes to a free neighbour, or to a new internal block.
+        if prev is not None and not prev.allocated and (
+                prev.pending is None or prev.stream == stream):
+            self._remove(prev)
+            s = prev
+            s.size += size
+            if prev.pending is not None and (pend is None or prev.seq > seq):
+                pend, seq = prev.pending, prev.seq
+            s.next = nxt
+            if nxt is not None:
+                nxt.prev = s
+        elif nxt is not None and not nxt.allocated and (
+                nxt.pending is None or nxt.stream == stream):
+            self._remove(nxt)
+            s = nxt
+            s.addr = addr
+            s.size += size
+            if nxt.pending is not None and (pend is None or nxt.seq > seq):
+                pend, seq = nxt.pending, nxt.seq
+            s.prev = prev
+            if prev is None:
+                seg.head = s
+            else:
+                prev.next = s
+            nxt = None                               # already merged
+        else:
+            s = Block(addr, size, seg)
+            s.prev = prev
+            if prev is None:
+                seg.head = s
+            else:
+                prev.next = s
+            s.next = nxt
+            if nxt is not None:
+                nxt.prev = s
+        if nxt is not None and not nxt.allocated and (
+                nxt.pending is None or nxt.stream == stream):
+            self._remove(nxt)
+            s.size += nxt.size
+            s.next = nn = nxt.next
+            if nn is not None:
+                nn.prev = s
+            if nxt.pending is not None and (pend is None or nxt.seq > seq):
+                pend, seq = nxt.pending, nxt.seq
+        s.stream = stream
+        s.pending = pend
+        s.seq = seq
+        self._insert(s)
+
+    def _bad_free(self, block) -> Exception:
+        if not isinstance(block, Block):
+            return InvalidParamError(
+                f"free: expected a Block returned by malloc, got {type(block).__name__} {block!r}")
+        where = block.site or "an unknown site"
+        if not block.allocated:
+            return MemoryAccessError(
+                f"free: the block at 0x{block.addr:x} ({block.requested} bytes) was already "
+                f"freed (double free); it was allocated at {where}. Free each allocation once.")
+        return MemoryAccessError(
+            f"free: the block at 0x{block.addr:x} ({block.requested} bytes, allocated at {where}) "
+            f"does not belong to the pool of device {self.device_id}; free it on its own device.")
+
+    # ------------------------------------------------------------------ free lists
+    def _insert(self, b: Block) -> None:
+        """Put the free block ``b`` into its free list."""
+        seg = b.segment
+        kind = seg.kind
+        key = (b.size << _ADDR_BITS) | b.addr
+        if b.pending is None:
+            insort(self._ready[kind], key)
+        else:
+            d = self._pend[kind]
+            lst = d.get(b.stream)
+            if lst is None:
+                d[b.stream] = [key]
+            else:
+                insort(lst, key)
+            self._n_pending += 1
+        self._free[b.addr] = b
+        n = b.size
+        if n != seg.size:                            # part of a split segment: non-releasable
+            sp = self._pools[_KIND_POOL[kind]]       # inactive_split_bytes (8), inactive_split (24)
+            sa = self._sa
+            c = sp[8] + n
+            sp[8] = c
+            sp[10] += n
+            if c > sp[9]:
+                sp[9] = c
+            c = sa[8] + n
+            sa[8] = c
+            if c > sa[9]:
+                sa[9] = c
+            c = sp[24] + 1
+            sp[24] = c
+            sp[26] += 1
+            if c > sp[25]:
+                sp[25] = c
+            c = sa[24] + 1
+            sa[24] = c
+            if c > sa[25]:
+                sa[25] = c
+
+    def _remove(self, b: Block) -> None:
+        """Take the free block ``b`` out of its free list."""
+        seg = b.segment
+        kind = seg.kind
+        key = (b.size << _ADDR_BITS) | b.addr
+        if b.pending is None:
+            lst = self._ready[kind]
+            del lst[bisect_left(lst, key)]
+        else:
+            d = self._pend[kind]
+            lst = d[b.stream]
+            del lst[bisect_left(lst, key)]
+            if not lst:
+                del d[b.stream]
+            self._n_pending -= 1
+        del self._free[b.addr]
+        if b.size != seg.size:
+            self._dec_inactive(kind, b.size)
+
+    def _take_cached(self, size: int, stream, kinds) -> Block | None:
+        """Remove and return the best-fitting free block usable by ``stream``, or None."""
+        key = size << _ADDR_BITS
+        for kind in kinds:
+            lst = self._ready[kind]
+            i = bisect_left(lst, key)
+            best = lst[i] if i < len(lst) else None
+            d = self._pend[kind]
+            pl = d.get(stream) if d else None
+            if pl is not None:
+                j = bisect_left(pl, key)
+                if j < len(pl) and (best is None or pl[j] < best):
+                    best, lst, i = pl[j], pl, j
+            if best is None:
+                continue
+            del lst[i]
+            b = self._free.pop(best & _ADDR_MASK)
+            if lst is pl:
+                if not pl:
+                    del d[stream]
+                self._n_pending -= 1
+            n = b.size
+            if n != b.segment.size:
+                sp = self._pools[_KIND_POOL[kind]]
+                sa = self._sa
+                sp[8] -= n
+                sa[8] -= n
+                sp[24] -= 1
+                sa[24] -= 1
+            return b
+        return None
+
+    def _carve(self, b: Block, size: int, nbytes: int, stream, site: str) -> Block:
+        """Split ``size`` bytes off the (unlisted) free block ``b`` and hand them out."""
+        seg = b.segment
+        kind = seg.kind
+        rest = b.size - size
+        if rest > LARGE_SPLIT_MIN or (kind == _SMALL and rest >= ROUND):
+            r = Block(b.addr + size, rest, seg, b.stream)
+            r.pending = b.pending
+            r.seq = b.seq
+            r.prev = b
+            r.next = nxt = b.next
+            if nxt is not None:
+                nxt.prev = r
+            b.next = r
+            b.size = size
+            self._insert(r)
+        size = b.size
+        b.allocated = True
+        b.requested = nbytes
+        b.stream = stream
+        b.site = site
+        self._live[b.addr] = b
+        sp = self._pools[_KIND_POOL[kind]]           # allocated_bytes (0), requested_bytes (12),
+        sa = self._sa                                # allocation (16)
+        c = sp[0] + size
+        sp[0] = c
+        sp[2] += size
+        if c > sp[1]:
+            sp[1] = c
+        c = sa[0] + size
+        sa[0] = c
+        if c > sa[1]:
+            sa[1] = c
+        c = sp[12] + nbytes
+        sp[12] = c
+        sp[14] += nbytes
+        if c > sp[13]:
+            sp[13] = c
+        c = sa[12] + nbytes
+        sa[12] = c
+        if c > sa[13]:
+            sa[13] = c
+        c = sp[16] + 1
+        sp[16] = c
+        sp[18] += 1
+        if c > sp[17]:
+            sp[17] = c
+        c = sa[16] + 1
+        sa[16] = c
+        if c > sa[17]:
+            sa[17] = c
+        return b
+
+    # ------------------------------------------------------------------ growth and release
+    def _grow(self, size: int, nbytes: int, stream, kinds, policy) -> Block:
+        """No cached fit: poll markers, reserve a segment, flush the cache and retry, or OOM."""
+        if self._n_pending and self._poll():
+            b = self._take_cached(size, stream, kinds)
+            if b is not None:
+                return b
+        b = self._new_segment(size, stream, kinds)
+        if b is not None:
+            return b
+        self.num_alloc_retries += 1
+        self._release_cached()
+        b = self._new_segment(size, stream, kinds)
+        if b is not None:
+            return b
+        self.num_ooms += 1
+        raise self._oom(size, nbytes, kinds, policy)
+
+    def _new_segment(self, size: int, stream, kinds) -> Block | None:
+        """Reserve a segment for ``size`` bytes (first kind that fits); its single free block."""
+        for kind in kinds:
+            if kind == _SMALL:
+                seg_size = SMALL_SEGMENT
+            else:
+                page = HUGE_PAGE if kind == _LARGE_HUGE else NORMAL_PAGE
+                seg_size = -(-size // page) * page
+            if self.reserved + seg_size > self._limit:
+                continue
+            try:
+                addr = self._raw.reserve(seg_size)
+            except MemoryError:
+                continue                             # address space full: like a failed cudaMalloc
+            if not 0 <= addr <= _ADDR_MASK - seg_size:
+                raise ValueError(f"raw allocator returned address {addr!r} outside 0..2**64")
+            seg = Segment(addr, seg_size, kind, stream)
+            b = Block(addr, seg_size, seg, stream)
+            seg.head = b
+            insort(self._seg_addrs, addr)
+            self._segs[addr] = seg
+            self.num_device_alloc += 1
+            self._inc(_RESERVED_BYTES, kind, seg_size)
+            self._inc(_SEGMENT, kind, 1)
+            return b
+        return None
+
+    def _poll(self) -> int:
+        """Drop completed markers; their blocks become usable by every stream. Returns a count."""
+        done: dict[int, bool] = {}
+        promoted = []
+        for d in self._pend:
+            for lst in d.values():
+                for key in lst:
+                    b = self._free[key & _ADDR_MASK]
+                    m = b.pending
+                    ok = done.get(id(m))
+                    if ok is None:
+                        ok = done[id(m)] = bool(m.query())
+                    if ok:
+                        promoted.append(b)
+        for b in promoted:
+            self._remove(b)
+            b.pending = None
+            self._merge_ready(b)
+        return len(promoted)
+
+    def _merge_ready(self, s: Block) -> None:
+        """Insert the ready free block ``s``, merged with its ready free neighbours.
+
+        A pending neighbour is left alone: merging would lock ready memory to its stream.
+        """
+        prev = s.prev
+        if prev is not None and not prev.allocated and prev.pending is None:
+            self._remove(prev)
+            s.addr = prev.addr
+            s.size += prev.size
+            s.prev = pp = prev.prev
+            if pp is None:
+                s.segment.head = s
+            else:
+                pp.next = s
+        nxt = s.next
+        if nxt is not None and not nxt.allocated and nxt.pending is None:
+            self._remove(nxt)
+            s.size += nxt.size
+            s.next = nn = nxt.next
+            if nn is not None:
+                nn.prev = s
+        self._insert(s)
+
+    def _release_cached(self) -> int:
+        """Release every whole free segment without a pending marker; return the bytes freed."""
+        if self._n_pending:
+            self._poll()
+        freed = 0
+        for kind in range(3):
+            lst = self._ready[kind]
+            whole = [self._free[k & _ADDR_MASK] for k in lst
+                     if self._free[k & _ADDR_MASK].segment.size == k >> _ADDR_BITS]
+            for b in whole:
+                freed += self._release_segment(b)
+        return freed
+
+    def _releasable(self) -> int:
+        """Bytes ``_release_cached`` would give back now (after polling markers)."""
+        if self._n_pending:
+            self._poll()
+        total = 0
+        for lst in self._ready:
+            for k in lst:
+                if self._free[k & _ADDR_MASK].segment.size == k >> _ADDR_BITS:
+                    total += k >> _ADDR_BITS
+        return total
+
+    def _release_segment(self, b: Block) -> int:
+        seg = b.segment
+        self._remove(b)
+        del self._segs[seg.addr]
+        del self._seg_addrs[bisect_left(self._seg_addrs, seg.addr)]
+        seg.head = None
+        self._raw.release(seg.addr, seg.size)
+        self.num_device_free += 1
+        self._dec(_RESERVED_BYTES, seg.kind, seg.size)
+        self._dec(_SEGMENT, seg.kind, 1)
+        return seg.size
+
+    def empty_cache(self) -> None:
+        """Release every whole free segment whose markers have completed (torch empty_cache)."""
+        self._release_cached()
+
+    def release_all(self) -> list[Block]:
+        """Free every live block, drop every marker and release every segment (reset_device).
+
+        Call only once the device is idle. Returns the blocks that were still allocated (the
+        leaks), in address order; their handles are retired like freed ones.
+        """
+        leaks = self.live_blocks()
+        for b in leaks:
+            self.free(b)
+        for d in self._pend:
+            for lst in list(d.values()):
+                for key in list(lst):
+                    b = self._free[key & _ADDR_MASK]
+                    self._remove(b)
+                    b.pending = None
+                    self._merge_ready(b)
+        self._release_cached()
+        return leaks
+
+    def set_memory_fraction(self, fraction: float) -> None:
+        """Limit the pool to ``capacity * fraction`` bytes (torch set_per_process_memory_fraction).
+
+        ``0 < fraction <= 1``. Lowering the limit below what is reserved releases cached
+        segments; if live allocations alone exceed the new limit, raises InvalidParamError and
+        changes nothing.
+        """
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not (
+                math.isfinite(fraction) and 0 < fraction <= 1):
+            raise InvalidParamError(
+                f"set_memory_fraction: fraction={fraction!r} must be a number with 0 < fraction <= 1")
+        limit = int(self._capacity * fraction)
+        if self.reserved > limit:
+            keep = self.reserved - self._releasable()
+            if keep > limit:
+                raise InvalidParamError(
+                    f"set_memory_fraction: fraction={fraction} would limit device "
+                    f"{self.device_id} to {format_size(limit)}, but {format_size(keep)} of the "
+                    f"{format_size(self.reserved)} reserved is held by live allocations; free "
+                    f"them first or use a fraction >= {keep / self._capacity:.3f}")
+            self._fraction = float(fraction)
+            self._limit = limit
+            self._release_cached()
+        else:
+            self._fraction = float(fraction)
+            self._limit = limit
+
+    def _oom(self, size: int, nbytes: int, kinds, policy) -> OutOfMemoryError:
+        cap, alloc, res, limit = self._capacity, self.allocated, self.reserved, self._limit
+        largest = self.largest_free_block()
+        fix = ("Free tensors you no longer need, call runtime.empty_cache(), reduce the batch "
+               "size, or raise NPUSIM_HBM_BYTES")
+        if limit < cap:
+            fix += " or the fraction given to runtime.set_per_process_memory_fraction()"
+        if kinds == (_LARGE_HUGE,) and size > SMALL_SIZE:
+            fix += (f"; policy HUGE_ONLY needs a {format_size(-(-size // HUGE_PAGE) * HUGE_PAGE)} "
+                    f"huge-page segment, HUGE_FIRST could fall back to normal pages")
+        msg = (f"NPU out of memory. Tried to allocate {format_size(size)} (device {self.device_id}; "
+               f"{format_size(cap)} total capacity; {format_size(alloc)} already allocated; "
+               f"{format_size(res)} reserved in total by the pool; {format_size(cap - res)} free; "
+               f"limit {format_size(limit)}; largest free block {format_size(largest)}). {fix}.")
+        err = OutOfMemoryError(msg)
+        err.device_id = self.device_id
+        err.requested = nbytes
+        err.size = size
+        err.capacity = cap
+        err.allocated = alloc
+        err.reserved = res
+        err.limit = limit
+        err.largest_free_block = largest
+        err.policy = int(policy)
+        return err
+
+    # ------------------------------------------------------------------ queries
+    def find(self, addr: int) -> Block | None:
+        """The allocated block containing ``addr`` (start or interior), or None."""
+        b = self._live.get(addr)
+        if b is not None:
+            return b
+        i = bisect_right(self._seg_addrs, addr) - 1
+        if i < 0:
+            return None
+        seg = self._segs[self._seg_addrs[i]]
+        if addr >= seg.addr + seg.size:
+            return None
+        b = seg.head
+        while b is not None and b.addr + b.size <= addr:
+            b = b.next
+        return b if b is not None and b.allocated else None
+
+    def live_blocks(self) -> list[Block]:
+        """Every allocated block, in address order (the leak report of reset_device)."""
+        return [self._live[a] for a in sorted(self._live)]
+
+    def segments(self) -> list[Segment]:
+        """Every segment, in address order."""
+        return [self._segs[a] for a in self._seg_addrs]
+
+    def snapshot(self) -> list[dict]:
+        """One dict per segment, in address order (torch memory_snapshot)."""
+        out = []
+        for seg in self.segments():
+            blocks = []
+            for b in seg.blocks():
+                blocks.append({
+                    "address": b.addr,
+                    "size": b.size,
+                    "requested_size": b.requested if b.allocated else 0,
+                    "state": "active_allocated" if b.allocated else "inactive",
+                    "site": b.site if b.allocated else "",
+                    "stream": b.stream,
+                    "pending": b.pending is not None and not b.allocated,
+                })
+            out.append({
+                "device": self.device_id,
+                "address": seg.addr,
+                "total_size": seg.size,
+                "allocated_size": sum(b["size"] for b in blocks if b["state"] != "inactive"),
+                "requested_size": sum(b["requested_size"] for b in blocks),
+                "stream": seg.stream,
+                "segment_type": "small" if seg.kind == _SMALL else "large",
+                "huge": seg.huge,
+                "blocks": blocks,
+            })
+        return out
+
+    # ------------------------------------------------------------------ statistics
+    def _inc(self, t: int, kind: int, n: int) -> None:
+        """Add ``n`` to stat ``t`` of ``kind``'s pool and of all (cold paths)."""
+        sp = self._pools[_KIND_POOL[kind]]
+        sa = self._sa
+        c = sp[t] + n
+        sp[t] = c
+        sp[t + 2] += n
+        if c > sp[t + 1]:
+            sp[t + 1] = c
+        c = sa[t] + n
+        sa[t] = c
+        if c > sa[t + 1]:
+            sa[t + 1] = c
+
+    def _dec(self, t: int, kind: int, n: int) -> None:
+        self._pools[_KIND_POOL[kind]][t] -= n
+        self._sa[t] -= n
+
+    def _dec_inactive(self, kind: int, n: int) -> None:
+        sp = self._pools[_KIND_POOL[kind]]
+        sa = self._sa
+        sp[8] -= n
+        sa[8] -= n
+        sp[24] -= 1
+        sa[24] -= 1
+
+    def _stat_fields(self, t: int, pool: int):
+        """(current, peak, allocated, freed) of stat ``t`` in ``pool`` (0 all, 1 small, 2 large)."""
+        if pool:
+            cur, peak, tot, base = self._pools[pool][t:t + 4]
+            return cur, peak, tot, base + tot - cur
+        cur, peak = self._sa[t:t + 2]
+        tot = self._pools[1][t + 2] + self._pools[2][t + 2]
+        freed = sum(p[t + 3] + p[t + 2] - p[t] for p in self._pools[1:])
+        return cur, peak, tot, freed
+
+    def stats(self) -> dict:
+        """torch.npu.memory_stats(): flat dotted keys, sorted, e.g. ``allocated_bytes.all.current``."""
+        out = {}
+        for t, name in _STAT_TYPES:
+            for pool, pname in enumerate(_POOL_NAMES):
+                cur, peak, tot, freed = self._stat_fields(t, pool)
+                prefix = f"{name}.{pname}."
+                out[prefix + "current"] = cur
+                out[prefix + "peak"] = peak
+                out[prefix + "allocated"] = tot
+                out[prefix + "freed"] = freed
+        out["num_alloc_retries"] = self.num_alloc_retries
+        out["num_ooms"] = self.num_ooms
+        out["num_device_alloc"] = self.num_device_alloc
+        out["num_device_free"] = self.num_device_free
+        return dict(sorted(out.items()))
+
+    def reset_peak_stats(self) -> None:
+        """Set every peak to its current value (torch reset_peak_memory_stats)."""
+        for st in self._pools:
+            for i in range(0, _N_STATS, 4):
+                st[i + _PEAK] = st[i + _CUR]
+
+    def reset_accumulated_stats(self) -> None:
+        """Zero the allocated / freed totals and the retry / OOM counters."""
+        for st in self._pools[1:]:
+            for i in range(0, _N_STATS, 4):
+                st[i + _TOT] = 0
+                st[i + _BASE] = st[i + _CUR]
+        self.num_alloc_retries = self.num_ooms = 0
+        self.num_device_alloc = self.num_device_free = 0
+
+    def summary(self, abbreviated: bool = False) -> str:
+        """A torch.cuda.memory_summary()-style table of the statistics."""
+        stats = self.stats()
+        rule = "=" * 78
+        lines = [rule, " {:^76} ".format(f"npusim NPU memory summary, device ID {self.device_id}"),
+                 "-" * 78,
+                 " {:^37}|{:^38} ".format(f"NPU OOMs: {self.num_ooms}",
+                                          f"device malloc retries: {self.num_alloc_retries}"),
+                 " {:^37}|{:^38} ".format(
+                     f"capacity: {format_size(self._capacity)}",
+                     f"limit: {format_size(self._limit)} (fraction {self._fraction:g})"),
+                 rule,
+                 "          Metric          | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  "]
+        metrics = [
+            ("allocated_bytes", "Allocated memory", _fmt_size),
+            ("active_bytes", "Active memory", _fmt_size),
+            ("requested_bytes", "Requested memory", _fmt_size),
+            ("reserved_bytes", "Device reserved memory", _fmt_size),
+            ("inactive_split_bytes", "Non-releasable memory", _fmt_size),
+            ("allocation", "Allocations", _fmt_count),
+            ("active", "Active allocs", _fmt_count),
+            ("segment", "Device reserved segments", _fmt_count),
+            ("inactive_split", "Non-releasable allocs", _fmt_count),
+        ]
+        for key, name, fmt in metrics:
+            lines.append("-" * 78)
+            subs = [("all", name)]
+            if not abbreviated:
+                subs += [("large_pool", "      from large pool"), ("small_pool", "      from small pool")]
+            pref = None
+            for pool, label in subs:
+                cur, peak, tot, freed = (stats[f"{key}.{pool}.{f}"]
+                                         for f in ("current", "peak", "allocated", "freed"))
+                if pref is None:
+                    pref = (cur, peak, tot, freed)
+                lines.append(" {:<24} | {} | {} | {} | {} ".format(
+                    label, fmt(cur, pref[0]), fmt(peak, pref[1]), fmt(tot, pref[2]),
+                    fmt(freed, pref[3])))
+        lines.append(rule)
+        return "|" + "|\n|".join(lines) + "|\n"
+
+    def __repr__(self):
+        return (f"CachingAllocator(device={self.device_id}, allocated={format_size(self.allocated)}, "
+                f"reserved={format_size(self.reserved)}, limit={format_size(self._limit)})")
+
+
+def _fmt_size(n: int, pref: int) -> str:
+    """Fixed-width size for the summary table; the unit follows ``pref`` (torch's rule)."""
+    unit = "B  "
+    for new in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        if pref < 768 * 1024:
+            break
+        unit = new
+        n //= 1024
+        pref /= 1024
+    return f"{n:6d} {unit}"
+
+
+def _fmt_count(n: int, pref: int) -> str:
+    unit = " "
+    for new in ("K", "M"):
+        if pref < 750 * 1000:
+            break
+        unit = new
+        n //= 1000
+        pref /= 1000
+    return f"{n:7d} {unit} "
