@@ -207,7 +207,7 @@ class Comm:
     def _failure(self, e: HcclError, op, seq, fp, timeout, source, cid) -> HcclError:
         """The error a user sees, with the op, the comm and the seq; aborts the comm for the peers."""
         call = self._describe(op, seq, fp)
-        last_enq, last_done = recorder.last(self.name, self.rank)
+        last_enq, last_done = recorder.last(self.comm_id, self.rank)
         transport = self.world.transport
         if isinstance(e, HcclTimeoutError):
             msg = (f"[rank {self.rank}] {call} timed out after {timeout:.1f} s ({source}); "

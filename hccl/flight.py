@@ -20,7 +20,7 @@ STATES = ("enqueued", "started", "completed", "failed")
 class Record:
     """One collective (or point-to-point operation) of one communicator."""
 
-    __slots__ = ("comm", "rank", "seq", "op", "count", "dtype", "redop", "root", "peer", "stream",
+    __slots__ = ("comm", "comm_id", "rank", "seq", "op", "count", "dtype", "redop", "root", "peer", "stream",
                  "state", "t_enqueued", "t_started", "t_completed", "site", "waiting_for",
                  "waiting_since", "error", "nbytes", "members")
 
@@ -36,12 +36,12 @@ class FlightRecorder:
         self._records: collections.deque = collections.deque(
             maxlen=config.trace_buffer() if maxlen is None else maxlen)
         self._inflight: dict[int, Record] = {}
-        # (comm name, rank) -> [last enqueued seq, last completed seq]
+        # (comm id, rank) -> [last enqueued seq, last completed seq, comm name]
         self.progress: dict[tuple, list] = {}
 
     def enqueue(self, comm, seq: int, fp, *, stream: str, site: str, peer=None, nbytes=0) -> Record:
         r = Record()
-        r.comm, r.rank, r.seq = comm.name, comm.rank, seq
+        r.comm, r.comm_id, r.rank, r.seq = comm.name, comm.comm_id, comm.rank, seq
         r.members = list(comm.ranks)
         r.op = str(_name(fp.op))
         r.count, r.dtype = fp.count, str(_name(fp.dtype))
@@ -54,7 +54,7 @@ class FlightRecorder:
             self._records.append(r)
             self._inflight[id(r)] = r
             if peer is None:
-                p = self.progress.setdefault((comm.name, comm.rank), [0, 0])
+                p = self.progress.setdefault((comm.comm_id, comm.rank), [0, 0, comm.name])
                 p[0] = seq
         return r
 
@@ -69,7 +69,7 @@ class FlightRecorder:
         with self._lock:
             self._inflight.pop(id(r), None)
             if r.peer is None:
-                p = self.progress.setdefault((r.comm, r.rank), [0, 0])
+                p = self.progress.setdefault((r.comm_id, r.rank), [0, 0, r.comm])
                 p[1] = max(p[1], r.seq)
 
     def fail(self, r: Record, err: BaseException) -> None:
@@ -78,9 +78,9 @@ class FlightRecorder:
         with self._lock:
             self._inflight.pop(id(r), None)
 
-    def last(self, comm_name: str, rank: int) -> tuple[int, int]:
+    def last(self, comm_id: int, rank: int) -> tuple[int, int]:
         """(last enqueued seq, last completed seq) of a communicator on this rank."""
-        p = self.progress.get((comm_name, rank), (0, 0))
+        p = self.progress.get((comm_id, rank), (0, 0))
         return p[0], p[1]
 
     def in_flight(self) -> list[dict]:
@@ -93,8 +93,8 @@ class FlightRecorder:
         """Everything as JSON-able data: records (oldest first), in-flight ones, progress."""
         with self._lock:
             records = [r.to_dict() for r in self._records]
-            progress = [{"comm": c, "rank": rk, "last_enqueued": v[0], "last_completed": v[1]}
-                        for (c, rk), v in self.progress.items()]
+            progress = [{"comm": v[2], "comm_id": c, "rank": rk, "last_enqueued": v[0],
+                         "last_completed": v[1]} for (c, rk), v in self.progress.items()]
         return {"pid": os.getpid(), "rank": os.environ.get("RANK"), "time": time.time(),
                 "records": records, "in_flight": self.in_flight(), "progress": progress}
 

@@ -94,7 +94,8 @@ _combined: dict[type, type] = {}
 
 
 def _rebuild_combined(orig_cls, message, state):
-    err = task_error_class(orig_cls).__new__(task_error_class(orig_cls))
+    cls = task_error_class(orig_cls)
+    err = cls.__new__(cls)
     Exception.__init__(err, message)
     err.__dict__.update(state)
     return err
@@ -117,7 +118,8 @@ def task_error_class(orig_cls: type) -> type:
 
         def __str__(self):
             return Exception.__str__(self)
-        cls = type(f"TaskError[{orig_cls.__name__}]", (TaskError, orig_cls),
+        # the original type first, so its __new__ (and its C layout, e.g. OSError's) is used
+        cls = type(f"TaskError[{orig_cls.__name__}]", (orig_cls, TaskError),
                    {"__reduce__": __reduce__, "__str__": __str__, "__module__": __name__})
         _combined[orig_cls] = cls
     return cls

@@ -304,12 +304,15 @@ class CachingAllocator:
         return best
 
     # ------------------------------------------------------------------ malloc / free
+    # The two hot paths inline their statistics (offsets in the stats lists, see _N_STATS):
+    # a method call per stat would double the cost of a cached malloc + free. Non-releasable
+    # (inactive_split) stats change by the net of each operation.
     def malloc(self, nbytes: int, stream, policy=MemMallocPolicy.HUGE_FIRST,
                site: str = "") -> Block:
         """Return a block of at least ``nbytes`` bytes for use on ``stream``.
 
         ``stream`` is any hashable object; ``site`` (file:line) is kept for leak reports and
-        errors. Raises InvalidParamError for a bad size or policy (nothing changed) and
+        errors. Raises InvalidParamError for a bad size, policy or stream (nothing changed) and
         OutOfMemoryError when the limit or the address space leaves no room.
         """
         if type(nbytes) is not int or nbytes <= 0:
@@ -324,10 +327,73 @@ class CachingAllocator:
         size = (nbytes + ROUND - 1) & _ROUND_MASK
         if size <= SMALL_SIZE:
             kinds = _SMALL_KINDS
-        block = self._take_cached(size, stream, kinds)
-        if block is None:
-            block = self._grow(size, nbytes, stream, kinds, policy)
-        return self._carve(block, size, nbytes, stream, site)
+        b = self._take_cached(size, stream, kinds)
+        if b is None:
+            b = self._grow(size, nbytes, stream, kinds, policy)
+
+        # b is free and in no list: hand out its first `size` bytes, keep the rest if worth it.
+        seg = b.segment
+        kind = seg.kind
+        sp = self._pools[_KIND_POOL[kind]]
+        sa = self._sa
+        n = b.size
+        rest = n - size
+        if rest > LARGE_SPLIT_MIN or (rest and kind == _SMALL):
+            r = Block(b.addr + size, rest, seg, b.stream)
+            r.pending = b.pending
+            r.seq = b.seq
+            r.prev = b
+            r.next = nxt = b.next
+            if nxt is not None:
+                nxt.prev = r
+            b.next = r
+            b.size = size
+            self._insert(r)
+            if n == seg.size:                        # a whole segment got split
+                self._inc(_INACTIVE_BYTES, kind, rest)
+                self._inc(_INACTIVE, kind, 1)
+            else:
+                sp[8] -= size
+                sa[8] -= size
+        elif n != seg.size:                          # a non-releasable block, taken whole
+            sp[8] -= n
+            sa[8] -= n
+            sp[24] -= 1
+            sa[24] -= 1
+        size = b.size
+        b.allocated = True
+        b.requested = nbytes
+        b.stream = stream
+        b.site = site
+        self._live[b.addr] = b
+        c = sp[0] + size                             # allocated_bytes
+        sp[0] = c
+        sp[2] += size
+        if c > sp[1]:
+            sp[1] = c
+        c = sa[0] + size
+        sa[0] = c
+        if c > sa[1]:
+            sa[1] = c
+        c = sp[12] + nbytes                          # requested_bytes
+        sp[12] = c
+        sp[14] += nbytes
+        if c > sp[13]:
+            sp[13] = c
+        c = sa[12] + nbytes
+        sa[12] = c
+        if c > sa[13]:
+            sa[13] = c
+        c = sp[16] + 1                               # allocation
+        sp[16] = c
+        sp[18] += 1
+        if c > sp[17]:
+            sp[17] = c
+        c = sa[16] + 1
+        sa[16] = c
+        if c > sa[17]:
+            sa[17] = c
+        return b
 
     def free(self, block: Block, ready=None) -> None:
         """Return ``block`` to the pool.
@@ -339,10 +405,10 @@ class CachingAllocator:
         """
         if type(block) is not Block or self._live.get(block.addr) is not block:
             raise self._bad_free(block)
-        addr = block.addr
         if ready is not None and not hasattr(ready, "query"):
             raise InvalidParamError(
                 f"free: ready={ready!r} must be None or have a query() method (an event)")
+        addr = block.addr
         del self._live[addr]
         block.allocated = False
         seg = block.segment
@@ -365,11 +431,13 @@ class CachingAllocator:
         stream = block.stream
         prev, nxt = block.prev, block.next
         block.prev = block.next = block.pending = None
-        # The handle is retired: the memory goes to a free neighbour, or to a new internal block.
+        # The handle is retired: its memory joins a free neighbour, or a new internal block.
+        absorbed = k = 0                             # bytes and count of merged neighbours
         if prev is not None and not prev.allocated and (
                 prev.pending is None or prev.stream == stream):
             self._remove(prev)
             s = prev
+            absorbed, k = prev.size, 1
             s.size += size
             if prev.pending is not None and (pend is None or prev.seq > seq):
                 pend, seq = prev.pending, prev.seq
@@ -380,6 +448,7 @@ class CachingAllocator:
                 nxt.pending is None or nxt.stream == stream):
             self._remove(nxt)
             s = nxt
+            absorbed, k = nxt.size, 1
             s.addr = addr
             s.size += size
             if nxt.pending is not None and (pend is None or nxt.seq > seq):
@@ -389,7 +458,7 @@ class CachingAllocator:
                 seg.head = s
             else:
                 prev.next = s
-            nxt = None                               # already merged
+            nxt = None                               # merged already
         else:
             s = Block(addr, size, seg)
             s.prev = prev
@@ -403,6 +472,8 @@ class CachingAllocator:
         if nxt is not None and not nxt.allocated and (
                 nxt.pending is None or nxt.stream == stream):
             self._remove(nxt)
+            absorbed += nxt.size
+            k += 1
             s.size += nxt.size
             s.next = nn = nxt.next
             if nn is not None:
@@ -413,6 +484,28 @@ class CachingAllocator:
         s.pending = pend
         s.seq = seq
         self._insert(s)
+        # Non-releasable: the merged neighbours were (a neighbour is never a whole segment);
+        # s is unless it now spans its segment.
+        if s.size != seg.size:
+            c = sp[8] + size
+            sp[8] = c
+            sp[10] += size
+            if c > sp[9]:
+                sp[9] = c
+            c = sa[8] + size
+            sa[8] = c
+            if c > sa[9]:
+                sa[9] = c
+            if k == 0:
+                self._inc(_INACTIVE, seg.kind, 1)
+            elif k == 2:
+                sp[24] -= 1
+                sa[24] -= 1
+        elif k:
+            sp[8] -= absorbed
+            sa[8] -= absorbed
+            sp[24] -= k
+            sa[24] -= k
 
     def _bad_free(self, block) -> Exception:
         if not isinstance(block, Block):
@@ -428,15 +521,14 @@ class CachingAllocator:
             f"does not belong to the pool of device {self.device_id}; free it on its own device.")
 
     # ------------------------------------------------------------------ free lists
+    # _insert / _remove keep the lists only; callers account inactive_split (_insert_counted).
     def _insert(self, b: Block) -> None:
         """Put the free block ``b`` into its free list."""
-        seg = b.segment
-        kind = seg.kind
         key = (b.size << _ADDR_BITS) | b.addr
         if b.pending is None:
-            insort(self._ready[kind], key)
+            insort(self._ready[b.segment.kind], key)
         else:
-            d = self._pend[kind]
+            d = self._pend[b.segment.kind]
             lst = d.get(b.stream)
             if lst is None:
                 d[b.stream] = [key]
@@ -444,132 +536,61 @@ class CachingAllocator:
                 insort(lst, key)
             self._n_pending += 1
         self._free[b.addr] = b
-        n = b.size
-        if n != seg.size:                            # part of a split segment: non-releasable
-            sp = self._pools[_KIND_POOL[kind]]       # inactive_split_bytes (8), inactive_split (24)
-            sa = self._sa
-            c = sp[8] + n
-            sp[8] = c
-            sp[10] += n
-            if c > sp[9]:
-                sp[9] = c
-            c = sa[8] + n
-            sa[8] = c
-            if c > sa[9]:
-                sa[9] = c
-            c = sp[24] + 1
-            sp[24] = c
-            sp[26] += 1
-            if c > sp[25]:
-                sp[25] = c
-            c = sa[24] + 1
-            sa[24] = c
-            if c > sa[25]:
-                sa[25] = c
 
     def _remove(self, b: Block) -> None:
         """Take the free block ``b`` out of its free list."""
-        seg = b.segment
-        kind = seg.kind
         key = (b.size << _ADDR_BITS) | b.addr
         if b.pending is None:
-            lst = self._ready[kind]
+            lst = self._ready[b.segment.kind]
             del lst[bisect_left(lst, key)]
         else:
-            d = self._pend[kind]
+            d = self._pend[b.segment.kind]
             lst = d[b.stream]
             del lst[bisect_left(lst, key)]
             if not lst:
                 del d[b.stream]
             self._n_pending -= 1
         del self._free[b.addr]
-        if b.size != seg.size:
-            self._dec_inactive(kind, b.size)
+
+    def _insert_counted(self, b: Block) -> None:
+        self._insert(b)
+        if b.size != b.segment.size:
+            self._inc(_INACTIVE_BYTES, b.segment.kind, b.size)
+            self._inc(_INACTIVE, b.segment.kind, 1)
+
+    def _remove_counted(self, b: Block) -> None:
+        self._remove(b)
+        if b.size != b.segment.size:
+            self._dec(_INACTIVE_BYTES, b.segment.kind, b.size)
+            self._dec(_INACTIVE, b.segment.kind, 1)
 
     def _take_cached(self, size: int, stream, kinds) -> Block | None:
-        """Remove and return the best-fitting free block usable by ``stream``, or None."""
+        """Remove and return the best-fitting free block usable by ``stream``, or None.
+
+        Earlier kinds win (huge before normal pages); within a kind, the smallest fit among the
+        ready blocks and the stream's own pending blocks. Stats are the caller's.
+        """
         key = size << _ADDR_BITS
         for kind in kinds:
             lst = self._ready[kind]
             i = bisect_left(lst, key)
             best = lst[i] if i < len(lst) else None
             d = self._pend[kind]
-            pl = d.get(stream) if d else None
-            if pl is not None:
-                j = bisect_left(pl, key)
-                if j < len(pl) and (best is None or pl[j] < best):
-                    best, lst, i = pl[j], pl, j
-            if best is None:
-                continue
-            del lst[i]
-            b = self._free.pop(best & _ADDR_MASK)
-            if lst is pl:
-                if not pl:
-                    del d[stream]
-                self._n_pending -= 1
-            n = b.size
-            if n != b.segment.size:
-                sp = self._pools[_KIND_POOL[kind]]
-                sa = self._sa
-                sp[8] -= n
-                sa[8] -= n
-                sp[24] -= 1
-                sa[24] -= 1
-            return b
+            if d:
+                pl = d.get(stream)
+                if pl is not None:
+                    j = bisect_left(pl, key)
+                    if j < len(pl) and (best is None or pl[j] < best):
+                        best = pl[j]
+                        del pl[j]
+                        if not pl:
+                            del d[stream]
+                        self._n_pending -= 1
+                        return self._free.pop(best & _ADDR_MASK)
+            if best is not None:
+                del lst[i]
+                return self._free.pop(best & _ADDR_MASK)
         return None
-
-    def _carve(self, b: Block, size: int, nbytes: int, stream, site: str) -> Block:
-        """Split ``size`` bytes off the (unlisted) free block ``b`` and hand them out."""
-        seg = b.segment
-        kind = seg.kind
-        rest = b.size - size
-        if rest > LARGE_SPLIT_MIN or (kind == _SMALL and rest >= ROUND):
-            r = Block(b.addr + size, rest, seg, b.stream)
-            r.pending = b.pending
-            r.seq = b.seq
-            r.prev = b
-            r.next = nxt = b.next
-            if nxt is not None:
-                nxt.prev = r
-            b.next = r
-            b.size = size
-            self._insert(r)
-        size = b.size
-        b.allocated = True
-        b.requested = nbytes
-        b.stream = stream
-        b.site = site
-        self._live[b.addr] = b
-        sp = self._pools[_KIND_POOL[kind]]           # allocated_bytes (0), requested_bytes (12),
-        sa = self._sa                                # allocation (16)
-        c = sp[0] + size
-        sp[0] = c
-        sp[2] += size
-        if c > sp[1]:
-            sp[1] = c
-        c = sa[0] + size
-        sa[0] = c
-        if c > sa[1]:
-            sa[1] = c
-        c = sp[12] + nbytes
-        sp[12] = c
-        sp[14] += nbytes
-        if c > sp[13]:
-            sp[13] = c
-        c = sa[12] + nbytes
-        sa[12] = c
-        if c > sa[13]:
-            sa[13] = c
-        c = sp[16] + 1
-        sp[16] = c
-        sp[18] += 1
-        if c > sp[17]:
-            sp[17] = c
-        c = sa[16] + 1
-        sa[16] = c
-        if c > sa[17]:
-            sa[17] = c
-        return b
 
     # ------------------------------------------------------------------ growth and release
     def _grow(self, size: int, nbytes: int, stream, kinds, policy) -> Block:
@@ -631,7 +652,7 @@ class CachingAllocator:
                     if ok:
                         promoted.append(b)
         for b in promoted:
-            self._remove(b)
+            self._remove_counted(b)
             b.pending = None
             self._merge_ready(b)
         return len(promoted)
@@ -643,7 +664,7 @@ class CachingAllocator:
         """
         prev = s.prev
         if prev is not None and not prev.allocated and prev.pending is None:
-            self._remove(prev)
+            self._remove_counted(prev)
             s.addr = prev.addr
             s.size += prev.size
             s.prev = pp = prev.prev
@@ -653,12 +674,12 @@ class CachingAllocator:
                 pp.next = s
         nxt = s.next
         if nxt is not None and not nxt.allocated and nxt.pending is None:
-            self._remove(nxt)
+            self._remove_counted(nxt)
             s.size += nxt.size
             s.next = nn = nxt.next
             if nn is not None:
                 nn.prev = s
-        self._insert(s)
+        self._insert_counted(s)
 
     def _release_cached(self) -> int:
         """Release every whole free segment without a pending marker; return the bytes freed."""
@@ -685,8 +706,9 @@ class CachingAllocator:
         return total
 
     def _release_segment(self, b: Block) -> int:
+        """Give the whole-segment free block ``b``'s segment back to the raw allocator."""
         seg = b.segment
-        self._remove(b)
+        self._remove(b)                              # a whole segment is never non-releasable
         del self._segs[seg.addr]
         del self._seg_addrs[bisect_left(self._seg_addrs, seg.addr)]
         seg.head = None
@@ -713,7 +735,7 @@ class CachingAllocator:
             for lst in list(d.values()):
                 for key in list(lst):
                     b = self._free[key & _ADDR_MASK]
-                    self._remove(b)
+                    self._remove_counted(b)
                     b.pending = None
                     self._merge_ready(b)
         self._release_cached()
@@ -843,14 +865,6 @@ class CachingAllocator:
     def _dec(self, t: int, kind: int, n: int) -> None:
         self._pools[_KIND_POOL[kind]][t] -= n
         self._sa[t] -= n
-
-    def _dec_inactive(self, kind: int, n: int) -> None:
-        sp = self._pools[_KIND_POOL[kind]]
-        sa = self._sa
-        sp[8] -= n
-        sa[8] -= n
-        sp[24] -= 1
-        sa[24] -= 1
 
     def _stat_fields(self, t: int, pool: int):
         """(current, peak, allocated, freed) of stat ``t`` in ``pool`` (0 all, 1 small, 2 large)."""

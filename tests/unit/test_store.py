@@ -21,15 +21,63 @@ pytestmark = pytest.mark.timeout(20)
 SECRET = secrets.token_bytes(32)
 
 
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture
+def warnings_of():
+    """Collect WARNING records of a logger (the hccl loggers do not propagate to caplog)."""
+    undo = []
+
+    def attach(name):
+        logger, h = logging.getLogger(name), _Records()
+        undo.append((logger, h, logger.level))
+        logger.addHandler(h)
+        logger.setLevel(logging.WARNING)
+        return h.records
+    yield attach
+    for logger, h, level in undo:
+        logger.removeHandler(h)
+        logger.setLevel(level)
+
+
 def _our_threads():
     return {t for t in threading.enumerate() if t.name.startswith("hccl-")}
 
 
+def _open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pyzmq_gc_started():
+    """pyzmq starts a process-wide helper (a thread, a context) at the first zero-copy send and
+    keeps it: start it before any test measures what it leaves behind."""
+    ctx = zmq.Context()
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    a.bind("inproc://warm-up")
+    b.connect("inproc://warm-up")
+    tracker = a.send(b"x" * (2 * zmq.COPY_THRESHOLD), copy=False, track=True)
+    b.recv()
+    tracker.wait(5)
+    a.close(linger=0)
+    b.close(linger=0)
+    ctx.term()
+
+
 @pytest.fixture(autouse=True)
-def no_leftover_threads():
-    before = _our_threads()
+def no_leftovers():
+    """No thread of ours and no file descriptor (socket, zmq context) survives a test."""
+    before_threads, before_fds = _our_threads(), _open_fds()
     yield
-    assert _our_threads() - before == set()
+    assert _our_threads() - before_threads == set()
+    assert _open_fds() <= before_fds
 
 
 @pytest.fixture
@@ -318,15 +366,15 @@ def _request(kind, key, serial, *, sender=7, conn=0xABCD, secret=SECRET, value=0
                      value=value, text=key, payloads=payloads)
 
 
-def test_garbage_is_dropped_and_logged(server, client, stranger, caplog):
+def test_garbage_is_dropped_and_logged(server, client, stranger, warnings_of):
     s = stranger(server.port)
-    caplog.set_level(logging.WARNING, logger="hccl.store")
+    records = warnings_of("hccl.store")
     s.send(b"garbage")
     s.send_multipart([b"", b"REQ-style"])
     s.send_multipart([b"\0" * wire.MIN_HEADER, b"payload"])
     s.send(b"")
     assert server.drops.wait_for(4, 5)
-    assert any("dropped a message" in r.getMessage() for r in caplog.records)
+    assert any("dropped a message" in r.getMessage() for r in records)
     _answers_quickly(client)
 
 
@@ -396,15 +444,15 @@ def test_raw_tcp_garbage_and_half_open_connections_do_not_stall(server, client):
 
 
 def test_flood_of_garbage_does_not_slow_legit_clients_or_flood_the_log(server, client, stranger,
-                                                                      caplog):
-    caplog.set_level(logging.WARNING, logger="hccl.store")
+                                                                      warnings_of):
+    records = warnings_of("hccl.store")
     s = stranger(server.port)
     before = server.drops.dropped
     for i in range(3000):
         s.send_multipart([os.urandom(wire.MIN_HEADER), b"x"])
     _answers_quickly(client)
     assert server.drops.wait_for(before + 3000, 10)
-    assert len([r for r in caplog.records if r.name == "hccl.store"]) <= 12
+    assert len([r for r in records if r.name == "hccl.store"]) <= 12
 
 
 def _zmtp_dealer(port: int) -> socket.socket:

@@ -199,8 +199,8 @@ def test_routing_ids_never_start_with_zero_and_conn_ids_are_random():
 
 
 def test_drop_log_is_rate_limited(caplog):
-    d = wire.DropLog(logging.getLogger("hccl.test"), burst=3, period=60)
-    with caplog.at_level(logging.WARNING, logger="hccl.test"):
+    d = wire.DropLog(logging.getLogger("npusim-test.droplog"), burst=3, period=60)
+    with caplog.at_level(logging.WARNING, logger="npusim-test.droplog"):
         for i in range(100):
             d("where", f"bad {i}")
     assert d.dropped == 100
