@@ -55,7 +55,7 @@ def connect_timeout() -> float:
 
 
 def exec_timeout() -> float:
-    """HCCL_EXEC_TIMEOUT: seconds of the longest wait for a peer inside a collective (default 1800)."""
+    """HCCL_EXEC_TIMEOUT: seconds of the longest wait for a peer in a collective (default 1800)."""
     return _number("HCCL_EXEC_TIMEOUT", 1800, "seconds", "HCCL_EXEC_TIMEOUT=1800")
 
 

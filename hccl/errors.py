@@ -48,7 +48,7 @@ class InvalidArgumentError(HcclError, ValueError):
 
 
 class HcclTimeoutError(HcclError, TimeoutError):
-    """A wait for a peer inside a collective ran out (E_TIMEOUT; HCCL_EXEC_TIMEOUT bounds each wait).
+    """A wait for a peer inside a collective ran out (E_TIMEOUT; HCCL_EXEC_TIMEOUT bounds a wait).
 
     Fields: ``peer`` (comm rank waited for, or None), ``world_peer``, ``seq``, ``waited`` (s),
     ``timeout`` (s), ``rank`` (this rank in the comm, if known), ``step`` (message tag, if known).

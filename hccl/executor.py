@@ -133,6 +133,10 @@ def run(steps: Sequence, buffers: dict, op: ReduceOp | None, dtype, transport, c
     views = prepare_buffers(steps, buffers)
     addr = {name: _address(v) for name, v in views.items()}
     np_dtype = DataType.of(dtype).numpy if dtype is not None else None
+    if any(type(s) is Recv and s.reduce for s in steps):
+        if np_dtype is None or op is None:
+            raise InvalidArgumentError("a reducing schedule needs op and dtype")
+        op = ReduceOp.of(op)
     pending = _Pending(timeout, on_wait)
     world = list(peers)
     step = None
@@ -160,8 +164,6 @@ def run(steps: Sequence, buffers: dict, op: ReduceOp | None, dtype, transport, c
                     pending.settle(lo, lo + nb)
                     dst = views[step.buf][step.offset:step.offset + nb]
                     if step.reduce:
-                        if np_dtype is None or op is None:
-                            raise InvalidArgumentError("a reducing schedule needs op and dtype")
                         reduce_into(dst.view(np_dtype), np.frombuffer(data, np_dtype), op)
                     else:
                         dst[...] = np.frombuffer(data, np.uint8)

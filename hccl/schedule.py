@@ -110,7 +110,6 @@ class _Layout:
                 (first + o, min(per, n - o)) for o in range(0, n, per)]
             self.slices.append([(f * itemsize, m * itemsize) for f, m in pieces])
         self.width = max(len(s) for s in self.slices)
-        self.itemsize = itemsize
 
     def tag(self, step: int, k: int) -> int:
         return step * self.width + k

@@ -4,7 +4,8 @@ Design note. ``StoreServer`` owns one ROUTER socket served by one daemon thread:
 data, and a blocking ``get``/``wait`` whose keys are missing becomes a *waiter* parked
 server-side (indexed by the keys it misses, plus a deadline heap) that a ``set``/``add``/
 ``compare_set`` of those keys wakes, or its deadline answers with TIMEOUT and the missing keys.
-The thread sleeps in ``poll`` until a message or the next deadline, so an idle store costs no CPU.
+The thread sleeps in ``poll`` until a message, the next deadline or ``close`` (an inproc pair),
+so an idle store costs no CPU; on close it answers parked waiters with an error.
 
 Every message is a ``hccl.wire`` message signed with the job secret. A message that fails
 ``wire.unpack``, whose ZeroMQ identity does not match its signed ``(sender, conn)``, or that
@@ -68,14 +69,14 @@ def _peer(frame) -> str:
 
 class _Waiter:
     __slots__ = ("ident", "sender", "conn", "serial", "kind", "keys", "registered", "deadline",
-                 "timeout", "done")
+                 "timeout", "done", "parked")
 
     def __init__(self, ident, h: wire.Header, keys, timeout: float):
         self.ident, self.sender, self.conn, self.serial = ident, h.sender, h.conn, h.serial
         self.kind, self.keys, self.timeout = h.kind, keys, timeout
         self.deadline = time.monotonic() + timeout
         self.registered: set[str] = set()
-        self.done = False
+        self.done = self.parked = False
 
 
 class StoreServer:
@@ -114,8 +115,17 @@ class StoreServer:
         self._serial = itertools.count(1)
         self._guard = wire.ReplayGuard()
         self.drops = wire.DropLog(log)
+        self._parked = 0
         self._thread: threading.Thread | None = None
         self._closed = False
+        # close() wakes the serving thread through this pair, so it can answer parked waiters
+        self._wake_rx = self._ctx.socket(zmq.PAIR)
+        self._wake_tx = self._ctx.socket(zmq.PAIR)
+        wake = f"inproc://hccl-store-wake-{id(self):x}"
+        self._wake_rx.bind(wake)
+        self._wake_tx.connect(wake)
+        for s in (self._wake_rx, self._wake_tx):
+            s.linger = 0
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> "StoreServer":
@@ -123,23 +133,30 @@ class StoreServer:
         if self._closed:
             raise StoreError(f"{self.name}: start() after close()")
         if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name=f"hccl-{self.name}",
-                                            daemon=True)
+            tname = self.name if self.name.startswith("hccl") else f"hccl-{self.name}"
+            self._thread = threading.Thread(target=self._serve, name=tname, daemon=True)
             self._thread.start()
             log.info("%s serving on %s", self.name, self.address)
         return self
 
     def close(self) -> None:
-        """Stop serving and release the socket; pending waiters get no answer (idempotent)."""
+        """Stop serving: parked ``get``/``wait`` calls are answered with an error, then the
+        sockets are released (idempotent)."""
         if self._closed:
             return
         self._closed = True
-        if self._thread is None:
-            self._sock.close(linger=0)
-        # term() wakes the serving thread's poll with ETERM; it closes its socket and exits.
-        self._ctx.term()
         if self._thread is not None:
+            self._wake_tx.send(b"close")
             self._thread.join()
+        else:
+            self._sock.close(linger=0)
+            self._wake_rx.close()
+        self._wake_tx.close()
+        self._ctx.term()
+
+    def stats(self) -> dict:
+        """``{"keys", "waiters", "dropped"}``: stored keys, parked get/wait calls, dropped messages."""
+        return {"keys": len(self._data), "waiters": self._parked, "dropped": self.drops.dropped}
 
     def __enter__(self):
         return self.start()
@@ -150,9 +167,17 @@ class StoreServer:
     # -- serving loop ----------------------------------------------------------------------
     def _serve(self) -> None:
         sock = self._sock
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake_rx, zmq.POLLIN)
+        linger = 0
         try:
             while True:
-                if sock.poll(self._poll_timeout_ms()):
+                ready = dict(poller.poll(self._poll_timeout_ms()))
+                if self._wake_rx in ready:
+                    linger = self._answer_all_waiters()
+                    break
+                if sock in ready:
                     for _ in range(512):   # drain a batch, then look at deadlines again
                         try:
                             frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -168,7 +193,22 @@ class StoreServer:
         except Exception:
             log.exception("%s: serving thread failed", self.name)
         finally:
-            sock.close(linger=0)
+            sock.close(linger=linger)
+            self._wake_rx.close()
+
+    def _answer_all_waiters(self) -> int:
+        """On close: tell every parked request the store is gone; the linger (ms) to send it."""
+        n = 0
+        for _, _, w in self._deadlines:
+            if not w.done:
+                self._finish(w)
+                n += 1
+                missing = [k for k in w.keys if k not in self._data]
+                self._reply(w.ident, w, Kind.ERROR,
+                            text=f"{self.name} was closed while waiting for key(s) {missing}")
+        self._deadlines.clear()
+        self._waiting.clear()
+        return 200 if n else 0
 
     def _poll_timeout_ms(self) -> int | None:
         while self._deadlines and self._deadlines[0][2].done:
@@ -224,13 +264,18 @@ class StoreServer:
                     w.registered.add(k)
                     self._waiting.setdefault(k, set()).add(w)
             return False
-        w.done = True
-        self._unregister(w)
+        self._finish(w)
         if w.kind == Kind.GET:
             self._reply(w.ident, w, Kind.OK, payloads=[self._data[w.keys[0]]])
         else:
             self._reply(w.ident, w, Kind.OK)
         return True
+
+    def _finish(self, w: _Waiter) -> None:
+        w.done = True
+        self._unregister(w)
+        if w.parked:
+            self._parked -= 1
 
     def _unregister(self, w: _Waiter) -> None:
         for k in w.registered:
@@ -247,8 +292,7 @@ class StoreServer:
             w = heapq.heappop(self._deadlines)[2]
             if w.done:
                 continue
-            w.done = True
-            self._unregister(w)
+            self._finish(w)
             missing = [k for k in w.keys if k not in self._data]
             self._reply(w.ident, w, Kind.TIMEOUT, text="\0".join(missing),
                         value=int(w.timeout * 1000))
@@ -258,6 +302,8 @@ class StoreServer:
         if self._try_finish(w):
             return
         heapq.heappush(self._deadlines, (w.deadline, next(self._tick), w))
+        w.parked = True
+        self._parked += 1
         if h.value <= 0:
             self._expire()
 

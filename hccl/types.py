@@ -77,8 +77,9 @@ class DataType(_NamedIntEnum):
         """Resolve a DataType, a numpy dtype (or scalar type), or a name.
 
         Names may be HCCL's (``"FP32"``, ``"BFP16"``), numpy's (``"float32"``, ``"bfloat16"``) or
-        common short ones (``"fp16"``, ``"bf16"``); an array stands for its dtype. Raises ``InvalidArgumentError`` (E_PARA) for
-        anything else, e.g. bool or complex dtypes, which HCCL does not reduce.
+        common short ones (``"fp16"``, ``"bf16"``); an array stands for its dtype. Raises
+        ``InvalidArgumentError`` (E_PARA) for anything else, e.g. bool or complex dtypes, which
+        HCCL does not reduce.
         """
         if isinstance(x, cls):
             return x
@@ -90,7 +91,8 @@ class DataType(_NamedIntEnum):
                 return cls.__members__[key.upper()]
         elif isinstance(x, (int, np.integer)) and not isinstance(x, bool):
             return cls._parse(x, "data type")
-        elif not isinstance(x, (type, np.dtype)) and isinstance(getattr(x, "dtype", None), np.dtype):
+        elif (not isinstance(x, (type, np.dtype))
+              and isinstance(getattr(x, "dtype", None), np.dtype)):
             x = x.dtype  # an array (numpy or DeviceArray)
         try:
             dt = np.dtype(x)

@@ -133,7 +133,8 @@ def reset_device(device_id: int | None = None) -> list:
     try:
         ctx.synchronize()
     finally:
-        leaks = ctx.pool.live_blocks()
+        with ctx.lock:
+            leaks = ctx.pool.release_all()
         for b in leaks:
             log.warning("device %d: leaked %d bytes at 0x%x allocated at %s",
                         ctx.device_id, b.requested, b.addr, b.site)

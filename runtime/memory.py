@@ -314,19 +314,23 @@ def _pool(device=None):
 
 
 def memory_allocated(device=None) -> int:
-    return _pool(device).stats()["allocated_bytes.all.current"]
+    """Bytes in blocks handed out by the pool (torch.npu.memory_allocated)."""
+    return _pool(device).allocated
 
 
 def max_memory_allocated(device=None) -> int:
-    return _pool(device).stats()["allocated_bytes.all.peak"]
+    """Peak of ``memory_allocated`` since start or the last ``reset_peak_memory_stats``."""
+    return _pool(device).max_allocated
 
 
 def memory_reserved(device=None) -> int:
-    return _pool(device).stats()["reserved_bytes.all.current"]
+    """Bytes the pool holds in segments, allocated or cached (torch.npu.memory_reserved)."""
+    return _pool(device).reserved
 
 
 def max_memory_reserved(device=None) -> int:
-    return _pool(device).stats()["reserved_bytes.all.peak"]
+    """Peak of ``memory_reserved``."""
+    return _pool(device).max_reserved
 
 
 def memory_stats(device=None) -> dict:

@@ -17,22 +17,27 @@ blocks are kept apart so each policy only reuses the page kind it accepts (HUGE_
 first, then normal).
 
 Reuse. Free blocks sit in lists sorted by ``(size, addr)`` (one int key, ``size << 64 | addr``),
-so best fit is one ``bisect``. A block is split when the rest is worth keeping (small pool: at
-least 512 bytes; large pool: more than 1 MiB, as torch does, so large blocks are not shredded)
-and merged with its free neighbours when freed. Blocks are never moved between segments.
+so best fit is one ``bisect``, with no scan over blocks. A block is split when the rest is worth
+keeping (small pool: at least 512 bytes; large pool: more than 1 MiB, as torch does, so large
+blocks are not shredded) and merged with its free neighbours when freed. ``find`` of an interior
+address bisects the segments, then walks that segment's blocks.
 
 Streams. ``free(block, ready)`` takes a *marker*: an object whose ``query()`` tells whether the
 work the block's stream had enqueued at free time is done (an event recorded there; ``None``
 means done now). Until then the block may be reused at once by a malloc on the same stream
 (stream order makes that safe) but not by another stream; such *pending* blocks live in a
 per-stream list. When a malloc finds no fit, the pool polls the markers, drops the completed ones
-and moves those blocks to the shared list. Two free neighbours merge only when that stays sound:
-when one of them is ready (the merged block stays on the freed block's stream), or both are
-pending on the same stream. Merging keeps the union of the markers; since a marker covers all the
-work of its stream up to its free, the later marker of a stream implies the earlier ones, so a
-block keeps just the latest (this keeps a busy loop on one stream from piling up markers). A
-block handed out from pending memory carries its marker, so freeing it with ``ready=None`` keeps
-it pending. ``empty_cache`` releases only whole free segments with no pending marker.
+and moves those blocks to the shared list. Merging must stay sound: a freed block merges with a
+free neighbour that is ready or pending on the freed block's own stream, and the result is
+pending on that stream if either part was; never with memory pending on another stream. So a
+pending block may sit next to a ready one, and a free keeps merging while neighbours qualify.
+A block whose marker completes merges with its ready neighbours only: merging it into a pending
+one would lock it away from the other stream that is waiting for memory.
+Merging keeps the union of the markers; since a marker covers all the work of its stream up to
+its free, the later marker of a stream implies the earlier ones, so a block keeps just the latest
+(this keeps a busy loop on one stream from piling up markers). A block handed out from pending
+memory carries its marker, so freeing it with ``ready=None`` keeps it pending. ``empty_cache``
+releases only whole free segments with no pending marker.
 
 Limits. ``reserved`` never exceeds ``limit`` = capacity * fraction. When a new segment does not
 fit, the pool releases its cached whole free segments (counted in ``num_alloc_retries``) and
@@ -43,6 +48,8 @@ is always detected (double free, use after free) and never aliases a later alloc
 Statistics follow torch.cuda.memory_stats (``Stat{current, peak, allocated, freed}``, flat dotted
 keys) and are kept incrementally, O(1) per operation. ``active`` equals ``allocation`` here:
 a block freed with a pending marker is already reusable by its stream, so it counts as cached.
+``inactive_split`` (non-releasable: free blocks of partly used segments) moves by the net change
+of each malloc / free, so its peak is exact and its allocated / freed totals count net moves.
 """
 from __future__ import annotations
 
@@ -103,6 +110,7 @@ _LARGE_KINDS = {
     MemMallocPolicy.NORMAL_ONLY: (_LARGE_NORMAL,),
 }
 _SMALL_KINDS = (_SMALL,)
+_POLICY_TYPES = (MemMallocPolicy, int)   # fast path; others (numpy ints) go through operator.index
 
 
 class RawAllocator(Protocol):
@@ -222,9 +230,18 @@ def _check_nbytes(nbytes) -> int:
     return n
 
 
-def _bad_policy(policy) -> InvalidParamError:
-    valid = ", ".join(f"MemMallocPolicy.{p.name} ({p.value})" for p in MemMallocPolicy)
-    return InvalidParamError(f"malloc: unknown policy={policy!r}; valid policies: {valid}")
+def _policy_kinds(policy) -> tuple:
+    """Large-pool kinds of a policy given as a plain ACL int (slow path), or InvalidParamError."""
+    kinds = None
+    if not isinstance(policy, (bool, float)):
+        try:
+            kinds = _LARGE_KINDS.get(operator.index(policy))
+        except TypeError:
+            pass
+    if kinds is None:
+        valid = ", ".join(f"MemMallocPolicy.{p.name} ({p.value})" for p in MemMallocPolicy)
+        raise InvalidParamError(f"malloc: unknown policy={policy!r}; valid policies: {valid}")
+    return kinds
 
 
 class CachingAllocator:
@@ -251,6 +268,7 @@ class CachingAllocator:
         self._seg_addrs: list[int] = []         # sorted segment addresses
         self._segs: dict[int, Segment] = {}
         self._seq = 0
+        self._raw_error: str | None = None          # why the last reserve failed, for the OOM
         self._sa = [0] * _N_STATS                   # stats of all pools (current, peak only)
         self._pools = (self._sa, [0] * _N_STATS, [0] * _N_STATS)   # indexed by _KIND_POOL
         self.num_alloc_retries = 0
@@ -317,9 +335,9 @@ class CachingAllocator:
         """
         if type(nbytes) is not int or nbytes <= 0:
             nbytes = _check_nbytes(nbytes)
-        kinds = None if type(policy) is bool else _LARGE_KINDS.get(policy)
+        kinds = _LARGE_KINDS.get(policy) if type(policy) in _POLICY_TYPES else None
         if kinds is None:
-            raise _bad_policy(policy)
+            kinds = _policy_kinds(policy)
         try:
             hash(stream)
         except TypeError:
@@ -431,55 +449,44 @@ class CachingAllocator:
         stream = block.stream
         prev, nxt = block.prev, block.next
         block.prev = block.next = block.pending = None
-        # The handle is retired: its memory joins a free neighbour, or a new internal block.
+        # The handle is retired: its memory joins its free neighbours that it may merge with
+        # (ready ones, or pending on this stream), held by one of them or by a new block. Merge
+        # runs while neighbours qualify: a pending block and a ready one may sit side by side.
         absorbed = k = 0                             # bytes and count of merged neighbours
-        if prev is not None and not prev.allocated and (
+        s = None
+        lo = addr
+        while prev is not None and not prev.allocated and (
                 prev.pending is None or prev.stream == stream):
             self._remove(prev)
-            s = prev
-            absorbed, k = prev.size, 1
-            s.size += size
+            absorbed += prev.size
+            k += 1
             if prev.pending is not None and (pend is None or prev.seq > seq):
                 pend, seq = prev.pending, prev.seq
-            s.next = nxt
-            if nxt is not None:
-                nxt.prev = s
-        elif nxt is not None and not nxt.allocated and (
-                nxt.pending is None or nxt.stream == stream):
-            self._remove(nxt)
-            s = nxt
-            absorbed, k = nxt.size, 1
-            s.addr = addr
-            s.size += size
-            if nxt.pending is not None and (pend is None or nxt.seq > seq):
-                pend, seq = nxt.pending, nxt.seq
-            s.prev = prev
-            if prev is None:
-                seg.head = s
-            else:
-                prev.next = s
-            nxt = None                               # merged already
-        else:
-            s = Block(addr, size, seg)
-            s.prev = prev
-            if prev is None:
-                seg.head = s
-            else:
-                prev.next = s
-            s.next = nxt
-            if nxt is not None:
-                nxt.prev = s
-        if nxt is not None and not nxt.allocated and (
+            s = prev
+            lo = prev.addr
+            prev = prev.prev
+        while nxt is not None and not nxt.allocated and (
                 nxt.pending is None or nxt.stream == stream):
             self._remove(nxt)
             absorbed += nxt.size
             k += 1
-            s.size += nxt.size
-            s.next = nn = nxt.next
-            if nn is not None:
-                nn.prev = s
             if nxt.pending is not None and (pend is None or nxt.seq > seq):
                 pend, seq = nxt.pending, nxt.seq
+            s = nxt
+            nxt = nxt.next
+        if s is None:
+            s = Block(lo, size, seg)
+        else:
+            s.addr = lo
+            s.size = size + absorbed
+        s.prev = prev
+        if prev is None:
+            seg.head = s
+        else:
+            prev.next = s
+        s.next = nxt
+        if nxt is not None:
+            nxt.prev = s
         s.stream = stream
         s.pending = pend
         s.seq = seq
@@ -498,9 +505,9 @@ class CachingAllocator:
                 sa[9] = c
             if k == 0:
                 self._inc(_INACTIVE, seg.kind, 1)
-            elif k == 2:
-                sp[24] -= 1
-                sa[24] -= 1
+            elif k != 1:
+                sp[24] -= k - 1
+                sa[24] -= k - 1
         elif k:
             sp[8] -= absorbed
             sa[8] -= absorbed
@@ -595,6 +602,7 @@ class CachingAllocator:
     # ------------------------------------------------------------------ growth and release
     def _grow(self, size: int, nbytes: int, stream, kinds, policy) -> Block:
         """No cached fit: poll markers, reserve a segment, flush the cache and retry, or OOM."""
+        self._raw_error = None
         if self._n_pending and self._poll():
             b = self._take_cached(size, stream, kinds)
             if b is not None:
@@ -622,8 +630,9 @@ class CachingAllocator:
                 continue
             try:
                 addr = self._raw.reserve(seg_size)
-            except MemoryError:
-                continue                             # address space full: like a failed cudaMalloc
+            except MemoryError as e:                 # address space full: a failed cudaMalloc
+                self._raw_error = format_size(seg_size) + (f" ({e})" if str(e) else "")
+                continue
             if not 0 <= addr <= _ADDR_MASK - seg_size:
                 raise ValueError(f"raw allocator returned address {addr!r} outside 0..2**64")
             seg = Segment(addr, seg_size, kind, stream)
@@ -745,13 +754,13 @@ class CachingAllocator:
         """Limit the pool to ``capacity * fraction`` bytes (torch set_per_process_memory_fraction).
 
         ``0 < fraction <= 1``. Lowering the limit below what is reserved releases cached
-        segments; if live allocations alone exceed the new limit, raises InvalidParamError and
-        changes nothing.
+        segments; if what cannot be released still exceeds the new limit, raises
+        InvalidParamError and changes nothing (so ``reserved <= limit`` always holds).
         """
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not (
                 math.isfinite(fraction) and 0 < fraction <= 1):
-            raise InvalidParamError(
-                f"set_memory_fraction: fraction={fraction!r} must be a number with 0 < fraction <= 1")
+            raise InvalidParamError(f"set_memory_fraction: fraction={fraction!r} must be a "
+                                    f"number with 0 < fraction <= 1")
         limit = int(self._capacity * fraction)
         if self.reserved > limit:
             keep = self.reserved - self._releasable()
@@ -759,8 +768,9 @@ class CachingAllocator:
                 raise InvalidParamError(
                     f"set_memory_fraction: fraction={fraction} would limit device "
                     f"{self.device_id} to {format_size(limit)}, but {format_size(keep)} of the "
-                    f"{format_size(self.reserved)} reserved is held by live allocations; free "
-                    f"them first or use a fraction >= {keep / self._capacity:.3f}")
+                    f"{format_size(self.reserved)} reserved cannot be released (segments with "
+                    f"live allocations or unfinished stream work); free memory first or use a "
+                    f"fraction >= {keep / self._capacity:.3f}")
             self._fraction = float(fraction)
             self._limit = limit
             self._release_cached()
@@ -771,6 +781,12 @@ class CachingAllocator:
     def _oom(self, size: int, nbytes: int, kinds, policy) -> OutOfMemoryError:
         cap, alloc, res, limit = self._capacity, self.allocated, self.reserved, self._limit
         largest = self.largest_free_block()
+        facts = (f"device {self.device_id}; {format_size(cap)} total capacity; "
+                 f"{format_size(alloc)} already allocated; {format_size(res)} reserved in total "
+                 f"by the pool; {format_size(cap - res)} free; limit {format_size(limit)}; "
+                 f"largest free block {format_size(largest)}")
+        if self._raw_error:
+            facts += f"; the device address space refused a segment of {self._raw_error}"
         fix = ("Free tensors you no longer need, call runtime.empty_cache(), reduce the batch "
                "size, or raise NPUSIM_HBM_BYTES")
         if limit < cap:
@@ -778,10 +794,7 @@ class CachingAllocator:
         if kinds == (_LARGE_HUGE,) and size > SMALL_SIZE:
             fix += (f"; policy HUGE_ONLY needs a {format_size(-(-size // HUGE_PAGE) * HUGE_PAGE)} "
                     f"huge-page segment, HUGE_FIRST could fall back to normal pages")
-        msg = (f"NPU out of memory. Tried to allocate {format_size(size)} (device {self.device_id}; "
-               f"{format_size(cap)} total capacity; {format_size(alloc)} already allocated; "
-               f"{format_size(res)} reserved in total by the pool; {format_size(cap - res)} free; "
-               f"limit {format_size(limit)}; largest free block {format_size(largest)}). {fix}.")
+        msg = f"NPU out of memory. Tried to allocate {format_size(size)} ({facts}). {fix}."
         err = OutOfMemoryError(msg)
         err.device_id = self.device_id
         err.requested = nbytes
@@ -831,7 +844,7 @@ class CachingAllocator:
                     "requested_size": b.requested if b.allocated else 0,
                     "state": "active_allocated" if b.allocated else "inactive",
                     "site": b.site if b.allocated else "",
-                    "stream": b.stream,
+                    "stream": b.stream if b.allocated or b.pending is not None else None,
                     "pending": b.pending is not None and not b.allocated,
                 })
             out.append({
@@ -877,7 +890,7 @@ class CachingAllocator:
         return cur, peak, tot, freed
 
     def stats(self) -> dict:
-        """torch.npu.memory_stats(): flat dotted keys, sorted, e.g. ``allocated_bytes.all.current``."""
+        """torch.npu.memory_stats(): flat dotted keys, sorted (``allocated_bytes.all.current``)."""
         out = {}
         for t, name in _STAT_TYPES:
             for pool, pname in enumerate(_POOL_NAMES):
@@ -936,7 +949,8 @@ class CachingAllocator:
             lines.append("-" * 78)
             subs = [("all", name)]
             if not abbreviated:
-                subs += [("large_pool", "      from large pool"), ("small_pool", "      from small pool")]
+                subs += [("large_pool", "      from large pool"),
+                         ("small_pool", "      from small pool")]
             pref = None
             for pool, label in subs:
                 cur, peak, tot, freed = (stats[f"{key}.{pool}.{f}"]
@@ -950,8 +964,9 @@ class CachingAllocator:
         return "|" + "|\n|".join(lines) + "|\n"
 
     def __repr__(self):
-        return (f"CachingAllocator(device={self.device_id}, allocated={format_size(self.allocated)}, "
-                f"reserved={format_size(self.reserved)}, limit={format_size(self._limit)})")
+        return (f"CachingAllocator(device={self.device_id}, "
+                f"allocated={format_size(self.allocated)}, reserved={format_size(self.reserved)}, "
+                f"limit={format_size(self._limit)})")
 
 
 def _fmt_size(n: int, pref: int) -> str:

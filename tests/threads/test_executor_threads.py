@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from hccl import schedule
-from hccl.errors import CollectiveMismatchError, HcclTimeoutError, InvalidArgumentError, RemoteRankError
+from hccl.errors import (CollectiveMismatchError, HcclTimeoutError, InvalidArgumentError,
+                         RemoteRankError)
 from hccl.reduce import reduce_reference
 from hccl.types import DataType, Fingerprint, OpType, ReduceOp
 
@@ -33,6 +34,14 @@ PER_RANK_COUNT = (OpType.ALLGATHER, OpType.REDUCE_SCATTER, OpType.ALLTOALL)
 
 _fabrics: dict[int, object] = {}
 _comm_ids = iter(range(1, 1 << 30))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_fabrics():
+    yield
+    for f in _fabrics.values():
+        f.close()
+    _fabrics.clear()
 
 
 def fabric(size: int):
@@ -172,8 +181,9 @@ def run_case(case: Case, data: CaseData, size: int, rank: int, transport, comm_i
     fp = Fingerprint.make(case.op, case.count, case.dtype, case.redop, case.root)
     isz, peers = case.dtype.itemsize, list(range(size))
     if case.op is OpType.SEND:
-        out = schedule.build(OpType.SEND, rank, size, case.count, isz, SLICE, peer=(rank + 1) % size)
-        inn = schedule.build(OpType.RECV, rank, size, case.count, isz, SLICE, peer=(rank - 1) % size)
+        nxt, prv = (rank + 1) % size, (rank - 1) % size
+        out = schedule.build(OpType.SEND, rank, size, case.count, isz, SLICE, peer=nxt)
+        inn = schedule.build(OpType.RECV, rank, size, case.count, isz, SLICE, peer=prv)
         executor.run(out, bufs, None, case.dtype, transport, comm_id, seq, fp, peers, TIMEOUT)
         executor.run(inn, bufs, None, case.dtype, transport, comm_id, seq, fp, peers, TIMEOUT)
     else:
@@ -356,8 +366,8 @@ def test_abort_by_a_peer_raises_remote_rank_error():
         time.sleep(0.05)
         fab.transport(2).abort(comm_id, "rank 2 hit an exception")
 
-    res = _spawn([lambda: _allreduce(fab, 0, 3, comm_id, 1), lambda: _allreduce(fab, 1, 3, comm_id, 1),
-                  aborter])
+    res = _spawn([lambda: _allreduce(fab, 0, 3, comm_id, 1),
+                  lambda: _allreduce(fab, 1, 3, comm_id, 1), aborter])
     for r in (0, 1):
         assert isinstance(res[r], RemoteRankError), res[r]
         assert res[r].rank == 2 and "exception" in res[r].reason
@@ -382,7 +392,8 @@ def test_buffers_are_checked_before_anything_is_sent():
     fp = Fingerprint.make(OpType.ALLREDUCE, 100, "fp32", "sum")
     small = {"send": np.zeros(100, np.float32), "recv": np.zeros(99, np.float32)}
     with pytest.raises(InvalidArgumentError, match="recv"):
-        executor.run(steps, small, ReduceOp.SUM, "fp32", fab.transport(0), comm_id, 1, fp, [0, 1], 1)
+        executor.run(steps, small, ReduceOp.SUM, "fp32", fab.transport(0), comm_id, 1, fp,
+                     [0, 1], 1)
     with pytest.raises(InvalidArgumentError, match="send"):
         executor.run(steps, {"recv": small["send"]}, ReduceOp.SUM, "fp32", fab.transport(0),
                      comm_id, 1, fp, [0, 1], 1)

@@ -1,4 +1,4 @@
-"""Schedules as data: topology, step counts, layout, and a symbolic run of every rank (no threads)."""
+"""Schedules as data: topology, step counts, layout, and a symbolic run of all ranks."""
 from __future__ import annotations
 
 import collections
@@ -109,7 +109,8 @@ def simulate(progs, bufs, op=ReduceOp.SUM, dtype=np.int32):
                 progress = True
         if all(pcs[r] == len(progs[r]) for r in range(n)):
             break
-        assert progress, f"deadlock: {[(r, progs[r][pcs[r]]) for r in range(n) if pcs[r] < len(progs[r])]}"
+        stuck = [(r, progs[r][pcs[r]]) for r in range(n) if pcs[r] < len(progs[r])]
+        assert progress, f"deadlock: {stuck}"
     assert not mail, f"messages never received: {sorted(mail)}"
 
 

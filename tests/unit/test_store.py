@@ -310,6 +310,27 @@ def test_close_interrupts_a_blocked_request(client):
         client.set("a", b"")
 
 
+def test_closing_the_server_answers_parked_waiters():
+    srv = StoreServer("127.0.0.1", 0, SECRET).start()
+    errors, started = [], threading.Event()
+    with StoreClient("127.0.0.1", srv.port, SECRET, timeout=30) as c:
+        def run():
+            started.set()
+            try:
+                c.wait(["never"])
+            except Exception as e:
+                errors.append(e)
+        t = threading.Thread(target=run)
+        t.start()
+        started.wait()
+        assert _eventually(lambda: srv.stats()["waiters"] == 1)
+        t0 = time.monotonic()
+        srv.close()
+        t.join(5)
+        assert not t.is_alive() and time.monotonic() - t0 < 2
+    assert isinstance(errors[0], StoreError) and "closed" in str(errors[0])
+
+
 def test_idle_server_with_parked_waiters_burns_no_cpu(clients, server):
     waiter = clients()
     done = threading.Event()
@@ -354,6 +375,16 @@ def stranger():
     ctx.term()
 
 
+def _eventually(predicate, timeout=5.0):
+    """Poll a server statistic (no event exists for "a request reached the server")."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
 def _answers_quickly(client, key="probe"):
     t0 = time.monotonic()
     n = client.add(key, 1)
@@ -374,6 +405,7 @@ def test_garbage_is_dropped_and_logged(server, client, stranger, warnings_of):
     s.send_multipart([b"\0" * wire.MIN_HEADER, b"payload"])
     s.send(b"")
     assert server.drops.wait_for(4, 5)
+    assert server.stats()["dropped"] >= 4 and server.stats()["waiters"] == 0
     assert any("dropped a message" in r.getMessage() for r in records)
     _answers_quickly(client)
 

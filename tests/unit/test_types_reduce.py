@@ -78,8 +78,10 @@ def test_fingerprint_is_five_ints_and_reads_like_the_call():
     fp = Fingerprint.make("allreduce", 1024, np.float32, "sum", root=3)
     assert tuple(int(x) for x in fp) == (0, 1024, 4, 0, -1)
     assert str(fp) == "ALLREDUCE(count=1024, FP32, SUM)"
-    assert str(Fingerprint.make(OpType.ALLGATHER, 512, "fp32", "sum")) == "ALLGATHER(count=512, FP32)"
-    assert str(Fingerprint.make(OpType.BROADCAST, 8, "bf16", root=2)) == "BROADCAST(count=8, BFP16, root=2)"
+    ag = Fingerprint.make(OpType.ALLGATHER, 512, "fp32", "sum")
+    assert str(ag) == "ALLGATHER(count=512, FP32)"
+    bc = Fingerprint.make(OpType.BROADCAST, 8, "bf16", root=2)
+    assert str(bc) == "BROADCAST(count=8, BFP16, root=2)"
     assert Fingerprint.from_wire((1, 512, 4, -1, -1)) == Fingerprint.make("allgather", 512, "fp32")
     assert str(Fingerprint.make("barrier", 0)) == "BARRIER()"
     assert str(Fingerprint.from_wire((99, 1, 77, -1, -1))) == "99(count=1, 77)"

@@ -1,0 +1,151 @@
+"""nccl-tests style sweep: ``npurun --nproc-per-node N -m hccl.bench -b 8 -e 64M -f 2 -o all_reduce``.
+
+One row per size: size (bytes), count (elements), type, redop, time (us), algbw and busbw (GB/s)
+and #wrong (elements that differ from the expected value when ``-c 1``). time is the mean over
+``-n`` iterations of the slowest rank; busbw as nccl-tests defines it: algbw x 2(n-1)/n for
+AllReduce, x (n-1)/n for AllGather / ReduceScatter / AlltoAll, x 1 for Broadcast / Reduce.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+import hccl
+import runtime
+from hccl import DataType, ReduceOp
+
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """'64M' -> 67108864 (K, M, G suffixes, powers of 1024)."""
+    t = text.strip().upper().rstrip("B")
+    mult = _UNITS.get(t[-1:], 1)
+    return int(float(t[:-1] if t[-1:] in _UNITS else t) * mult)
+
+
+def _busbw_factor(op: str, n: int) -> float:
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+def _run_once(op, comm, send, recv, count, dt, redop, stream):
+    if op == "all_reduce":
+        hccl.all_reduce(send, recv, count, dt, redop, comm, stream)
+    elif op == "all_gather":
+        hccl.all_gather(send, recv, count, dt, comm, stream)
+    elif op == "reduce_scatter":
+        hccl.reduce_scatter(send, recv, count, dt, redop, comm, stream)
+    elif op == "broadcast":
+        hccl.broadcast(recv, count, dt, 0, comm, stream)
+    elif op == "reduce":
+        hccl.reduce(send, recv, count, dt, redop, 0, comm, stream)
+    elif op == "all_to_all":
+        hccl.all_to_all(send, count, recv, count, dt, comm, stream)
+    else:
+        raise SystemExit(f"hccl.bench: unknown collective {op!r}")
+
+
+def _layout(op: str, nbytes: int, n: int, itemsize: int):
+    """(count per HCCL call, send elements, recv elements) for S = nbytes as nccl-tests counts it."""
+    total = max(nbytes // itemsize, 0)
+    if op in ("all_gather",):
+        c = total // n
+        return c, c, c * n
+    if op in ("reduce_scatter",):
+        c = total // n
+        return c, c * n, c
+    if op == "all_to_all":
+        c = total // n
+        return c, c * n, c * n
+    return total, total, total
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hccl.bench", description=__doc__.splitlines()[0])
+    ap.add_argument("-b", "--minbytes", default="8")
+    ap.add_argument("-e", "--maxbytes", default="32M")
+    ap.add_argument("-f", "--stepfactor", type=float, default=2)
+    ap.add_argument("-o", "--op", default="all_reduce",
+                    choices=["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"])
+    ap.add_argument("-d", "--datatype", default="float32")
+    ap.add_argument("-r", "--redop", default="sum")
+    ap.add_argument("-n", "--iters", type=int, default=20)
+    ap.add_argument("-w", "--warmup_iters", type=int, default=5)
+    ap.add_argument("-c", "--check", type=int, default=1)
+    a = ap.parse_args(argv)
+    runtime.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    comm = hccl.init_comm()
+    n, rank = comm.size, comm.rank
+    dt = DataType.of(a.datatype)
+    redop = ReduceOp[a.redop.upper()]
+    s = runtime.Stream()
+    if rank == 0:
+        print(f"# npusim hccl.bench: {a.op}, {n} ranks, {dt.name}, {redop.name}, iters {a.iters}, "
+              f"warmup {a.warmup_iters}", flush=True)
+        print(f"#{'size':>12} {'count':>12} {'type':>6} {'redop':>6} {'time':>10} {'algbw':>8} "
+              f"{'busbw':>8} {'#wrong':>7}\n#{'(B)':>12} {'(elements)':>12} {'':>6} {'':>6} "
+              f"{'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8}", flush=True)
+    size = parse_size(a.minbytes)
+    maxb = parse_size(a.maxbytes)
+    t_dev = runtime.empty(1, np.float64)
+    total_wrong = 0
+    while size <= maxb:
+        count, ns, nr = _layout(a.op, size, n, dt.itemsize)
+        send = runtime.to_device(np.full(ns, rank + 1, dt.numpy))
+        recv = send if a.op == "broadcast" else runtime.empty(nr, dt.numpy)
+        for _ in range(a.warmup_iters):
+            _run_once(a.op, comm, send, recv, count, dt, redop, s)
+        comm.barrier(stream=s)
+        s.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(a.iters):
+            _run_once(a.op, comm, send, recv, count, dt, redop, s)
+        s.synchronize()
+        t = (time.perf_counter() - t0) / max(a.iters, 1)
+        t_dev.copy_from_host(np.array([t]))
+        comm.all_reduce(t_dev, op=ReduceOp.MAX, stream=s)
+        t = float(t_dev.to_host(stream=s)[0])
+        wrong = 0
+        if a.check:
+            wrong = _count_wrong(a.op, recv.to_host(stream=s), n, rank, redop, dt, count)
+        total_wrong += wrong
+        nbytes = count * dt.itemsize * (n if a.op in ("all_gather", "reduce_scatter", "all_to_all") else 1)
+        algbw = nbytes / t / 1e9 if t > 0 else 0.0
+        if rank == 0:
+            print(f" {nbytes:>12} {count:>12} {dt.name.lower():>6} {redop.name.lower():>6} {t * 1e6:>10.1f} "
+                  f"{algbw:>8.3f} {algbw * _busbw_factor(a.op, n):>8.3f} {wrong:>7}", flush=True)
+        if recv is not send:
+            recv.free()
+        send.free()
+        size = max(size + 1, int(size * a.stepfactor))
+    comm.destroy()
+    runtime.reset_device()
+    return 1 if total_wrong else 0
+
+
+def _count_wrong(op, out, n, rank, redop, dt, count) -> int:
+    vals = np.arange(1, n + 1, dtype=np.float64)
+    red = {"SUM": vals.sum(), "PROD": vals.prod(), "MAX": vals.max(), "MIN": vals.min()}[redop.name]
+    if op in ("all_reduce", "reduce_scatter"):
+        exp = np.full(out.shape, red).astype(dt.numpy)
+    elif op == "reduce":
+        if rank != 0:
+            return 0
+        exp = np.full(out.shape, red).astype(dt.numpy)
+    elif op == "broadcast":
+        exp = np.full(out.shape, 1).astype(dt.numpy)
+    else:  # all_gather, all_to_all: block r holds rank r's value
+        exp = np.repeat(np.arange(1, n + 1), count).astype(dt.numpy)
+    return int(np.count_nonzero(out != exp))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
