@@ -2,30 +2,44 @@
 
 See SPEC §2 and docs/algorithms.md. Every collective validates at the call and returns at once;
 the result is there when the stream (or an event recorded after it) completes.
+
+Names are imported lazily (PEP 562): ``import hccl.store`` (what npurun needs) does not pull in
+numpy and the runtime.
 """
-import os as _os
+from __future__ import annotations
 
-from runtime import callsite as _callsite
-from runtime.log import setup as _setup_log
+import importlib
 
-from . import errors
-from .collectives import (all_gather, all_reduce, all_to_all, barrier, broadcast, recv, reduce,
-                          reduce_scatter, send)
-from .comm import Comm
-from .errors import (CollectiveMismatchError, HcclError, HcclTimeoutError, InvalidArgumentError,
-                     RemoteRankError)
-from .flight import recorder as flight_recorder
-from .init import comm_init_root_info, get_root_info, init_comm
-from .types import DataType, ReduceOp, Result
+_EXPORTS = {
+    "all_gather": "collectives", "all_reduce": "collectives", "all_to_all": "collectives",
+    "barrier": "collectives", "broadcast": "collectives", "recv": "collectives",
+    "reduce": "collectives", "reduce_scatter": "collectives", "send": "collectives",
+    "Comm": "comm",
+    "CollectiveMismatchError": "errors", "HcclError": "errors", "HcclTimeoutError": "errors",
+    "InvalidArgumentError": "errors", "RemoteRankError": "errors",
+    "comm_init_root_info": "init", "get_root_info": "init", "init_comm": "init",
+    "DataType": "types", "ReduceOp": "types", "Result": "types",
+}
 
-# collective failures surface from stream synchronize with their own type (and as TaskError)
-HcclError.npusim_surface = True
-_callsite.add_internal(_os.path.dirname(_os.path.abspath(__file__)))
-_setup_log("hccl")
+_SUBMODULES = {"bench", "collectives", "comm", "config", "diag", "errors", "executor", "flight",
+               "init", "reduction", "schedule", "store", "transport", "types", "wire"}
 
-__all__ = [
-    "CollectiveMismatchError", "Comm", "DataType", "HcclError", "HcclTimeoutError",
-    "InvalidArgumentError", "ReduceOp", "RemoteRankError", "Result", "all_gather", "all_reduce",
-    "all_to_all", "barrier", "broadcast", "comm_init_root_info", "errors", "flight_recorder",
-    "get_root_info", "init_comm", "recv", "reduce", "reduce_scatter", "send",
-]
+__all__ = sorted([*_EXPORTS, "errors", "flight_recorder"])
+
+
+def __getattr__(name: str):
+    if name == "flight_recorder":
+        from .flight import recorder
+        return recorder
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'hccl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

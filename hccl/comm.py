@@ -17,22 +17,26 @@ communicator stays aborted: create a new one.
 from __future__ import annotations
 
 import hashlib
-import logging
+import os
 import threading
 
 import numpy as np
 
 import runtime
-from runtime.callsite import callsite
+from runtime.callsite import add_internal, callsite
+from runtime.log import setup as setup_log
 from runtime.context import resolve_stream
 from runtime.errors import NpuError
 
-from . import config, executor, schedule
+from . import config, diag, executor, schedule
 from .errors import CollectiveMismatchError, HcclError, HcclTimeoutError, InvalidArgumentError, RemoteRankError
 from .flight import recorder
 from .types import DataType, Fingerprint, OpType, ReduceOp, Result
 
-log = logging.getLogger("hccl")
+log = setup_log("hccl")
+# collective failures surface from stream synchronize with their own type (and as TaskError)
+HcclError.npusim_surface = True
+add_internal(os.path.dirname(os.path.abspath(__file__)))
 _P2P_BIT = 1 << 62
 _MISMATCH = "MISMATCH|"
 
@@ -49,6 +53,7 @@ class World:
         self.transport, self.uid, self.store, self.server = transport, uid, store, server
         self.rank, self.size = transport.rank, transport.size
         self.comms = 0
+        self.comm_ids: set[int] = set()        # every comm id in use (dead-peer abort)
         self._lock = threading.Lock()
 
     def release(self) -> None:
@@ -85,6 +90,7 @@ class Comm:
         self._destroyed = False
         with world._lock:
             world.comms += 1
+            world.comm_ids.update((comm_id, comm_id | _P2P_BIT))
 
     # ------------------------------------------------------------------ lifecycle
     def __repr__(self):
@@ -112,6 +118,8 @@ class Comm:
             self.world.transport.forget(self.comm_id | _P2P_BIT)
         except Exception:
             pass
+        with self.world._lock:
+            self.world.comm_ids.difference_update((self.comm_id, self.comm_id | _P2P_BIT))
         self.world.release()
 
     def _check_alive(self, what: str) -> None:
@@ -185,7 +193,10 @@ class Comm:
                              on_wait=lambda p: recorder.waiting(rec, p), rank=self.rank)
             except HcclError as e:
                 recorder.fail(rec, e)
-                raise self._failure(e, op, seq, fp, timeout, source, cid) from e
+                err = self._failure(e, op, seq, fp, timeout, source, cid)
+                rec.error = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+                diag.flush()
+                raise err from e
             recorder.complete(rec)
 
         meta = {"comm": self.name, "seq": seq, "count": count, "dtype": dtype.name,
@@ -224,6 +235,11 @@ class Comm:
             return err
         if isinstance(e, RemoteRankError):
             reason = getattr(e, "reason", "") or ""
+            if reason.startswith(diag.DEAD):
+                text = reason[len(diag.DEAD):]
+                dead = _dead_rank(text)
+                return RemoteRankError(f"[rank {self.rank}] {call} failed: {text}; the job is being "
+                                       "stopped", rank=dead, reason=text, seq=seq)
             if reason.startswith(_MISMATCH):
                 return CollectiveMismatchError(
                     f"[rank {self.rank}] {call}: collective mismatch reported by rank {e.rank}: "
@@ -292,6 +308,14 @@ _API_NAMES = {OpType.ALLREDUCE: "AllReduce", OpType.ALLGATHER: "AllGather",
               OpType.REDUCE_SCATTER: "ReduceScatter", OpType.BROADCAST: "Broadcast",
               OpType.REDUCE: "Reduce", OpType.ALLTOALL: "AlltoAll", OpType.SEND: "Send",
               OpType.RECV: "Recv", OpType.BARRIER: "Barrier"}
+
+
+def _dead_rank(text: str):
+    """The rank named by a launcher abort text ``rank N ...``."""
+    parts = text.split()
+    if len(parts) > 1 and parts[0] == "rank" and parts[1].isdigit():
+        return int(parts[1])
+    return None
 
 
 def _resolve_stream(api, stream):

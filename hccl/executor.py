@@ -18,7 +18,7 @@ import numpy as np
 
 from hccl.errors import (CollectiveMismatchError, HcclError, HcclTimeoutError,
                          InvalidArgumentError, RemoteRankError)
-from hccl.reduce import reduce_into
+from hccl.reduction import reduce_into
 from hccl.schedule import NONE, SCRATCH, Copy, Recv, Send, buffer_extents
 from hccl.transport.base import (Aborted, FingerprintMismatch, PeerTimeout, TransportClosed,
                                  TransportError)

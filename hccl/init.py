@@ -17,7 +17,7 @@ import secrets
 import socket
 import threading
 
-from . import config
+from . import config, diag
 from .comm import Comm, World, comm_id_of
 from .errors import HcclError, HcclTimeoutError, InvalidArgumentError
 from .store import StoreClient, StoreServer, StoreTimeout
@@ -152,7 +152,9 @@ def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: 
         store.close()
         raise
     world = World(transport, uid=uid, store=store)
-    return Comm(world, list(range(size)), comm_id_of(uid), "world")
+    comm = Comm(world, list(range(size)), comm_id_of(uid), "world")
+    diag.attach(world, store)
+    return comm
 
 
 def _close_servers():

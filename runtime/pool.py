@@ -110,7 +110,10 @@ _LARGE_KINDS = {
     MemMallocPolicy.NORMAL_ONLY: (_LARGE_NORMAL,),
 }
 _SMALL_KINDS = (_SMALL,)
+_HUGE_FIRST = MemMallocPolicy.HUGE_FIRST        # the default policy: malloc checks it by identity
+_HUGE_FIRST_KINDS = _LARGE_KINDS[_HUGE_FIRST]
 _POLICY_TYPES = (MemMallocPolicy, int)   # fast path; others (numpy ints) go through operator.index
+_new_object = object.__new__             # hot paths build blocks without a call to __init__
 
 
 class RawAllocator(Protocol):
@@ -126,14 +129,15 @@ class RawAllocator(Protocol):
 class Segment:
     """One raw reservation; its blocks form a doubly linked list from ``head``, in address order."""
 
-    __slots__ = ("addr", "size", "kind", "stream", "head")
+    __slots__ = ("addr", "size", "kind", "stream", "head", "_stats")
 
-    def __init__(self, addr: int, size: int, kind: int, stream):
+    def __init__(self, addr: int, size: int, kind: int, stream, stats: list | None = None):
         self.addr = addr
         self.size = size
         self.kind = kind
         self.stream = stream        # the stream whose malloc reserved it
         self.head: Block | None = None
+        self._stats = stats         # the owning pool's stats list of this kind (small / large)
 
     @property
     def huge(self) -> bool:
@@ -263,7 +267,7 @@ class CachingAllocator:
         self._ready: list[list[int]] = [[], [], []]
         self._pend: list[dict] = [{}, {}, {}]
         self._n_pending = 0
-        self._free: dict[int, Block] = {}       # addr -> free block
+        self._free: dict[int, Block] = {}       # list key -> free block
         self._live: dict[int, Block] = {}       # addr -> allocated block
         self._seg_addrs: list[int] = []         # sorted segment addresses
         self._segs: dict[int, Segment] = {}
@@ -322,9 +326,12 @@ class CachingAllocator:
         return best
 
     # ------------------------------------------------------------------ malloc / free
-    # The two hot paths inline their statistics (offsets in the stats lists, see _N_STATS):
-    # a method call per stat would double the cost of a cached malloc + free. Non-releasable
-    # (inactive_split) stats change by the net of each operation.
+    # The two hot paths are written out flat: the free-list work of the common case (a ready
+    # block of the segment's kind) and every statistic are inline (offsets in the stats lists,
+    # see _N_STATS), and new blocks are built without calling Block.__init__. A cached malloc +
+    # free is about a third of the bytecodes it takes through helper methods; the helpers
+    # (_insert, _remove, _inc, _take_cached) serve the pending and the cold paths.
+    # Non-releasable (inactive_split) stats change by the net of each operation.
     def malloc(self, nbytes: int, stream, policy=MemMallocPolicy.HUGE_FIRST,
                site: str = "") -> Block:
         """Return a block of at least ``nbytes`` bytes for use on ``stream``.
@@ -335,9 +342,12 @@ class CachingAllocator:
         """
         if type(nbytes) is not int or nbytes <= 0:
             nbytes = _check_nbytes(nbytes)
-        kinds = _LARGE_KINDS.get(policy) if type(policy) in _POLICY_TYPES else None
-        if kinds is None:
-            kinds = _policy_kinds(policy)
+        if policy is _HUGE_FIRST:                    # the default: no conversion, no lookup
+            kinds = _HUGE_FIRST_KINDS
+        elif type(policy) in _POLICY_TYPES and policy in _LARGE_KINDS:
+            kinds = _LARGE_KINDS[policy]
+        else:
+            kinds = _policy_kinds(policy)            # numpy ints, or InvalidParamError
         try:
             hash(stream)
         except TypeError:
@@ -345,40 +355,90 @@ class CachingAllocator:
         size = (nbytes + ROUND - 1) & _ROUND_MASK
         if size <= SMALL_SIZE:
             kinds = _SMALL_KINDS
-        b = self._take_cached(size, stream, kinds)
-        if b is None:
+
+        # Best fit (see _take_cached, written out here): earlier kinds win; within a kind the
+        # smallest key among the ready blocks and the stream's own pending blocks.
+        key = size << _ADDR_BITS
+        free = self._free
+        for kind in kinds:
+            lst = self._ready[kind]
+            i = bisect_left(lst, key)
+            d = self._pend[kind]
+            if d:
+                pl = d.get(stream)
+                if pl is not None:
+                    j = bisect_left(pl, key)
+                    if j < len(pl) and (i == len(lst) or pl[j] < lst[i]):
+                        b = free.pop(pl.pop(j))
+                        if not pl:
+                            del d[stream]
+                        self._n_pending -= 1
+                        break
+            if i < len(lst):
+                b = free.pop(lst.pop(i))
+                break
+        else:
             b = self._grow(size, nbytes, stream, kinds, policy)
 
         # b is free and in no list: hand out its first `size` bytes, keep the rest if worth it.
         seg = b.segment
         kind = seg.kind
-        sp = self._pools[_KIND_POOL[kind]]
+        sp = seg._stats
         sa = self._sa
         n = b.size
         rest = n - size
         if rest > LARGE_SPLIT_MIN or (rest and kind == _SMALL):
-            r = Block(b.addr + size, rest, seg, b.stream)
-            r.pending = b.pending
-            r.seq = b.seq
+            r = _new_object(Block)
+            r.addr = raddr = b.addr + size
+            r.size = rest
+            r.requested = 0
+            r.stream = b.stream
+            r.segment = seg
+            r.allocated = False
+            r.site = ""
             r.prev = b
             r.next = nxt = b.next
+            r.pending = pend = b.pending
+            r.seq = b.seq
             if nxt is not None:
                 nxt.prev = r
             b.next = r
             b.size = size
-            self._insert(r)
+            if pend is None:
+                rkey = (rest << _ADDR_BITS) | raddr
+                insort(self._ready[kind], rkey)
+                free[rkey] = r
+            else:
+                self._insert(r)
             if n == seg.size:                        # a whole segment got split
-                self._inc(_INACTIVE_BYTES, kind, rest)
-                self._inc(_INACTIVE, kind, 1)
+                c = sp[8] + rest                     # inactive_split_bytes
+                sp[8] = c
+                sp[10] += rest
+                if c > sp[9]:
+                    sp[9] = c
+                c = sa[8] + rest
+                sa[8] = c
+                if c > sa[9]:
+                    sa[9] = c
+                c = sp[24] + 1                       # inactive_split
+                sp[24] = c
+                sp[26] += 1
+                if c > sp[25]:
+                    sp[25] = c
+                c = sa[24] + 1
+                sa[24] = c
+                if c > sa[25]:
+                    sa[25] = c
             else:
                 sp[8] -= size
                 sa[8] -= size
-        elif n != seg.size:                          # a non-releasable block, taken whole
-            sp[8] -= n
-            sa[8] -= n
-            sp[24] -= 1
-            sa[24] -= 1
-        size = b.size
+        else:
+            size = n
+            if n != seg.size:                        # a non-releasable block, taken whole
+                sp[8] -= n
+                sa[8] -= n
+                sp[24] -= 1
+                sa[24] -= 1
         b.allocated = True
         b.requested = nbytes
         b.stream = stream
@@ -421,17 +481,18 @@ class CachingAllocator:
         until then only that stream may reuse the memory. Raises MemoryAccessError for a double
         free or a block of another pool, InvalidParamError for a bad argument (nothing changed).
         """
-        if type(block) is not Block or self._live.get(block.addr) is not block:
+        live = self._live
+        if type(block) is not Block or live.get(block.addr) is not block:
             raise self._bad_free(block)
         if ready is not None and not hasattr(ready, "query"):
             raise InvalidParamError(
                 f"free: ready={ready!r} must be None or have a query() method (an event)")
         addr = block.addr
-        del self._live[addr]
+        del live[addr]
         block.allocated = False
         seg = block.segment
         size = block.size
-        sp = self._pools[_KIND_POOL[seg.kind]]
+        sp = seg._stats
         sa = self._sa
         n = block.requested
         sp[0] -= size                                # allocated_bytes, requested_bytes, allocation
@@ -441,44 +502,60 @@ class CachingAllocator:
         sp[16] -= 1
         sa[16] -= 1
 
-        if ready is not None:
-            self._seq += 1
-            pend, seq = ready, self._seq
-        else:
+        if ready is None:
             pend, seq = block.pending, block.seq     # memory carved from pending stays pending
+        else:
+            self._seq = seq = self._seq + 1
+            pend = ready
         stream = block.stream
         prev, nxt = block.prev, block.next
         block.prev = block.next = block.pending = None
         # The handle is retired: its memory joins its free neighbours that it may merge with
         # (ready ones, or pending on this stream), held by one of them or by a new block. Merge
         # runs while neighbours qualify: a pending block and a ready one may sit side by side.
+        rl = self._ready[seg.kind]
+        free = self._free
         absorbed = k = 0                             # bytes and count of merged neighbours
         s = None
         lo = addr
         while prev is not None and not prev.allocated and (
                 prev.pending is None or prev.stream == stream):
-            self._remove(prev)
+            if prev.pending is None:
+                key = (prev.size << _ADDR_BITS) | prev.addr
+                del rl[bisect_left(rl, key)]
+                del free[key]
+            else:
+                self._remove(prev)
+                if pend is None or prev.seq > seq:
+                    pend, seq = prev.pending, prev.seq
             absorbed += prev.size
             k += 1
-            if prev.pending is not None and (pend is None or prev.seq > seq):
-                pend, seq = prev.pending, prev.seq
             s = prev
             lo = prev.addr
             prev = prev.prev
         while nxt is not None and not nxt.allocated and (
                 nxt.pending is None or nxt.stream == stream):
-            self._remove(nxt)
+            if nxt.pending is None:
+                key = (nxt.size << _ADDR_BITS) | nxt.addr
+                del rl[bisect_left(rl, key)]
+                del free[key]
+            else:
+                self._remove(nxt)
+                if pend is None or nxt.seq > seq:
+                    pend, seq = nxt.pending, nxt.seq
             absorbed += nxt.size
             k += 1
-            if nxt.pending is not None and (pend is None or nxt.seq > seq):
-                pend, seq = nxt.pending, nxt.seq
             s = nxt
             nxt = nxt.next
+        total = size + absorbed
         if s is None:
-            s = Block(lo, size, seg)
-        else:
-            s.addr = lo
-            s.size = size + absorbed
+            s = _new_object(Block)
+            s.segment = seg
+            s.requested = 0
+            s.allocated = False
+            s.site = ""
+        s.addr = lo
+        s.size = total
         s.prev = prev
         if prev is None:
             seg.head = s
@@ -490,11 +567,16 @@ class CachingAllocator:
         s.stream = stream
         s.pending = pend
         s.seq = seq
-        self._insert(s)
+        if pend is None:
+            key = (total << _ADDR_BITS) | lo
+            insort(rl, key)
+            free[key] = s
+        else:
+            self._insert(s)
         # Non-releasable: the merged neighbours were (a neighbour is never a whole segment);
         # s is unless it now spans its segment.
-        if s.size != seg.size:
-            c = sp[8] + size
+        if total != seg.size:
+            c = sp[8] + size                         # inactive_split_bytes
             sp[8] = c
             sp[10] += size
             if c > sp[9]:
@@ -503,8 +585,16 @@ class CachingAllocator:
             sa[8] = c
             if c > sa[9]:
                 sa[9] = c
-            if k == 0:
-                self._inc(_INACTIVE, seg.kind, 1)
+            if k == 0:                               # inactive_split
+                c = sp[24] + 1
+                sp[24] = c
+                sp[26] += 1
+                if c > sp[25]:
+                    sp[25] = c
+                c = sa[24] + 1
+                sa[24] = c
+                if c > sa[25]:
+                    sa[25] = c
             elif k != 1:
                 sp[24] -= k - 1
                 sa[24] -= k - 1
@@ -529,6 +619,8 @@ class CachingAllocator:
 
     # ------------------------------------------------------------------ free lists
     # _insert / _remove keep the lists only; callers account inactive_split (_insert_counted).
+    # ``_free`` maps a free block's list key to the block, so taking the best fit is one
+    # ``pop`` from the sorted list and one from the dict.
     def _insert(self, b: Block) -> None:
         """Put the free block ``b`` into its free list."""
         key = (b.size << _ADDR_BITS) | b.addr
@@ -542,7 +634,7 @@ class CachingAllocator:
             else:
                 insort(lst, key)
             self._n_pending += 1
-        self._free[b.addr] = b
+        self._free[key] = b
 
     def _remove(self, b: Block) -> None:
         """Take the free block ``b`` out of its free list."""
@@ -557,7 +649,7 @@ class CachingAllocator:
             if not lst:
                 del d[b.stream]
             self._n_pending -= 1
-        del self._free[b.addr]
+        del self._free[key]
 
     def _insert_counted(self, b: Block) -> None:
         self._insert(b)
@@ -575,28 +667,27 @@ class CachingAllocator:
         """Remove and return the best-fitting free block usable by ``stream``, or None.
 
         Earlier kinds win (huge before normal pages); within a kind, the smallest fit among the
-        ready blocks and the stream's own pending blocks. Stats are the caller's.
+        ready blocks and the stream's own pending blocks. Stats are the caller's. (``malloc``
+        has this loop written out.)
         """
         key = size << _ADDR_BITS
+        free = self._free
         for kind in kinds:
             lst = self._ready[kind]
             i = bisect_left(lst, key)
-            best = lst[i] if i < len(lst) else None
             d = self._pend[kind]
             if d:
                 pl = d.get(stream)
                 if pl is not None:
                     j = bisect_left(pl, key)
-                    if j < len(pl) and (best is None or pl[j] < best):
-                        best = pl[j]
-                        del pl[j]
+                    if j < len(pl) and (i == len(lst) or pl[j] < lst[i]):
+                        b = free.pop(pl.pop(j))
                         if not pl:
                             del d[stream]
                         self._n_pending -= 1
-                        return self._free.pop(best & _ADDR_MASK)
-            if best is not None:
-                del lst[i]
-                return self._free.pop(best & _ADDR_MASK)
+                        return b
+            if i < len(lst):
+                return free.pop(lst.pop(i))
         return None
 
     # ------------------------------------------------------------------ growth and release
@@ -635,7 +726,7 @@ class CachingAllocator:
                 continue
             if not 0 <= addr <= _ADDR_MASK - seg_size:
                 raise ValueError(f"raw allocator returned address {addr!r} outside 0..2**64")
-            seg = Segment(addr, seg_size, kind, stream)
+            seg = Segment(addr, seg_size, kind, stream, self._pools[_KIND_POOL[kind]])
             b = Block(addr, seg_size, seg, stream)
             seg.head = b
             insort(self._seg_addrs, addr)
@@ -653,7 +744,7 @@ class CachingAllocator:
         for d in self._pend:
             for lst in d.values():
                 for key in lst:
-                    b = self._free[key & _ADDR_MASK]
+                    b = self._free[key]
                     m = b.pending
                     ok = done.get(id(m))
                     if ok is None:
@@ -697,8 +788,8 @@ class CachingAllocator:
         freed = 0
         for kind in range(3):
             lst = self._ready[kind]
-            whole = [self._free[k & _ADDR_MASK] for k in lst
-                     if self._free[k & _ADDR_MASK].segment.size == k >> _ADDR_BITS]
+            whole = [self._free[k] for k in lst
+                     if self._free[k].segment.size == k >> _ADDR_BITS]
             for b in whole:
                 freed += self._release_segment(b)
         return freed
@@ -710,7 +801,7 @@ class CachingAllocator:
         total = 0
         for lst in self._ready:
             for k in lst:
-                if self._free[k & _ADDR_MASK].segment.size == k >> _ADDR_BITS:
+                if self._free[k].segment.size == k >> _ADDR_BITS:
                     total += k >> _ADDR_BITS
         return total
 
@@ -743,7 +834,7 @@ class CachingAllocator:
         for d in self._pend:
             for lst in list(d.values()):
                 for key in list(lst):
-                    b = self._free[key & _ADDR_MASK]
+                    b = self._free[key]
                     self._remove_counted(b)
                     b.pending = None
                     self._merge_ready(b)

@@ -3,7 +3,6 @@ the grace period, no orphans, no shared memory left, and --max-restarts."""
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 import time
 

@@ -19,6 +19,7 @@ out = {out!r}
 r = os.environ["RANK"]
 child = subprocess.Popen(["sleep", "120"])
 open(f"/dev/shm/npusim-{{os.environ['NPUSIM_JOB_ID']}}-s{{r}}", "w").write("x")
+open(os.path.join(out, f"errfile.{{r}}"), "w").write(os.environ["TORCHELASTIC_ERROR_FILE"])
 with open(os.path.join(out, f"pids.{{r}}.tmp"), "w") as f:
     f.write(f"{{os.getpid()}} {{child.pid}}")
 os.replace(os.path.join(out, f"pids.{{r}}.tmp"), os.path.join(out, f"pids.{{r}}"))
@@ -64,8 +65,13 @@ def test_signal_is_forwarded_and_npurun_exits_128_plus_signal(tmp_path, sig):
 def test_sigkilled_npurun_takes_ranks_children_and_shm_along(tmp_path):
     with LeakCheck() as lc:
         p, procs = start(tmp_path, lc)
+        # no --log-dir: the error and stack files live in a temporary directory
+        temp_root = (tmp_path / "errfile.0").read_text().split("/attempt_0/")[0]
+        assert os.path.isdir(temp_root)
         p.kill()
         p.communicate(timeout=10)
         wait_for(lambda: all(pid_gone(pid) for pid in procs), 5,
                  what="ranks and their children to die with npurun")
+        wait_for(lambda: not os.path.exists(temp_root), 5, what="the janitor to remove "
+                 + temp_root)
     # LeakCheck also found no tagged process and no leftover /dev/shm/npusim-* segment

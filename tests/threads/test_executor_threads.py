@@ -18,7 +18,7 @@ import pytest
 from hccl import schedule
 from hccl.errors import (CollectiveMismatchError, HcclTimeoutError, InvalidArgumentError,
                          RemoteRankError)
-from hccl.reduce import reduce_reference
+from hccl.reduction import reduce_reference
 from hccl.types import DataType, Fingerprint, OpType, ReduceOp
 
 inproc = pytest.importorskip("hccl.transport.inproc",

@@ -9,7 +9,7 @@ import pytest
 
 from hccl import schedule as sch
 from hccl.errors import InvalidArgumentError
-from hccl.reduce import reduce_into, reduce_reference
+from hccl.reduction import reduce_into, reduce_reference
 from hccl.schedule import NONE, SCRATCH, Copy, Recv, Send
 from hccl.types import OpType, ReduceOp
 

@@ -14,7 +14,7 @@ from hypothesis.extra import numpy as hnp
 from hccl import config
 from hccl.errors import (CollectiveMismatchError, HcclError, HcclTimeoutError,
                          InvalidArgumentError, RemoteRankError)
-from hccl.reduce import reduce_into, reduce_reference
+from hccl.reduction import reduce_into, reduce_reference
 from hccl.types import DataType, Fingerprint, OpType, ReduceOp, Result
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -1,0 +1,130 @@
+"""Rank-side hang diagnosis: publish this rank's collective state, and abort on a dead peer.
+
+Under npurun (``NPUSIM_DIAG_DIR`` set) every process that creates a world communicator starts
+one daemon *reporter* thread. It
+
+- writes ``<dir>/state_rank<RANK>.json`` (atomically) every ``NPUSIM_DIAG_INTERVAL`` seconds
+  (default 0.5) and at once when a collective fails: heartbeat time, pid, the in-flight records
+  (op, comm and members, seq, stream, state, the peer waited on and since when, call site), the
+  per-communicator progress (last enqueued / last completed seq) and the recent records;
+- holds a blocking ``get`` on the job's abort key in the rendezvous store: when the launcher
+  sees a rank die it sets that key, and every live rank aborts all its communicators at once,
+  so peers waiting for the dead rank fail in seconds with ``RemoteRankError`` naming it instead
+  of waiting for HCCL_EXEC_TIMEOUT.
+
+The launcher reads the state files (plus stacks taken with SIGUSR1) to build the job verdict.
+Nothing here runs without npurun, and nothing is on a collective's fast path.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+
+from .flight import recorder
+
+log = logging.getLogger("hccl.diag")
+DEAD = "DEAD|"
+_RECENT = 64
+
+_lock = threading.Lock()
+_reporter: "Reporter | None" = None
+
+
+def abort_key(env=os.environ) -> str:
+    return f"npusim/{env.get('NPUSIM_JOB_ID', 'job')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/abort"
+
+
+class Reporter:
+    """The per-process reporter thread (see the module note)."""
+
+    def __init__(self, directory: str, store, interval: float):
+        self.dir, self.store, self.interval = directory, store, interval
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.path = os.path.join(directory, f"state_rank{self.rank}.json")
+        self.worlds: list = []
+        self.aborted: str | None = None
+        self._stop = threading.Event()
+        self._write_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="npusim-diag", daemon=True)
+
+    def add_world(self, world) -> None:
+        self.worlds.append(world)
+
+    def snapshot(self) -> dict:
+        d = recorder.dump()
+        records = d["records"]
+        return {"rank": self.rank, "pid": os.getpid(), "time": time.time(),
+                "in_flight": d["in_flight"], "progress": d["progress"],
+                "recent": records[-_RECENT:],
+                "failed": [r for r in records if r["state"] == "failed"][-8:],
+                "aborted": self.aborted}
+
+    def write(self) -> None:
+        """Write the state file now (also called from a failing collective)."""
+        with self._write_lock:
+            tmp = f"{self.path}.tmp"
+            try:
+                with open(tmp, "w") as f:
+                    json.dump(self.snapshot(), f, default=str)
+                os.replace(tmp, self.path)
+            except OSError as e:  # the launcher's dir may be gone at shutdown
+                log.debug("cannot write %s: %s", self.path, e)
+
+    def _run(self) -> None:
+        key = abort_key()
+        while not self._stop.is_set():
+            self.write()
+            if self.aborted is not None or self.store is None:
+                self._stop.wait(self.interval)
+                continue
+            try:
+                value = self.store.get(key, timeout=self.interval)
+            except TimeoutError:
+                continue
+            except Exception:  # store gone (launcher exiting): keep writing state
+                self._stop.wait(self.interval)
+                continue
+            self._abort(value.decode("utf-8", "replace"))
+
+    def _abort(self, text: str) -> None:
+        """Abort every communicator of every world of this process with ``DEAD|<text>``."""
+        self.aborted = text
+        log.error("rank %d: aborting every communicator: %s", self.rank, text)
+        for world in self.worlds:
+            for cid in list(world.comm_ids):
+                try:
+                    world.transport.abort(cid, DEAD + text)
+                except Exception:
+                    pass
+        self.write()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def attach(world, store) -> None:
+    """Register ``world`` with this process's reporter, starting it under npurun."""
+    global _reporter
+    directory = os.environ.get("NPUSIM_DIAG_DIR")
+    if not directory:
+        return
+    with _lock:
+        if _reporter is None:
+            interval = float(os.environ.get("NPUSIM_DIAG_INTERVAL", "0.5"))
+            os.makedirs(directory, exist_ok=True)
+            _reporter = Reporter(directory, store, interval)
+            _reporter.start()
+        _reporter.add_world(world)
+
+
+def flush() -> None:
+    """Write the state file now, if a reporter runs (a collective just failed)."""
+    r = _reporter
+    if r is not None:
+        r.write()

@@ -1,0 +1,368 @@
+"""The agent: one per node; starts its ranks, supervises them, stops them, restarts the job.
+
+Data model as torch elastic's: a ``WorkerSpec`` (what to run, how many, the policies), a
+``Worker`` per local rank with a ``WorkerState``, and a ``RunResult``. The state machine:
+
+    join (rendezvous) -> attempt k: start ranks -> HEALTHY
+        all ranks exit 0 -> (all nodes done) -> SUCCEEDED
+        a rank fails / another node failed / a stop hook fires -> stop the others -> FAILED
+            -> restart (attempt k+1) while k < max_restarts, else exit with the root cause's code
+        SIGINT / SIGTERM / SIGHUP -> forward to every rank's group, SIGKILL after the grace
+            period -> exit 128 + signal
+
+Hooks for diagnosis (the hang detector plugs in here): ``on_tick`` callables run every monitor
+interval and may return a ``StopRequest`` to end the job; ``before_stop`` callables run before
+the launcher stops live ranks, while they can still be inspected. ``collect_stacks()`` takes every
+live rank's Python stacks now (SIGUSR1 + faulthandler, no cooperation needed).
+
+Runs in the main thread: it installs signal handlers, and it forks the ranks from the thread
+that lives as long as the launcher (their parent-death signal follows the forking thread).
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from launcher import proc, shm, stacks
+from launcher.env import JobInfo, worker_env
+from launcher.errors import Interrupted, describe_exit, signal_name
+from launcher.janitor import Janitor
+from launcher.output import OutputPump, Std, std_for
+from launcher.proc import LogFiles, WorkerProcess
+from launcher.summary import ProcessFailure, format_summary, root_cause
+
+log = logging.getLogger("launcher")
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class WorkerState(str, enum.Enum):
+    INIT = "INIT"
+    HEALTHY = "HEALTHY"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"        # terminated by the launcher
+
+
+@dataclass
+class WorkerSpec:
+    """What the agent runs on this node, and its policies."""
+
+    cmd: list[str]
+    nproc_per_node: int
+    title: str = "npurun"
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    stop_grace: float = 5.0
+    log_dir: str | None = None          # None: a temporary directory, removed at exit
+    redirects: Std | dict = Std.NONE
+    tee: Std | dict = Std.NONE
+    base_env: dict = field(default_factory=lambda: dict(os.environ))
+
+
+@dataclass
+class Worker:
+    local_rank: int
+    rank: int
+    proc: WorkerProcess
+    state: WorkerState = WorkerState.INIT
+
+
+@dataclass
+class StopRequest:
+    """Returned by an ``on_tick`` hook to stop the job: why, and the exit code to report."""
+
+    message: str
+    exitcode: int = 1
+
+
+@dataclass
+class RunResult:
+    state: WorkerState
+    exitcode: int                        # what npurun exits with
+    attempt: int = 0
+    failures: list[ProcessFailure] = field(default_factory=list)
+    signum: int = 0
+    message: str = ""
+
+
+def _say(text: str) -> None:
+    try:
+        sys.stderr.write(text.rstrip("\n") + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+class Agent:
+    """Supervises this node's ranks for the whole job (all attempts)."""
+
+    def __init__(self, spec: WorkerSpec, rendezvous):
+        self.spec, self.rdzv = spec, rendezvous
+        self.job: JobInfo | None = None
+        self.workers: list[Worker] = []
+        self.attempt = 0
+        self.on_tick: list[Callable[["Agent"], StopRequest | None]] = []
+        self.before_stop: list[Callable[["Agent", str], None]] = []
+        self._signal = 0
+        self._signals_seen = 0
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._janitor: Janitor | None = None
+        self._pump: OutputPump | None = None
+        self._waiter: proc.Waiter | None = None
+        self._log_root: str | None = None
+        self._temp_root = False
+
+    # -- hooks for diagnosis ---------------------------------------------------------------
+    def live_workers(self) -> list[Worker]:
+        return [w for w in self.workers if w.proc.alive()]
+
+    def collect_stacks(self, timeout: float = 2.0) -> dict[int, str]:
+        """Every live rank's Python stacks, now: {rank: text} (see ``launcher.stacks``)."""
+        return stacks.collect(((w.proc, w.proc.files.stack_file) for w in self.live_workers()),
+                              timeout)
+
+    @property
+    def attempt_dir(self) -> str:
+        """``<log root>/<run id>/attempt_<k>`` of the current attempt."""
+        return os.path.join(self._log_root, self.job.run_id, f"attempt_{self.attempt}")
+
+    # -- signals ---------------------------------------------------------------------------
+    def _on_signal(self, signum, _frame) -> None:
+        self._signals_seen += 1
+        if not self._signal:
+            self._signal = signum
+        try:
+            os.write(self._wake_w, b"s")
+        except OSError:
+            pass
+
+    def _install_signals(self) -> dict:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {s: signal.signal(s, self._on_signal) for s in FORWARDED_SIGNALS}
+
+    def _stop_signal(self) -> int:
+        return self._signal
+
+    # -- the job ---------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        """Run the job to its end; never leaves a process or a shared-memory segment behind."""
+        saved = self._install_signals()
+        self._janitor = Janitor()
+        self._pump = OutputPump()
+        self._waiter = proc.Waiter((self._wake_r,))
+        try:
+            self.rdzv.should_stop = self._stop_signal
+            self.job = self.rdzv.join()
+            self._janitor.watch_job(self.job.job_id)
+            self._setup_logs()
+            while True:
+                self.rdzv.begin(self.attempt)
+                result = self._run_attempt()
+                if result.state is WorkerState.SUCCEEDED or result.signum:
+                    return result
+                if self._signal:  # told to stop while handling the failure: no restart
+                    return RunResult(WorkerState.STOPPED, 128 + self._signal, self.attempt,
+                                     result.failures, signum=self._signal)
+                if self.attempt >= self.spec.max_restarts:
+                    return result
+                self.attempt += 1
+                _say(f"npurun: restarting the job: attempt {self.attempt} of at most "
+                     f"{self.spec.max_restarts} restarts (TORCHELASTIC_RESTART_COUNT="
+                     f"{self.attempt})")
+        except Interrupted as e:
+            _say(f"npurun: {signal_name(e.signum)} received, stopping")
+            if self.job is not None:  # waiting at a restart barrier: the other nodes stop too
+                self.rdzv.report_failure(self.attempt, {
+                    "node": self.job.node_rank, "rank": None, "exitcode": 128 + e.signum,
+                    "message": f"npurun on node {self.job.node_rank} received "
+                               f"{signal_name(e.signum)}"})
+            return RunResult(WorkerState.STOPPED, 128 + e.signum, self.attempt, signum=e.signum)
+        finally:
+            self._shutdown()
+            for s, handler in saved.items():
+                signal.signal(s, handler)
+            os.close(self._wake_r)  # only now: a late signal must not write to a reused fd
+            os.close(self._wake_w)
+
+    def _setup_logs(self) -> None:
+        if self.spec.log_dir:
+            self._log_root = os.path.abspath(self.spec.log_dir)
+        else:
+            self._log_root = tempfile.mkdtemp(prefix="npurun-")
+            self._temp_root = True
+            self._janitor.watch_dir(self._log_root)
+
+    def _keep_temp_logs(self) -> bool:
+        redirected = any(std_for(self.spec.redirects, i) or std_for(self.spec.tee, i)
+                         for i in range(self.spec.nproc_per_node))
+        return self._temp_root and redirected
+
+    def _start_workers(self) -> None:
+        job, spec = self.job, self.spec
+        self.workers = []
+        for local_rank in range(spec.nproc_per_node):
+            files = LogFiles(os.path.join(self.attempt_dir, str(local_rank)))
+            os.makedirs(files.dir, exist_ok=True)
+            for stale in (files.error_file, files.stack_file):
+                if os.path.exists(stale):  # a reused --run-id: never read an old run's files
+                    os.unlink(stale)
+            env = worker_env(spec.base_env, job, local_rank, self.attempt, files)
+            wp = WorkerProcess(spec.cmd, env, rank=job.global_rank(local_rank),
+                               local_rank=local_rank, files=files,
+                               redirect=std_for(spec.redirects, local_rank),
+                               tee=std_for(spec.tee, local_rank))
+            self.workers.append(Worker(local_rank, wp.rank, wp))
+        for w in self.workers:  # all forks first, then the interpreters start in parallel
+            w.proc.start(self._pump, self._janitor)
+            w.state = WorkerState.HEALTHY
+        log.info("npurun: attempt %d: started ranks %s (pids %s)", self.attempt,
+                 [w.rank for w in self.workers], [w.proc.pid for w in self.workers])
+
+    def _reap(self) -> list[Worker]:
+        exited = []
+        for w in self.workers:
+            if w.proc.alive() and w.proc.poll(self._janitor) is not None:
+                w.state = WorkerState.SUCCEEDED if w.proc.returncode == 0 else WorkerState.FAILED
+                exited.append(w)
+        return exited
+
+    def _failure(self, w: Worker) -> ProcessFailure:
+        return ProcessFailure(rank=w.rank, local_rank=w.local_rank, pid=w.proc.pid,
+                              exitcode=w.proc.returncode, error_file=w.proc.files.error_file,
+                              observed_at=w.proc.exited_at)
+
+    def _stop_live(self, reason: str, sig: int = signal.SIGTERM) -> list[int]:
+        live = self.live_workers()
+        if not live:
+            return []
+        for hook in self.before_stop:
+            try:
+                hook(self, reason)
+            except Exception as e:  # a diagnosis bug must not keep ranks running
+                _say(f"npurun: before_stop hook {hook!r} failed: {e}")
+        procs = [w.proc for w in live]
+        proc.stop(procs, self.spec.stop_grace, sig, self._janitor, self._waiter,
+                  force=lambda: self._signals_seen > 1)
+        for w in live:  # a rank may have ended by itself while we were stopping it
+            code = w.proc.returncode
+            w.state = (WorkerState.STOPPED if code in (-sig, -signal.SIGKILL) else
+                       WorkerState.SUCCEEDED if code == 0 else WorkerState.FAILED)
+        return [w.rank for w in live if w.state is WorkerState.STOPPED]
+
+    def _run_attempt(self) -> RunResult:
+        self._start_workers()
+        k = self.attempt
+        while True:
+            if self._signal:
+                return self._interrupted()
+            self._reap()
+            failed = [w for w in self.workers if w.state is WorkerState.FAILED]
+            if failed:
+                return self._fail(failed)
+            if all(w.state is WorkerState.SUCCEEDED for w in self.workers):
+                log.info("npurun: attempt %d: every rank of this node exited 0", k)
+                self.rdzv.report_done(k)
+                verdict = self.rdzv.wait_verdict(k)
+                if verdict.state == "done":
+                    self._pump.wait_idle(2.0)
+                    return RunResult(WorkerState.SUCCEEDED, 0, k)
+                return self._peer_failed(verdict.detail)
+            verdict = self.rdzv.poll(k)
+            if verdict is not None and verdict.state == "failed":
+                return self._peer_failed(verdict.detail)
+            for hook in list(self.on_tick):
+                try:
+                    request = hook(self)
+                except Exception as e:  # a diagnosis bug must not end the job: drop the hook
+                    _say(f"npurun: on_tick hook {hook!r} failed and is removed: {e!r}")
+                    self.on_tick.remove(hook)
+                    continue
+                if request is not None:
+                    return self._hook_stop(request)
+            self._waiter.wait([w.proc for w in self.workers], self.spec.monitor_interval)
+
+    def _fail(self, failed: list[Worker]) -> RunResult:
+        first_seen = root_cause([self._failure(w) for w in failed])
+        stopped = self._stop_live(f"rank {first_seen.rank} failed")
+        self._pump.wait_idle(2.0)  # the ranks' last lines come before the summary
+        # ranks that failed by themselves meanwhile are failures too, not "stopped by npurun"
+        failures = [self._failure(w) for w in self.workers if w.state is WorkerState.FAILED]
+        root = root_cause(failures)
+        detail = {"node": self.job.node_rank, "rank": root.rank, "exitcode": root.shell_exitcode,
+                  "message": f"rank {root.rank} failed ({describe_exit(root.exitcode)}): "
+                             f"{root.message}"}
+        first = self.rdzv.report_failure(self.attempt, detail)
+        title = self.spec.title + (f" (attempt {self.attempt})" if self.spec.max_restarts else "")
+        _say(format_summary(title, failures, stopped,
+                            keep_files=not self._temp_root or self._keep_temp_logs(),
+                            restarting=self.attempt < self.spec.max_restarts))
+        if first.get("node") != self.job.node_rank:
+            _say(f"npurun: note: node {first.get('node')} failed first: {first.get('message')}")
+        return RunResult(WorkerState.FAILED, root.shell_exitcode, self.attempt, failures)
+
+    def _peer_failed(self, detail: dict) -> RunResult:
+        stopped = self._stop_live(f"node {detail.get('node')} failed")
+        self._pump.wait_idle(2.0)
+        _say(f"npurun: node {self.job.node_rank}: stopping: node {detail.get('node')} failed: "
+             f"{detail.get('message')} (see that node's summary)"
+             + (f"; stopped ranks {', '.join(map(str, stopped))}" if stopped else ""))
+        return RunResult(WorkerState.FAILED, int(detail.get("exitcode") or 1), self.attempt,
+                         message=str(detail.get("message")))
+
+    def _hook_stop(self, request: StopRequest) -> RunResult:
+        self.rdzv.report_failure(self.attempt, {"node": self.job.node_rank, "rank": None,
+                                                "exitcode": request.exitcode,
+                                                "message": request.message})
+        stopped = self._stop_live(request.message)
+        self._pump.wait_idle(2.0)
+        _say(f"npurun: stopped the job: {request.message}"
+             + (f" (stopped ranks {', '.join(map(str, stopped))})" if stopped else ""))
+        return RunResult(WorkerState.FAILED, request.exitcode, self.attempt,
+                         message=request.message)
+
+    def _interrupted(self) -> RunResult:
+        sig = self._signal
+        _say(f"npurun: {signal_name(sig)} received, forwarding it to every rank "
+             f"(SIGKILL after {self.spec.stop_grace:g} s)")
+        self.rdzv.report_failure(self.attempt, {
+            "node": self.job.node_rank, "rank": None, "exitcode": 128 + sig,
+            "message": f"npurun on node {self.job.node_rank} received {signal_name(sig)}"})
+        self._stop_live(f"{signal_name(sig)} received", sig)
+        self._pump.wait_idle(2.0)
+        return RunResult(WorkerState.STOPPED, 128 + sig, self.attempt, signum=sig)
+
+    def _shutdown(self) -> None:
+        """Whatever happened: no rank, no segment, no temp dir, no store left behind."""
+        try:
+            if self.workers:
+                self._stop_live("npurun is exiting", signal.SIGTERM)
+        finally:
+            if self._pump is not None:
+                self._pump.close()
+            if self.job is not None:
+                shm.remove_segments(self.job.job_id)
+            try:
+                self.rdzv.close()
+            except Exception as e:
+                _say(f"npurun: closing the rendezvous: {e}")
+            if self._temp_root and self._log_root:
+                if self._keep_temp_logs():
+                    _say(f"npurun: logs kept in {self._log_root} (no --log-dir given)")
+                else:
+                    shutil.rmtree(self._log_root, ignore_errors=True)
+            if self._waiter is not None:
+                self._waiter.close()
+            if self._janitor is not None:
+                self._janitor.close()
+

@@ -1,0 +1,212 @@
+"""``npurun`` (= ``python -m launcher``): torchrun's command line for npusim.
+
+Every flag has torchrun's dashed and underscored spellings, and, as in torchrun, its default can
+come from ``PET_<FLAG>`` (e.g. ``PET_NPROC_PER_NODE=4``). Precedence for the node layout:
+flag > PET_ variable > SLURM (``srun npurun ...``) > built-in default.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from argparse import REMAINDER
+from dataclasses import dataclass
+from typing import Mapping
+
+from launcher import config, slurm
+from launcher.errors import ConfigError, LauncherError
+
+DEFAULT_MULTINODE_PORT = 29500  # torchrun's
+
+
+def _env_default(dest: str):
+    """argparse default from torchrun's PET_<DEST> variable, else None (= not given)."""
+    return config.flag_default(dest, None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="npurun",
+        description="Start an npusim job: nproc-per-node ranks on this node (torchrun's flags).",
+        epilog="Environment of each rank: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, "
+               "GROUP_RANK, ROLE_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, "
+               "TORCHELASTIC_RUN_ID, RANK_ID, RANK_SIZE, DEVICE_ID, ASCEND_DEVICE_ID, "
+               "NPUSIM_JOB_ID, NPUSIM_JOB_SECRET, NPUSIM_NODE_COUNT. See docs/launcher.md.")
+    add = p.add_argument
+    add("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node",
+        default=_env_default("nproc_per_node"),
+        help="ranks on this node: an integer, or 'auto'/'cpu' for the CPU count (default 1)")
+    add("--nnodes", dest="nnodes", default=_env_default("nnodes"),
+        help="number of nodes, N or N:N (default 1; under SLURM: SLURM_NNODES)")
+    add("--node-rank", "--node_rank", dest="node_rank", type=int,
+        default=_env_default("node_rank"),
+        help="this node's rank in [0, nnodes) (default 0; under SLURM: SLURM_NODEID)")
+    add("--master-addr", "--master_addr", dest="master_addr", default=_env_default("master_addr"),
+        help="address of node 0, which hosts the job's store (default 127.0.0.1; under SLURM: "
+             "the first host of SLURM_JOB_NODELIST)")
+    add("--master-port", "--master_port", dest="master_port", type=int,
+        default=_env_default("master_port"),
+        help="port of the job's store (one node: a free port; several nodes: 29500)")
+    add("--standalone", action="store_true", default=bool(_env_default("standalone")),
+        help="a single-node job on loopback and a free port (ignores the node flags)")
+    add("--run-id", "--run_id", "--rdzv-id", "--rdzv_id", dest="run_id",
+        default=_env_default("run_id"),
+        help="name of the run (TORCHELASTIC_RUN_ID, log sub-directory; default: the job id)")
+    add("--log-dir", "--log_dir", dest="log_dir", default=_env_default("log_dir"),
+        help="write <log-dir>/<run-id>/attempt_<k>/<local_rank>/{stdout,stderr}.log, "
+             "error.json, stacks.txt")
+    add("-r", "--redirects", dest="redirects", default=_env_default("redirects") or "0",
+        help="send ranks' streams to the log files only: 0 none, 1 stdout, 2 stderr, 3 both, "
+             "or per local rank like 0:3,1:1")
+    add("-t", "--tee", dest="tee", default=_env_default("tee") or "0",
+        help="copy ranks' streams to the log files and the console (values as --redirects)")
+    add("--max-restarts", "--max_restarts", dest="max_restarts", type=int,
+        default=int(_env_default("max_restarts") or 0),
+        help="restart the whole job up to this many times after a failure (default 0)")
+    add("--monitor-interval", "--monitor_interval", dest="monitor_interval", type=float,
+        default=float(_env_default("monitor_interval") or 0.1),
+        help="seconds between supervision checks (default 0.1; rank exits wake it at once)")
+    add("-m", "--module", dest="module", action="store_true",
+        default=bool(_env_default("module")),
+        help="run the script argument as a module, like python -m")
+    add("--no-python", "--no_python", dest="no_python", action="store_true",
+        default=bool(_env_default("no_python")),
+        help="run the script argument as a program, without python")
+    add("training_script", help="the script (or module, or program) each rank runs")
+    add("training_script_args", nargs=REMAINDER, help="its arguments")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where this node sits in the job, after flags, PET_ variables and SLURM."""
+
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int          # 0 = a free port (single node only)
+    nproc_per_node: int
+    from_slurm: bool = False
+
+
+def _nproc(value: str | None) -> int:
+    if value is None:
+        return 1
+    if value in ("auto", "cpu"):
+        return os.cpu_count() or 1
+    try:
+        n = int(value)
+    except ValueError:
+        raise ConfigError(f"--nproc-per-node {value!r} is not an integer, 'auto' or 'cpu'") \
+            from None
+    if n < 1:
+        raise ConfigError(f"--nproc-per-node {n} must be >= 1")
+    return n
+
+
+def _nnodes(value: str) -> int:
+    lo, sep, hi = str(value).partition(":")
+    try:
+        a, b = int(lo), int(hi) if sep else int(lo)
+    except ValueError:
+        raise ConfigError(f"--nnodes {value!r} is not N or N:N") from None
+    if a != b:
+        raise ConfigError(f"--nnodes {value}: elastic ranges are not supported; use a fixed N")
+    if a < 1:
+        raise ConfigError(f"--nnodes {value} must be >= 1")
+    return a
+
+
+def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> Layout:
+    """The node layout from parsed flags and the environment (SLURM). Raises ConfigError."""
+    nproc = _nproc(args.nproc_per_node)
+    if args.standalone:
+        return Layout(1, 0, "127.0.0.1", 0, nproc)
+    sl = slurm.defaults(environ)
+    from_slurm = sl is not None and (args.nnodes is None or args.node_rank is None
+                                     or args.master_addr is None)
+    nnodes = _nnodes(args.nnodes) if args.nnodes is not None else (sl.nnodes if sl else 1)
+    node_rank = int(args.node_rank) if args.node_rank is not None else (
+        sl.node_rank if sl else 0)
+    master_addr = args.master_addr or (sl.master_addr if sl else "127.0.0.1")
+    if args.master_port is not None:
+        port = int(args.master_port)
+    elif nnodes > 1:
+        port = sl.master_port if sl else DEFAULT_MULTINODE_PORT
+    else:
+        port = 0
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--master-port {port} is not a TCP port")
+    if not 0 <= node_rank < nnodes:
+        raise ConfigError(f"--node-rank {node_rank} is not in [0, {nnodes - 1}] "
+                          f"(--nnodes {nnodes})")
+    return Layout(nnodes, node_rank, master_addr, port, nproc, from_slurm and nnodes > 1)
+
+
+def _check_entry(args: argparse.Namespace) -> None:
+    if not (args.module or args.no_python) and not os.path.isfile(args.training_script):
+        raise ConfigError(f"no such script: {args.training_script!r} (use -m for a module, "
+                          f"--no-python for a program)")
+    if args.module and args.no_python:
+        raise ConfigError("-m/--module and --no-python exclude each other")
+    if args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts {args.max_restarts} must be >= 0")
+    if not args.monitor_interval > 0:
+        raise ConfigError(f"--monitor-interval {args.monitor_interval} must be > 0")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``npurun``; returns the exit code (0, the root cause's, or 128 + signal)."""
+    args = parse_args(argv)
+    logging.basicConfig(level=[logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR]
+                        [min(max(config.log_level(), 0), 3)], format="%(asctime)s %(message)s")
+    logging.getLogger("launcher").info("npurun: starting (pid %d)", os.getpid())
+    # imported here so that `npurun --help` stays fast
+    from launcher.agent import Agent, WorkerSpec  # noqa: PLC0415
+    from launcher.env import worker_command  # noqa: PLC0415
+    from launcher.output import Std  # noqa: PLC0415
+    from launcher.rendezvous import LocalRendezvous, NodeRendezvous  # noqa: PLC0415
+    try:
+        _check_entry(args)
+        layout = resolve(args, os.environ)
+        spec = WorkerSpec(
+            cmd=worker_command(args.training_script, list(args.training_script_args),
+                               module=args.module, no_python=args.no_python),
+            nproc_per_node=layout.nproc_per_node,
+            title=f"npurun {args.training_script}",
+            max_restarts=args.max_restarts,
+            monitor_interval=args.monitor_interval,
+            stop_grace=config.stop_grace(),
+            log_dir=args.log_dir,
+            redirects=Std.parse(args.redirects, "--redirects"),
+            tee=Std.parse(args.tee, "--tee"),
+        )
+        if layout.nnodes == 1:
+            rdzv = LocalRendezvous(master_port=layout.master_port,
+                                   nproc_per_node=layout.nproc_per_node, run_id=args.run_id,
+                                   max_restarts=args.max_restarts)
+        else:
+            hint = ("under SLURM, start one npurun per node: srun --ntasks-per-node=1 npurun ..."
+                    if layout.from_slurm else "")
+            rdzv = NodeRendezvous(nnodes=layout.nnodes, node_rank=layout.node_rank,
+                                  master_addr=layout.master_addr, master_port=layout.master_port,
+                                  nproc_per_node=layout.nproc_per_node, run_id=args.run_id,
+                                  max_restarts=args.max_restarts,
+                                  timeout=config.connect_timeout(), hint=hint)
+        result = Agent(spec, rdzv).run()
+        return result.exitcode
+    except (LauncherError, ValueError) as e:
+        print(f"npurun: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"npurun: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

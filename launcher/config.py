@@ -1,0 +1,83 @@
+"""Every environment knob of the launcher, read in one place.
+
+SLURM's variables are inputs, not knobs: ``launcher.slurm`` reads them from the mapping it is given.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+    if value < 0:
+        raise ValueError(f"{name}={raw!r} must be >= 0")
+    return value
+
+
+def stop_grace() -> float:
+    """NPUSIM_STOP_GRACE: seconds between SIGTERM and SIGKILL when stopping workers (default 5)."""
+    return _float("NPUSIM_STOP_GRACE", 5.0)
+
+
+def connect_timeout() -> float:
+    """HCCL_CONNECT_TIMEOUT: seconds for the nodes of a job to find each other (default 120).
+
+    Read through ``hccl.config`` when it provides it, so both packages agree on one value.
+    """
+    try:
+        from hccl import config as hccl_config  # noqa: PLC0415 - optional, hccl may be absent
+        fn = getattr(hccl_config, "connect_timeout", None)
+        if callable(fn):
+            return float(fn())
+    except ImportError:
+        pass
+    return _float("HCCL_CONNECT_TIMEOUT", 120.0)
+
+
+def node_timeout() -> float:
+    """NPUSIM_NODE_TIMEOUT: seconds without a heartbeat after which a node's launcher is taken
+    for dead (multi-node jobs; default 30)."""
+    return _float("NPUSIM_NODE_TIMEOUT", 30.0)
+
+
+def job_secret() -> str | None:
+    """NPUSIM_JOB_SECRET in the launcher's own environment: the job's shared secret (hex)."""
+    value = os.environ.get("NPUSIM_JOB_SECRET", "").strip()
+    return value or None
+
+
+def runtime_dir() -> str | None:
+    """XDG_RUNTIME_DIR: the per-user directory for the loopback multi-node secret file."""
+    return os.environ.get("XDG_RUNTIME_DIR") or None
+
+
+def python_exec() -> str:
+    """PYTHON_EXEC (as torchrun): the interpreter that runs the workers (default: this one)."""
+    return os.environ.get("PYTHON_EXEC") or sys.executable
+
+
+def log_level() -> int:
+    """ASCEND_GLOBAL_LOG_LEVEL: 0 debug, 1 info, 2 warning, 3 error (default)."""
+    raw = os.environ.get("ASCEND_GLOBAL_LOG_LEVEL", "")
+    try:
+        return int(raw) if raw.strip() else 3
+    except ValueError:
+        return 3
+
+
+def flag_default(dest: str, default):
+    """torchrun's PET_<FLAG> variables (e.g. PET_NPROC_PER_NODE) give a flag's default."""
+    raw = os.environ.get("PET_" + dest.upper())
+    return default if raw is None or raw == "" else raw
+
+
+def user_device_count() -> str | None:
+    """NPUSIM_DEVICE_COUNT as the user set it (the runtime owns its meaning)."""
+    return os.environ.get("NPUSIM_DEVICE_COUNT") or None

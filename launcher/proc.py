@@ -1,0 +1,215 @@
+"""Worker processes: start, wait, signal and stop them as process groups.
+
+Each worker runs in its own session (``start_new_session=True``), so its pid is also its process
+group id and a signal to the group reaches whatever it forked. Processes are started from the
+calling thread, which must outlive them (the parent-death signal follows the forking thread):
+npurun starts them from its main thread, ``launcher.spawn`` from the thread blocked in it.
+
+Waiting polls a pidfd per worker (woken the moment a worker exits, no sleeping loop). When a
+worker has exited, its group is swept with SIGKILL *before* it is reaped, while the zombie still
+pins the group id, so no leftover child survives and no reused pid can be hit.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from launcher.janitor import Janitor
+from launcher.output import OutputPump, Std
+
+
+@dataclass
+class LogFiles:
+    """Where one worker's files go: ``<attempt dir>/<local_rank>/...`` (torchrun's layout)."""
+
+    dir: str
+    stdout: str = field(init=False)
+    stderr: str = field(init=False)
+    error_file: str = field(init=False)
+    stack_file: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.stdout = os.path.join(self.dir, "stdout.log")
+        self.stderr = os.path.join(self.dir, "stderr.log")
+        self.error_file = os.path.join(self.dir, "error.json")
+        self.stack_file = os.path.join(self.dir, "stacks.txt")
+
+
+class WorkerProcess:
+    """One rank's OS process; ``returncode`` follows Popen (negative = killed by that signal)."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], *, rank: int, local_rank: int,
+                 files: LogFiles, redirect: Std = Std.NONE, tee: Std = Std.NONE,
+                 console: bool = True):
+        self.cmd, self.env = cmd, env
+        self.rank, self.local_rank, self.files = rank, local_rank, files
+        self.redirect, self.tee, self.console = redirect, tee, console
+        self.popen: subprocess.Popen | None = None
+        self.pidfd: int | None = None
+        self.returncode: int | None = None
+        self.started_at = 0.0
+        self.exited_at = 0.0
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid if self.popen else -1
+
+    def start(self, pump: OutputPump, janitor: Janitor | None = None) -> None:
+        """Start the process; its pipes go to ``pump``, its group is registered with ``janitor``."""
+        os.makedirs(self.files.dir, exist_ok=True)
+        # per stream: an open file (to the file only), (console name, tee file or None) for a
+        # pipe the pump reads, or None (discarded)
+        plans = []
+        for bit, name, path in ((Std.OUT, "stdout", self.files.stdout),
+                                (Std.ERR, "stderr", self.files.stderr)):
+            if self.redirect & bit and not self.tee & bit:
+                plans.append(open(path, "wb"))                       # file only
+            elif self.tee & bit:
+                plans.append((name, open(path, "wb")))               # pipe -> file + console
+            else:
+                plans.append((name, None) if self.console else None)  # pipe -> console
+        kwargs = {}
+        for slot, plan in zip(("stdout", "stderr"), plans):
+            kwargs[slot] = subprocess.PIPE if isinstance(plan, tuple) else \
+                (plan if plan is not None else subprocess.DEVNULL)
+        try:
+            self.popen = subprocess.Popen(
+                self.cmd, env=self.env, stdin=subprocess.DEVNULL, start_new_session=True,
+                close_fds=True, **kwargs)
+        except BaseException:
+            for plan in plans:
+                if isinstance(plan, tuple) and plan[1] is not None:
+                    plan[1].close()
+            raise
+        finally:
+            for plan in plans:
+                if plan is not None and not isinstance(plan, tuple):
+                    plan.close()  # the child holds its own copy
+        self.started_at = time.time()
+        if janitor is not None:
+            janitor.watch_group(self.popen.pid)
+        try:
+            self.pidfd = os.pidfd_open(self.popen.pid)
+        except (AttributeError, OSError):
+            self.pidfd = None
+        prefix = f"[rank {self.rank}]: "
+        for pipe, plan in ((self.popen.stdout, plans[0]), (self.popen.stderr, plans[1])):
+            if pipe is not None:
+                name, logfile = plan
+                fd = os.dup(pipe.fileno())
+                pipe.close()
+                pump.add(fd, prefix, name, logfile)
+
+    def poll(self, janitor: Janitor | None = None) -> int | None:
+        """Return the exit status if the process has ended (sweeping its group), else None."""
+        if self.returncode is not None or self.popen is None:
+            return self.returncode
+        try:
+            info = os.waitid(os.P_PID, self.popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            info = True  # already reaped elsewhere: let Popen report
+        if info is None:
+            return None
+        self._signal_group(signal.SIGKILL)  # the zombie still pins the group id
+        self.returncode = self.popen.wait()
+        self.exited_at = time.time()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+        if janitor is not None:
+            janitor.forget_group(self.popen.pid)
+        return self.returncode
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.returncode is None
+
+    def _signal_group(self, sig: int) -> bool:
+        try:
+            os.killpg(self.popen.pid, sig)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+
+    def signal_group(self, sig: int) -> bool:
+        """Send ``sig`` to the worker's process group; False if it is already gone."""
+        if not self.alive():
+            return False
+        return self._signal_group(sig)
+
+    def signal_process(self, sig: int) -> bool:
+        """Send ``sig`` to the worker process alone (not its children)."""
+        if not self.alive():
+            return False
+        try:
+            os.kill(self.popen.pid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
+
+class Waiter:
+    """Sleeps until a worker exits, a wake-up fd is readable, or a timeout passes."""
+
+    def __init__(self, wake_fds: tuple[int, ...] = ()):
+        self._wake_fds = tuple(wake_fds)
+
+    def wait(self, workers: list[WorkerProcess], timeout: float) -> None:
+        """Block up to ``timeout`` s, returning early when any live worker exits."""
+        # a fresh poll set each time: pidfds are closed (and their numbers reused) as workers end
+        poller = select.poll()
+        for fd in self._wake_fds:
+            poller.register(fd, select.POLLIN)
+        for w in workers:
+            if w.alive() and w.pidfd is not None:
+                poller.register(w.pidfd, select.POLLIN)
+        if any(w.alive() and w.pidfd is None for w in workers):
+            timeout = min(timeout, 0.05)  # no pidfd (old kernel): poll exits at 20 Hz
+        for fd, _ in poller.poll(max(0, int(timeout * 1000))):
+            if fd in self._wake_fds:
+                try:
+                    os.read(fd, 4096)
+                except (BlockingIOError, OSError):
+                    pass
+
+    def close(self) -> None:
+        pass
+
+
+def reap(workers: list[WorkerProcess], janitor: Janitor | None = None) -> list[WorkerProcess]:
+    """Poll every live worker; return those found exited by this call."""
+    return [w for w in workers if w.alive() and w.poll(janitor) is not None]
+
+
+def stop(workers: list[WorkerProcess], grace: float, sig: int = signal.SIGTERM,
+         janitor: Janitor | None = None, waiter: Waiter | None = None,
+         force=lambda: False) -> list[WorkerProcess]:
+    """Stop every live worker: ``sig`` to each group, SIGKILL after ``grace`` s; wait for all.
+
+    ``force()`` returning True (a second Ctrl-C) cuts the grace period short.
+    Returns the workers that had to be SIGKILLed.
+    """
+    waiter = waiter or Waiter()
+    reap(workers, janitor)
+    for w in workers:
+        w.signal_group(sig)
+    deadline = time.monotonic() + grace
+    while any(w.alive() for w in workers):
+        left = deadline - time.monotonic()
+        if left <= 0 or force():
+            break
+        waiter.wait(workers, left)
+        reap(workers, janitor)
+    killed = [w for w in workers if w.alive()]
+    for w in killed:
+        w.signal_group(signal.SIGKILL)
+    for w in killed:
+        try:  # SIGKILL cannot be refused; wait without reaping, so poll() can sweep the group
+            os.waitid(os.P_PID, w.pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:
+            pass
+        w.poll(janitor)
+    return killed

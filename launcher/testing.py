@@ -1,0 +1,140 @@
+"""Helpers for tests that run npurun or launcher.spawn: commands, and leak checks.
+
+``LeakCheck`` tags every process a test starts with a marker environment variable (inherited by
+npurun, its ranks, their children and the janitor) and, at the end, waits a bounded time for every
+tagged process to be gone and for no new ``/dev/shm/npusim-*`` segment to remain.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+from launcher.env import PACKAGE_ROOT
+from launcher.shm import SHM_DIR
+
+MARKER = "NPUSIM_TEST_MARKER"
+
+
+def _proc_environ(pid: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _is_zombie(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
+
+
+def tagged_pids(tag: str) -> list[int]:
+    """Live (non-zombie) processes whose environment carries ``NPUSIM_TEST_MARKER=tag``."""
+    needle = f"{MARKER}={tag}".encode()
+    me = os.getpid()
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != me and needle in _proc_environ(pid).split(b"\0"):
+            if not _is_zombie(pid):
+                out.append(int(pid))
+    return out
+
+
+def shm_segments() -> set[str]:
+    try:
+        return {n for n in os.listdir(SHM_DIR) if n.startswith("npusim-")}
+    except FileNotFoundError:
+        return set()
+
+
+def pid_gone(pid: int) -> bool:
+    """True if ``pid`` no longer runs (absent, or a zombie waiting to be reaped)."""
+    return not os.path.exists(f"/proc/{pid}") or _is_zombie(str(pid))
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.02, what: str = "condition"):
+    """Poll ``predicate`` until it returns a true value (returned) or raise AssertionError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+class LeakCheck:
+    """Context manager: ``env`` to pass to the processes of the test; asserts nothing leaks."""
+
+    def __init__(self, grace: float = 5.0):
+        self.tag = uuid.uuid4().hex
+        self.grace = grace
+        self.env = dict(os.environ)
+        self.env[MARKER] = self.tag
+        parts = [p for p in self.env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if PACKAGE_ROOT not in parts:
+            parts.insert(0, PACKAGE_ROOT)
+        self.env["PYTHONPATH"] = os.pathsep.join(parts)
+
+    def __enter__(self) -> "LeakCheck":
+        self._shm_before = shm_segments()
+        return self
+
+    def leftovers(self) -> tuple[list[int], set[str]]:
+        return tagged_pids(self.tag), shm_segments() - self._shm_before
+
+    def __exit__(self, exc_type, *_):
+        deadline = time.monotonic() + self.grace
+        while True:
+            pids, segs = self.leftovers()
+            if not pids and not segs:
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        for pid in pids:  # do not let one test's leak break the next ones
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        for name in segs:
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+            except OSError:
+                pass
+        if exc_type is None:
+            cmds = {p: _cmdline(p) for p in pids}
+            raise AssertionError(f"leaked processes {cmds} and shared memory {sorted(segs)}")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def npurun_cmd(*args: str) -> list[str]:
+    """``python -m launcher ARGS...`` with this interpreter."""
+    return [sys.executable, "-m", "launcher", *map(str, args)]
+
+
+def run_npurun(*args: str, env: dict, cwd: str | None = None, timeout: float = 60,
+               ) -> subprocess.CompletedProcess:
+    """Run npurun to completion, capturing its stdout and stderr as text."""
+    return subprocess.run(npurun_cmd(*args), env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def start_npurun(*args: str, env: dict, cwd: str | None = None) -> subprocess.Popen:
+    """Start npurun in the background with text pipes (for signal tests and multi-node)."""
+    return subprocess.Popen(npurun_cmd(*args), env=env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)

@@ -1,0 +1,89 @@
+"""The failure summary, error-file reading, console line prefixing and error pickling."""
+from __future__ import annotations
+
+import json
+import pickle
+import signal
+import sys
+
+import pytest
+
+from launcher.errors import (ProcessExitedError, ProcessRaisedError, RendezvousTimeoutError,
+                             SpawnTimeoutError, describe_exit, shell_exit_code)
+from launcher.output import _Stream
+from launcher.summary import ProcessFailure, format_summary, root_cause
+
+TB = 'Traceback (most recent call last):\n  File "t.py", line 3, in <module>\nKeyError: 1\n'
+
+
+def error_file(tmp_path, name, ts):
+    path = tmp_path / name
+    path.write_text(json.dumps({"message": {"message": "KeyError: 1", "extraInfo": {
+        "py_callstack": TB, "timestamp": str(int(ts))}}, "rank": 2, "timestamp": ts}))
+    return str(path)
+
+
+@pytest.mark.timeout(10)
+def test_root_cause_is_the_earliest_failure_and_has_its_traceback(tmp_path):
+    raised = ProcessFailure(rank=2, local_rank=0, pid=11, exitcode=1,
+                            error_file=error_file(tmp_path, "e2.json", 1000.0), observed_at=1000.5)
+    killed = ProcessFailure(rank=0, local_rank=0, pid=10, exitcode=-signal.SIGKILL,
+                            error_file=str(tmp_path / "none.json"), observed_at=1000.2)
+    assert root_cause([killed, raised]) is raised
+    assert raised.traceback == TB and raised.message == "KeyError: 1"
+    assert killed.signal == "SIGKILL" and killed.shell_exitcode == 137
+    assert "Signal 9 (SIGKILL) received by PID 10" in killed.message
+    text = format_summary("npurun train.py", [killed, raised], stopped=[1, 3])
+    head, root = text.split("Root Cause (first observed failure):")
+    assert "npurun train.py FAILED" in head
+    assert "rank      : 0 (local_rank: 0)" in head and "-9 (SIGKILL, exit 137)" in head
+    assert "rank      : 2 (local_rank: 0)" in root and "exitcode  : 1 (pid: 11)" in root
+    assert "KeyError: 1" in root and 'File "t.py", line 3' in root
+    assert "Stopped by npurun after the failure: ranks 1, 3" in root
+    assert "npurun exits with 1 (rank 2: exit code 1)" in root
+
+
+@pytest.mark.timeout(10)
+def test_summary_without_other_failures(tmp_path):
+    f = ProcessFailure(rank=0, local_rank=0, pid=5, exitcode=7, error_file="",
+                       observed_at=1.0)
+    text = format_summary("npurun x", [f])
+    assert "<NO_OTHER_FAILURES>" in text and "exitcode  : 7 (pid: 5)" in text
+    assert "without a Python exception" in text
+
+
+@pytest.mark.timeout(10)
+def test_exit_code_helpers():
+    assert shell_exit_code(-15) == 143 and shell_exit_code(3) == 3
+    assert describe_exit(-9) == "signal SIGKILL" and describe_exit(2) == "exit code 2"
+
+
+@pytest.mark.timeout(10)
+def test_console_lines_are_prefixed_whole(monkeypatch):
+    written = []
+
+    class Sink:
+        def write(self, s):
+            written.append(s)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", Sink())
+    s = _Stream(fd=-1, prefix="[rank 3]: ", console="stdout", logfile=None)
+    s.feed(b"hel")
+    s.feed(b"lo\nwor")
+    s.feed(b"ld\nlast")
+    s.finish()
+    assert "".join(written) == "[rank 3]: hello\n[rank 3]: world\n[rank 3]: last\n"
+    assert written[0] == "[rank 3]: hello\n"  # nothing written before the line was complete
+
+
+@pytest.mark.timeout(10)
+def test_errors_pickle_with_their_fields():
+    for err in (ProcessRaisedError(1, 1, TB, "KeyError: 1"), ProcessExitedError(0, -9),
+                RendezvousTimeoutError([1, 2], 3, 5.0, "hint"),
+                SpawnTimeoutError(2.0, [0], {0: "stack"})):
+        clone = pickle.loads(pickle.dumps(err))
+        assert type(clone) is type(err) and str(clone) == str(err)
+    assert "nodes 1, 2 of 3 never arrived within 5 s" in str(RendezvousTimeoutError([1, 2], 3, 5))
