@@ -1,10 +1,11 @@
 """Rank-side hang diagnosis: publish this rank's collective state, and abort on a dead peer.
 
-Under npurun (``NPUSIM_DIAG_DIR`` set) every process that creates a world communicator starts
-one daemon *reporter* thread. It
+Under npurun (``NPUSIM_DIAG=1``) every process that creates a world communicator from the
+launcher's environment starts one daemon *reporter* thread. It
 
-- writes ``<dir>/state_rank<RANK>.json`` (atomically) every ``NPUSIM_DIAG_INTERVAL`` seconds
-  (default 0.5) and at once when a collective fails: heartbeat time, pid, the in-flight records
+- publishes this rank's state as JSON under ``state_key(rank)`` in the job's rendezvous store
+  every ``NPUSIM_DIAG_INTERVAL`` seconds (default 0.5) and at once when a collective fails:
+  heartbeat time, pid, the in-flight records
   (op, comm and members, seq, stream, state, the peer waited on and since when, call site), the
   per-communicator progress (last enqueued / last completed seq) and the recent records;
 - holds a blocking ``get`` on the job's abort key in the rendezvous store: when the launcher
@@ -12,7 +13,8 @@ one daemon *reporter* thread. It
   so peers waiting for the dead rank fail in seconds with ``RemoteRankError`` naming it instead
   of waiting for HCCL_EXEC_TIMEOUT.
 
-The launcher reads the state files (plus stacks taken with SIGUSR1) to build the job verdict.
+The launcher reads the states (plus stacks taken with SIGUSR1) to build the job verdict; the
+store reaches every node, so one report covers the whole job.
 Nothing here runs without npurun, and nothing is on a collective's fast path.
 """
 from __future__ import annotations
@@ -33,17 +35,27 @@ _lock = threading.Lock()
 _reporter: "Reporter | None" = None
 
 
+def _prefix(env=os.environ) -> str:
+    return f"npusim/{env.get('NPUSIM_JOB_ID', 'job')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
 def abort_key(env=os.environ) -> str:
-    return f"npusim/{env.get('NPUSIM_JOB_ID', 'job')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/abort"
+    """The store key whose value (``rank N ...`` text) makes every rank abort its communicators."""
+    return f"{_prefix(env)}/abort"
+
+
+def state_key(rank: int, env=os.environ) -> str:
+    """The store key holding rank ``rank``'s published state (JSON)."""
+    return f"{_prefix(env)}/state/{rank}"
 
 
 class Reporter:
     """The per-process reporter thread (see the module note)."""
 
-    def __init__(self, directory: str, store, interval: float):
-        self.dir, self.store, self.interval = directory, store, interval
+    def __init__(self, store, interval: float):
+        self.store, self.interval = store, interval
         self.rank = int(os.environ.get("RANK", "0"))
-        self.path = os.path.join(directory, f"state_rank{self.rank}.json")
+        self.key = state_key(self.rank)
         self.worlds: list = []
         self.aborted: str | None = None
         self._stop = threading.Event()
@@ -63,21 +75,18 @@ class Reporter:
                 "aborted": self.aborted}
 
     def write(self) -> None:
-        """Write the state file now (also called from a failing collective)."""
+        """Publish the state now (also called from a failing collective)."""
         with self._write_lock:
-            tmp = f"{self.path}.tmp"
             try:
-                with open(tmp, "w") as f:
-                    json.dump(self.snapshot(), f, default=str)
-                os.replace(tmp, self.path)
-            except OSError as e:  # the launcher's dir may be gone at shutdown
-                log.debug("cannot write %s: %s", self.path, e)
+                self.store.set(self.key, json.dumps(self.snapshot(), default=str).encode())
+            except Exception as e:  # the launcher may be gone at shutdown
+                log.debug("cannot publish state: %s", e)
 
     def _run(self) -> None:
         key = abort_key()
         while not self._stop.is_set():
             self.write()
-            if self.aborted is not None or self.store is None:
+            if self.aborted is not None:
                 self._stop.wait(self.interval)
                 continue
             try:
@@ -111,14 +120,12 @@ class Reporter:
 def attach(world, store) -> None:
     """Register ``world`` with this process's reporter, starting it under npurun."""
     global _reporter
-    directory = os.environ.get("NPUSIM_DIAG_DIR")
-    if not directory:
+    if os.environ.get("NPUSIM_DIAG") != "1" or store is None:
         return
     with _lock:
         if _reporter is None:
             interval = float(os.environ.get("NPUSIM_DIAG_INTERVAL", "0.5"))
-            os.makedirs(directory, exist_ok=True)
-            _reporter = Reporter(directory, store, interval)
+            _reporter = Reporter(store, interval)
             _reporter.start()
         _reporter.add_world(world)
 

@@ -121,6 +121,8 @@ class Agent:
         self._waiter: proc.Waiter | None = None
         self._log_root: str | None = None
         self._temp_root = False
+        self.status_requested = False
+        self.after_summary: list[Callable[[], str | None]] = []
 
     # -- hooks for diagnosis ---------------------------------------------------------------
     def live_workers(self) -> list[Worker]:
@@ -146,10 +148,19 @@ class Agent:
         except OSError:
             pass
 
+    def _on_status(self, _signum, _frame) -> None:
+        self.status_requested = True
+        try:
+            os.write(self._wake_w, b"u")
+        except OSError:
+            pass
+
     def _install_signals(self) -> dict:
         if threading.current_thread() is not threading.main_thread():
             return {}
-        return {s: signal.signal(s, self._on_signal) for s in FORWARDED_SIGNALS}
+        saved = {s: signal.signal(s, self._on_signal) for s in FORWARDED_SIGNALS}
+        saved[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._on_status)
+        return saved
 
     def _stop_signal(self) -> int:
         return self._signal
@@ -307,6 +318,10 @@ class Agent:
         _say(format_summary(title, failures, stopped,
                             keep_files=not self._temp_root or self._keep_temp_logs(),
                             restarting=self.attempt < self.spec.max_restarts))
+        for hook in self.after_summary:   # the hang verdict, when there is one
+            text = hook()
+            if text:
+                _say(text)
         if first.get("node") != self.job.node_rank:
             _say(f"npurun: note: node {first.get('node')} failed first: {first.get('message')}")
         return RunResult(WorkerState.FAILED, root.shell_exitcode, self.attempt, failures)

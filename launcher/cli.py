@@ -162,6 +162,13 @@ def _check_entry(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``npurun``; returns the exit code (0, the root cause's, or 128 + signal)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--status"]:
+        from launcher.diagnose import query_status  # noqa: PLC0415
+        if len(argv) > 2 or (len(argv) == 2 and not argv[1].isdigit()):
+            print("usage: npurun --status [NPURUN_PID]", file=sys.stderr)
+            return 2
+        return query_status(int(argv[1]) if len(argv) == 2 else None)
     args = parse_args(argv)
     logging.basicConfig(level=[logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR]
                         [min(max(config.log_level(), 0), 3)], format="%(asctime)s %(message)s")
@@ -198,7 +205,25 @@ def main(argv: list[str] | None = None) -> int:
                                   nproc_per_node=layout.nproc_per_node, run_id=args.run_id,
                                   max_restarts=args.max_restarts,
                                   timeout=config.connect_timeout(), hint=hint)
-        result = Agent(spec, rdzv).run()
+        agent = Agent(spec, rdzv)
+        from launcher.diagnose import Diagnoser, register  # noqa: PLC0415
+        diagnoser = Diagnoser(agent, report_dir=args.log_dir)
+        registration = None
+        try:
+            registration = register(os.getpid())
+        except (OSError, LauncherError):
+            pass
+        try:
+            result = agent.run()
+        finally:
+            diagnoser.close()
+            if registration:
+                from launcher.diagnose import status_file  # noqa: PLC0415
+                for path in (registration, status_file(os.getpid())):
+                    try:
+                        os.unlink(path)
+                    except OSError:
+                        pass
         return result.exitcode
     except (LauncherError, ValueError) as e:
         print(f"npurun: error: {e}", file=sys.stderr)

@@ -73,6 +73,7 @@ def worker_env(base: Mapping[str, str], job: JobInfo, local_rank: int, restart_c
         "NPUSIM_JOB_SECRET": job.secret,
         "NPUSIM_NODE_COUNT": str(job.nnodes),
         "NPUSIM_STACK_FILE": files.stack_file,
+        "NPUSIM_DIAG": "1",      # ranks publish their collective state for the job verdict
         "NPUSIM_LAUNCHER_PID": str(launcher_pid or os.getpid()),
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": _python_path(base),

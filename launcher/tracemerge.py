@@ -81,7 +81,8 @@ def merge(paths: list[str], out_path: str) -> dict:
     for (path, events), rank, pid in zip(loaded, ranks, pid_for):
         name = os.path.basename(path)
         label = f"rank {pid}" if rank == pid else name if rank is None else f"rank {rank} ({name})"
-        meta.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": label}})
+        meta.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+                     "args": {"name": label}})
         meta.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
                      "args": {"sort_index": pid}})
         for e in events:
@@ -126,7 +127,8 @@ def main(argv=None) -> int:
     import argparse
     p = argparse.ArgumentParser(prog="python -m launcher.tracemerge",
                                 description="Merge per-rank npusim traces into one Chrome trace.")
-    p.add_argument("inputs", nargs="+", help="a directory of trace_rank<N>.json files, or trace files")
+    p.add_argument("inputs", nargs="+",
+                   help="a directory of trace_rank<N>.json files, or trace files")
     p.add_argument("-o", "--output", help=f"merged trace (default DIR/{MERGED_NAME})")
     args = p.parse_args(argv)
     if len(args.inputs) == 1 and os.path.isdir(args.inputs[0]):

@@ -9,6 +9,7 @@ import socket
 import textwrap
 import time
 
+import numpy as np
 import pytest
 
 from launcher.testing import LeakCheck, start_npurun
@@ -31,6 +32,15 @@ store.set(f"test/{{attempt}}/{{r}}", str(100 + r))
 values = [int(store.get(f"test/{{attempt}}/{{i}}")) for i in range(n)]
 with open(os.path.join(out, f"seen.{{r}}.json"), "w") as f:
     json.dump(values, f)
+if sys.argv[1:] == ["allreduce"]:
+    import numpy as np, runtime, hccl
+    runtime.set_device(int(os.environ["LOCAL_RANK"]))
+    comm = hccl.init_comm()
+    x = runtime.to_device(np.arange(1000, dtype=np.float32) * (r + 1))
+    comm.all_reduce(x)
+    with open(os.path.join(out, f"allreduce.{{r}}.json"), "w") as f:
+        json.dump([comm.rank, comm.size] + x.to_host().tolist(), f)
+    comm.destroy()
 """
 
 
@@ -67,8 +77,8 @@ def test_two_launchers_on_loopback_form_one_four_rank_job(tmp_path, monkeypatch)
         common = ["--nnodes", "2", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                   "--master-port", str(port)]
         # node 1 first: it must wait for node 0 rather than fail
-        n1 = start_npurun(*common, "--node_rank", "1", path, env=lc.env)
-        n0 = start_npurun(*common, "--node-rank", "0", path, env=lc.env)
+        n1 = start_npurun(*common, "--node_rank", "1", path, "allreduce", env=lc.env)
+        n0 = start_npurun(*common, "--node-rank", "0", path, "allreduce", env=lc.env)
         out0, err0 = n0.communicate(timeout=60)
         out1, err1 = n1.communicate(timeout=60)
     assert n0.returncode == 0, err0
@@ -86,6 +96,9 @@ def test_two_launchers_on_loopback_form_one_four_rank_job(tmp_path, monkeypatch)
     for r in range(4):
         assert json.loads((tmp_path / f"seen.{r}.json").read_text()) == [100, 101, 102, 103]
     assert "[rank 0]" not in out1 and "[rank 2]" not in out0
+    for r in range(4):   # one 4-rank communicator across the two launchers: 1+2+3+4 = 10
+        got = json.loads((tmp_path / f"allreduce.{r}.json").read_text())
+        assert got[:2] == [r, 4] and got[2:] == (10 * np.arange(1000, dtype=np.float32)).tolist()
     assert not (tmp_path / f"npurun-secret-{port}").exists()  # node 0 removed it
 
 

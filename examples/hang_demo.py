@@ -1,0 +1,114 @@
+"""Hang walkthrough: make a job hang (or desync) on purpose and read npurun's verdict.
+
+    HCCL_EXEC_TIMEOUT=10 npurun --nproc-per-node 4 --log-dir logs examples/hang_demo.py sleep
+
+Scenarios (the culprit is always rank 1 or 2; the others do the right thing):
+  sleep     rank 2 is stuck in user code (load_batch) before the all_reduce
+  mismatch  rank 1 calls all_gather where the others call all_reduce
+  count     rank 1 calls the same all_reduce with another count
+  dtype     rank 1 calls the same all_reduce with FP16 instead of FP32
+  kill      rank 1 is SIGKILLed in the middle of a large all_reduce
+  exit      rank 1 calls os._exit(7) in the middle of a large all_reduce
+  event     rank 1's communication stream waits for an event that is never reached: the
+            kernel before its record blocks forever, so the all_reduce never starts
+  subcomm   ranks {0, 2} hang in a sub-communicator: rank 2 sleeps before it
+  slow [MiB] no hang: a large (default 64 MiB), slow but progressing all_reduce under a short
+            HCCL_EXEC_TIMEOUT completes (the timeout bounds each wait for a peer, not the whole collective)
+
+npurun prints the failure summary, then ONE verdict naming the culprit(s) with their Python
+stacks, writes hang_report.json to --log-dir, and stops the job.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+import hccl
+import runtime
+
+SCENARIOS = ("sleep", "mismatch", "count", "dtype", "kill", "exit", "event", "subcomm", "slow")
+
+
+def load_batch(seconds: float) -> None:
+    """Stands for user code that never returns in time (a stuck data loader, a deadlock...)."""
+    time.sleep(seconds)
+
+
+def main() -> int:
+    scenario = sys.argv[1] if len(sys.argv) > 1 else "sleep"
+    if scenario not in SCENARIOS:
+        print(f"usage: hang_demo.py {{{','.join(SCENARIOS)}}}", file=sys.stderr)
+        return 2
+    runtime.set_device(int(os.environ["LOCAL_RANK"]))
+    comm = hccl.init_comm()
+    rank, size = comm.rank, comm.size
+    x = runtime.to_device(np.full(1024, rank + 1, np.float32))
+    comm.all_reduce(x)                       # seq 1: everyone agrees
+    runtime.synchronize()
+
+    if scenario == "sleep":
+        if rank == 2:
+            load_batch(600)
+        comm.all_reduce(x)
+    elif scenario == "mismatch":
+        if rank == 1:
+            g = runtime.empty(1024 * size, np.float32)
+            comm.all_gather(x, g)
+        else:
+            comm.all_reduce(x)
+    elif scenario == "count":
+        y = runtime.to_device(np.ones(512 if rank == 1 else 1024, np.float32))
+        comm.all_reduce(y)
+    elif scenario == "dtype":
+        y = runtime.to_device(np.ones(1024, np.float16 if rank == 1 else np.float32))
+        comm.all_reduce(y)
+    elif scenario in ("kill", "exit"):
+        big = runtime.to_device(np.ones(32 << 20, np.float32))        # 128 MiB
+        comm.all_reduce(big)
+        if rank == 1:
+            while not any(r["state"] == "started" for r in hccl.flight_recorder.in_flight()):
+                time.sleep(0.01)
+            time.sleep(0.2)                                           # well inside it
+            if scenario == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            os._exit(7)
+    elif scenario == "event":
+        compute, comm_stream = runtime.Stream(), runtime.Stream()
+        if rank == 1:
+            never = threading.Event()
+            runtime.launch(never.wait, stream=compute, name="stuck_kernel")
+        ready = compute.record_event()         # on rank 1 the stream never gets here
+        comm_stream.wait_event(ready)
+        comm.all_reduce(x, stream=comm_stream)
+        comm_stream.synchronize()
+    elif scenario == "subcomm":
+        if rank in (0, 2):
+            sub = comm.create_sub_comm([0, 2])
+            if rank == 2:
+                load_batch(600)
+            sub.all_reduce(x)
+    elif scenario == "slow":
+        mib = int(sys.argv[2]) if len(sys.argv) > 2 else 64
+        big = runtime.to_device(np.full(mib << 18, rank + 1, np.float32))
+        t0 = time.perf_counter()
+        comm.all_reduce(big)
+        out = big.to_host()
+        expected = size * (size + 1) / 2
+        ok = bool(np.all(out == expected))
+        print(f"rank {rank}: {mib} MiB all_reduce took {time.perf_counter() - t0:.1f} s under "
+              f"HCCL_EXEC_TIMEOUT={os.environ.get('HCCL_EXEC_TIMEOUT', '1800')}: "
+              f"{'correct' if ok else 'WRONG'}", flush=True)
+        if not ok:
+            return 1
+    runtime.synchronize()
+    comm.destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Hang and desync diagnosis end to end: npurun runs examples/hang_demo.py scenarios and must
+name the culprit, classify every rank, write hang_report.json and stop within
+HCCL_EXEC_TIMEOUT + 15 s, leaving no process or shared-memory segment behind."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from launcher.testing import LeakCheck, run_npurun
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEMO = os.path.join(ROOT, "examples", "hang_demo.py")
+T = 5            # HCCL_EXEC_TIMEOUT for these jobs
+
+
+def run_demo(tmp_path, scenario, nproc=4, timeout=T + 40):
+    logs = tmp_path / "logs"
+    with LeakCheck() as lc:
+        lc.env["HCCL_EXEC_TIMEOUT"] = str(T)
+        t0 = time.monotonic()
+        res = run_npurun("--nproc-per-node", str(nproc), "--log-dir", str(logs), DEMO, scenario,
+                         env=lc.env, cwd=str(tmp_path), timeout=timeout)
+        elapsed = time.monotonic() - t0
+    report_path = logs / "hang_report.json"
+    report = json.loads(report_path.read_text()) if report_path.exists() else None
+    return res, elapsed, report
+
+
+def states(report):
+    return {int(r): e["state"] for r, e in report["ranks"].items()}
+
+
+@pytest.mark.timeout(60)
+def test_rank_sleeping_in_user_code(tmp_path):
+    res, elapsed, rep = run_demo(tmp_path, "sleep")
+    assert res.returncode != 0
+    assert elapsed < T + 15, elapsed
+    assert rep["culprits"] == [2] and rep["reason"] == "timeout"
+    assert rep["comm"] == "world" and rep["seq"] == 2 and rep["op"].startswith("ALLREDUCE")
+    assert states(rep) == {0: "waiting", 1: "waiting", 2: "not_entered", 3: "waiting"}
+    assert "load_batch" in rep["ranks"]["2"]["stack"]          # its stack shows where it is
+    waited = {e["waiting_for"] for e in rep["ranks"].values() if e["state"] == "waiting"}
+    assert waited and waited <= {0, 1, 2, 3}
+    err = res.stderr
+    assert "culprit rank(s): [2]" in err and "in load_batch" in err
+    assert err.index("Root Cause") < err.index("npusim job verdict")  # the verdict comes last
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("scenario,call", [("mismatch", "ALLGATHER(count=1024, FP32)"),
+                                           ("count", "ALLREDUCE(count=512, FP32, SUM)"),
+                                           ("dtype", "ALLREDUCE(count=1024, FP16, SUM)")])
+def test_rank_in_a_different_collective(tmp_path, scenario, call):
+    res, elapsed, rep = run_demo(tmp_path, scenario)
+    assert res.returncode != 0
+    assert elapsed < 15, elapsed                       # seconds, not the exec timeout
+    assert rep["reason"] == "mismatch" and rep["culprits"] == [1]
+    st = states(rep)
+    assert st[1] == "mismatch" and all(st[r] == "waiting" for r in (0, 2, 3)), st
+    assert rep["ranks"]["1"]["op"] == call
+    assert "ALLREDUCE(count=1024, FP32, SUM)" in rep["verdict"] and call in rep["verdict"]
+    assert "CollectiveMismatchError" in res.stderr
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("scenario,exit_code,words", [("kill", -9, "killed by SIGKILL"),
+                                                      ("exit", 7, "exited with code 7")])
+def test_rank_dying_in_a_large_collective(tmp_path, scenario, exit_code, words):
+    res, elapsed, rep = run_demo(tmp_path, scenario)
+    assert res.returncode != 0
+    assert elapsed < T + 15, elapsed
+    assert rep["reason"] == "dead_rank" and rep["culprits"] == [1]
+    assert rep["ranks"]["1"]["state"] == "dead" and rep["ranks"]["1"]["exit"] == exit_code
+    assert words in rep["ranks"]["1"]["detail"]
+    others = states(rep)
+    assert all(others[r] == "waiting" for r in (0, 2, 3)), others
+    # the peers were released by the launcher's abort, naming the dead rank, not by a timeout
+    assert "RemoteRankError" in res.stderr and f"rank 1 {words}" in res.stderr
+    assert "timed out" not in res.stderr
+
+
+@pytest.mark.timeout(60)
+def test_rank_blocked_on_an_event_never_reached(tmp_path):
+    res, elapsed, rep = run_demo(tmp_path, "event")
+    assert res.returncode != 0
+    assert elapsed < T + 15, elapsed
+    assert rep["culprits"] == [1]
+    e = rep["ranks"]["1"]
+    assert e["state"] == "not_entered" and "never started" in e["detail"]
+    assert "wait" in e["stack"]
+
+
+@pytest.mark.timeout(60)
+def test_hang_inside_a_sub_communicator(tmp_path):
+    res, elapsed, rep = run_demo(tmp_path, "subcomm")
+    assert res.returncode != 0
+    assert elapsed < T + 15, elapsed
+    assert rep["comm"] == "world.sub[0, 2]" and rep["members"] == [0, 2]
+    assert rep["culprits"] == [2]
+    assert states(rep) == {0: "waiting", 2: "not_entered"}
+    assert set(rep["other_ranks"]) == {"1", "3"}
+    assert "world.sub[0, 2]" in res.stderr and "load_batch" in rep["ranks"]["2"]["stack"]
+
+
+@pytest.mark.timeout(120)
+def test_slow_but_progressing_collective_is_not_a_hang(tmp_path):
+    logs = tmp_path / "logs"
+    with LeakCheck() as lc:
+        lc.env.update(HCCL_EXEC_TIMEOUT="1", HCCL_BUFFSIZE="1")   # 1 MB slices, 1 s per wait
+        res = run_npurun("--nproc-per-node", "4", "--log-dir", str(logs), DEMO, "slow", "256",
+                         env=lc.env, cwd=str(tmp_path), timeout=110)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = [l for l in res.stdout.splitlines() if "256 MiB all_reduce took" in l]
+    assert len(lines) == 4 and all("correct" in l for l in lines)
+    took = max(float(l.split("took ")[1].split(" s")[0]) for l in lines)
+    assert took > 1, f"the collective ({took} s) must outlast HCCL_EXEC_TIMEOUT for this test"
+    assert not (logs / "hang_report.json").exists()
