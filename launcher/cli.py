@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from argparse import REMAINDER
 from dataclasses import dataclass
@@ -210,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         diagnoser = Diagnoser(agent, report_dir=args.log_dir)
         registration = None
         try:
+            # answer status requests from now on: SIGUSR1's default action would kill npurun
+            signal.signal(signal.SIGUSR1, agent._on_status)
             registration = register(os.getpid())
         except (OSError, LauncherError):
             pass

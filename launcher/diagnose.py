@@ -191,6 +191,10 @@ def query_status(pid: int | None, timeout: float = 10.0) -> int:
             print("npurun --status: no running npurun job of yours was found", file=sys.stderr)
             return 1
         pid = max(pids)
+    if not os.path.exists(os.path.join(_secure_dir(), f"npurun-{pid}.job")):
+        print(f"npurun --status: {pid} is not a running npurun of yours (or it is still starting)",
+              file=sys.stderr)
+        return 1
     path = status_file(pid)
     before = os.stat(path).st_mtime_ns if os.path.exists(path) else 0
     try:

@@ -118,3 +118,31 @@ def test_slow_but_progressing_collective_is_not_a_hang(tmp_path):
     took = max(float(l.split("took ")[1].split(" s")[0]) for l in lines)
     assert took > 1, f"the collective ({took} s) must outlast HCCL_EXEC_TIMEOUT for this test"
     assert not (logs / "hang_report.json").exists()
+
+
+@pytest.mark.timeout(90)
+def test_live_status_of_a_running_job(tmp_path):
+    """``npurun --status PID`` (SIGUSR1 to npurun) prints the table without stopping the job."""
+    import signal
+    import subprocess
+    import sys
+
+    from launcher.testing import start_npurun, wait_for
+    with LeakCheck() as lc:
+        lc.env["HCCL_EXEC_TIMEOUT"] = "60"
+        job = start_npurun("--nproc-per-node", "3", "--log-dir", str(tmp_path / "logs"), DEMO,
+                           "sleep", env=lc.env, cwd=str(tmp_path))
+        try:
+            def table():
+                out = subprocess.run([sys.executable, "-m", "launcher", "--status", str(job.pid)],
+                                     env=lc.env, capture_output=True, text=True, timeout=30)
+                # wait until ranks 0 and 1 are inside seq 2 (rank 2 sleeps before it)
+                return out.stdout if out.stdout.count("waiting") >= 2 else None
+            text = wait_for(table, 40, interval=0.5, what="a status table with waiting ranks")
+            assert "live view" in text and "culprit rank(s): [2]" in text
+            assert "not_entered" in text and "seq 2" in text
+            assert job.poll() is None                         # still running
+        finally:
+            job.send_signal(signal.SIGTERM)
+            job.communicate(timeout=30)
+    assert job.returncode == 128 + signal.SIGTERM
