@@ -131,7 +131,14 @@ def attach(world, store) -> None:
 
 
 def flush() -> None:
-    """Write the state file now, if a reporter runs (a collective just failed)."""
+    """A collective just failed: publish the state now, and dump the flight recorder as JSON to
+    ``NPUSIM_FLIGHT_FILE`` (npurun: ``<log dir>/<run>/attempt_<k>/<local rank>/flight_recorder.json``)."""
     r = _reporter
     if r is not None:
         r.write()
+    path = os.environ.get("NPUSIM_FLIGHT_FILE")
+    if path:
+        try:
+            recorder.dump_to(path)
+        except OSError as e:
+            log.debug("cannot dump the flight recorder to %s: %s", path, e)

@@ -74,6 +74,7 @@ def worker_env(base: Mapping[str, str], job: JobInfo, local_rank: int, restart_c
         "NPUSIM_NODE_COUNT": str(job.nnodes),
         "NPUSIM_STACK_FILE": files.stack_file,
         "NPUSIM_DIAG": "1",      # ranks publish their collective state for the job verdict
+        "NPUSIM_FLIGHT_FILE": os.path.join(files.dir, "flight_recorder.json"),
         "NPUSIM_LAUNCHER_PID": str(launcher_pid or os.getpid()),
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": _python_path(base),

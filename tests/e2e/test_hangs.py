@@ -63,6 +63,12 @@ def test_rank_in_a_different_collective(tmp_path, scenario, call):
     assert rep["ranks"]["1"]["op"] == call
     assert "ALLREDUCE(count=1024, FP32, SUM)" in rep["verdict"] and call in rep["verdict"]
     assert "CollectiveMismatchError" in res.stderr
+    # each failing rank dumped its flight recorder: the records of seq 1 and 2
+    dumps = list((tmp_path / "logs").glob("*/attempt_0/*/flight_recorder.json"))
+    assert dumps
+    recs = json.loads(dumps[0].read_text())["records"]
+    assert [r["seq"] for r in recs] == [1, 2] and recs[0]["state"] == "completed"
+    assert recs[1]["state"] == "failed" and "hang_demo.py" in recs[1]["site"]
 
 
 @pytest.mark.timeout(90)
