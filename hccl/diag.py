@@ -72,7 +72,9 @@ class Reporter:
                 "in_flight": d["in_flight"], "progress": d["progress"],
                 "recent": records[-_RECENT:],
                 "failed": [r for r in records if r["state"] == "failed"][-8:],
-                "aborted": self.aborted}
+                "aborted": self.aborted,
+                # faulthandler prints thread ids only: the launcher names them with this
+                "threads": {f"0x{t.ident:016x}": t.name for t in threading.enumerate() if t.ident}}
 
     def write(self) -> None:
         """Publish the state now (also called from a failing collective)."""

@@ -187,6 +187,21 @@ def _progress(st, cid) -> tuple[int, int]:
     return 0, 0
 
 
+def name_threads(stack: str | None, names: dict | None) -> str | None:
+    """Add each thread's name (from the rank's published state) to faulthandler's dump."""
+    if not stack or not names:
+        return stack
+    out = []
+    for line in stack.splitlines():
+        for prefix in ("Thread ", "Current thread "):
+            if line.startswith(prefix):
+                tid = line[len(prefix):].split(" ", 1)[0]
+                if tid in names:
+                    line = line.replace(tid, f"{tid} [{names[tid]}]", 1)
+        out.append(line)
+    return "\n".join(out)
+
+
 def _entry(state, info: RankInfo, rec, detail, members=None) -> dict:
     waiting_for = since = None
     if rec is not None and state == "waiting":
@@ -197,7 +212,8 @@ def _entry(state, info: RankInfo, rec, detail, members=None) -> dict:
     return {"state": state, "seq": rec.get("seq") if rec else None,
             "op": describe_call(rec) if rec else None, "waiting_for": waiting_for, "since": since,
             "site": rec.get("site") if rec else None, "exit": info.exit, "error": info.error,
-            "detail": detail, "stack": info.stack}
+            "detail": detail,
+            "stack": name_threads(info.stack, (info.state or {}).get("threads"))}
 
 
 def _call_of(fp, recs: dict) -> str | None:
