@@ -4,14 +4,16 @@ from __future__ import annotations
 import os
 import sys
 
-_internal: list[str] = [os.path.dirname(os.path.abspath(__file__)) + os.sep]
+_internal: tuple = (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
+_cache: dict = {}            # (code, line) -> formatted site: hot call sites format once
 
 
 def add_internal(path: str) -> None:
     """Treat frames from files under ``path`` as library frames (hccl registers itself)."""
+    global _internal
     p = os.path.abspath(path).rstrip(os.sep) + os.sep
     if p not in _internal:
-        _internal.append(p)
+        _internal = _internal + (p,)
 
 
 def callsite(skip: int = 2) -> str:
@@ -20,10 +22,16 @@ def callsite(skip: int = 2) -> str:
         f = sys._getframe(skip)
     except ValueError:
         return "?"
-    internal = tuple(_internal)
+    internal = _internal
     while f is not None:
-        fn = f.f_code.co_filename
-        if not fn.startswith(internal):
-            return f"{fn}:{f.f_lineno} in {f.f_code.co_name}"
+        code = f.f_code
+        if not code.co_filename.startswith(internal):
+            key = (code, f.f_lineno)
+            site = _cache.get(key)
+            if site is None:
+                if len(_cache) > 4096:
+                    _cache.clear()
+                site = _cache[key] = f"{code.co_filename}:{f.f_lineno} in {code.co_name}"
+            return site
         f = f.f_back
     return "?"

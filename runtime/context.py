@@ -183,8 +183,13 @@ def default_stream():
 
 def current_stream():
     """The stream made current by the innermost ``with stream(s):`` (else the default stream)."""
-    ctx = current_context()
-    st = _stack(ctx)
+    return current_stream_of(current_context())
+
+
+def current_stream_of(ctx):
+    """The calling thread's current stream on ``ctx``'s device."""
+    stacks = getattr(_tls, "streams", None)
+    st = stacks.get(ctx.device_id) if stacks else None
     return st[-1] if st else ctx.default_stream
 
 

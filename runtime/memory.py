@@ -12,7 +12,7 @@ import numpy as np
 
 from . import profiler
 from .callsite import callsite
-from .context import _contexts, current_context, resolve_stream
+from .context import _contexts, current_context, current_stream_of, resolve_stream
 from .errors import InvalidParamError, MemoryAccessError
 from .pool import MemMallocPolicy
 
@@ -159,12 +159,13 @@ def malloc(nbytes: int, policy: MemMallocPolicy = MemMallocPolicy.HUGE_FIRST) ->
 
 def _malloc(nbytes, policy, site, stream=None) -> DevicePtr:
     ctx = current_context()
-    s = stream if stream is not None else resolve_stream(None)
+    s = stream if stream is not None else current_stream_of(ctx)
     with ctx.lock:
         block = ctx.pool.malloc(nbytes, s, policy, site)
         aid = next(_alloc_ids)
-        ctx.live[block.addr] = (block, aid)
-    return DevicePtr(ctx.device_id, block.addr, block.addr, aid)
+        addr = block.addr
+        ctx.live[addr] = (block, aid)
+    return DevicePtr(ctx.device_id, addr, addr, aid)
 
 
 def free(ptr: DevicePtr) -> None:
@@ -173,7 +174,7 @@ def free(ptr: DevicePtr) -> None:
     Raises:
         MemoryAccessError: double free, or a pointer that is not the start of a live allocation.
     """
-    if not isinstance(ptr, DevicePtr):
+    if type(ptr) is not DevicePtr and not isinstance(ptr, DevicePtr):
         raise InvalidParamError(f"free(ptr={ptr!r}): expected a DevicePtr from runtime.malloc")
     ctx = _contexts.get(ptr.device_id)
     if ctx is None:
@@ -193,8 +194,8 @@ def free(ptr: DevicePtr) -> None:
         del ctx.live[ptr.base]
         fs = ctx.freed_sites
         fs[ptr.alloc_id] = block.site
-        if len(fs) > 4096:
-            fs.popitem(last=False)
+        if len(fs) > 4096:          # keep the newest: dicts iterate oldest first
+            del fs[next(iter(fs))]
         ctx.pool.free(block, ctx.ready_marker(block.stream))
 
 
@@ -304,13 +305,24 @@ def memset_async(ptr, value: int, nbytes: int, stream=None) -> None:
 
 
 # ---------------------------------------------------------------------- statistics
-def _pool(device=None):
+def _ctx(device=None):
     if device is None:
-        return current_context().pool
+        return current_context()
     ctx = _contexts.get(device)
     if ctx is None:
         raise InvalidParamError(f"device={device!r} has no context in this process; call set_device")
-    return ctx.pool
+    return ctx
+
+
+def _pool(device=None):
+    return _ctx(device).pool
+
+
+def _locked(device, method: str, *args):
+    """Call a pool method under the device lock (reads may complete a deferred free)."""
+    ctx = _ctx(device)
+    with ctx.lock:
+        return getattr(ctx.pool, method)(*args)
 
 
 def memory_allocated(device=None) -> int:
@@ -334,19 +346,23 @@ def max_memory_reserved(device=None) -> int:
 
 
 def memory_stats(device=None) -> dict:
-    return _pool(device).stats()
+    """torch.npu.memory_stats(): flat dotted keys such as ``allocated_bytes.all.current``."""
+    return _locked(device, "stats")
 
 
 def memory_summary(device=None) -> str:
-    return _pool(device).summary()
+    """A table of the pool's statistics (torch.npu.memory_summary)."""
+    return _locked(device, "summary")
 
 
 def memory_snapshot(device=None) -> list:
-    return _pool(device).snapshot()
+    """Every segment and its blocks (address, size, state, allocation site)."""
+    return _locked(device, "snapshot")
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    _pool(device).reset_peak_stats()
+    """Reset the peaks of every statistic to their current values."""
+    _locked(device, "reset_peak_stats")
 
 
 def empty_cache() -> None:
@@ -358,6 +374,4 @@ def empty_cache() -> None:
 
 def set_per_process_memory_fraction(fraction: float, device=None) -> None:
     """Cap this process's reserved memory at ``fraction`` of the device capacity."""
-    p = _pool(device)
-    with current_context().lock:
-        p.set_memory_fraction(fraction)
+    _locked(device, "set_memory_fraction", fraction)

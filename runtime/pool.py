@@ -3,7 +3,8 @@
 Design note
 -----------
 Layers, as in CuPy and torch's CUDACachingAllocator: ``CachingAllocator`` (this module, pure: no
-device, no threads; the caller serializes calls) -> *segments* (one ``RawAllocator.reserve`` each)
+device, no threads; the caller serializes calls, queries included: see *Held frees*) -> *segments*
+(one ``RawAllocator.reserve`` each)
 -> *blocks* (slices of a segment, split on malloc and merged with free neighbours on free). The
 raw allocator is injected, so the whole policy is tested without a device.
 
@@ -16,11 +17,12 @@ segment is the request rounded up to 2 MiB (huge pages) under HUGE_FIRST / HUGE_
 blocks are kept apart so each policy only reuses the page kind it accepts (HUGE_FIRST: huge
 first, then normal).
 
-Reuse. Free blocks sit in lists sorted by ``(size, addr)`` (one int key, ``size << 64 | addr``),
-so best fit is one ``bisect``, with no scan over blocks. A block is split when the rest is worth
-keeping (small pool: at least 512 bytes; large pool: more than 1 MiB, as torch does, so large
-blocks are not shredded) and merged with its free neighbours when freed. ``find`` of an interior
-address bisects the segments, then walks that segment's blocks.
+Reuse. Free blocks sit in lists sorted by ``(size, addr)`` (one int key, ``size << 64 | addr``; a
+dict maps the key to the block), so best fit is one ``bisect``, with no scan over blocks. A block
+is split when the rest is worth keeping (small pool: at least 512 bytes; large pool: more than 1
+MiB, as torch does, so large blocks are not shredded) and merged with its free neighbours when
+freed (see *Held frees* for when that happens). ``find`` of an interior address bisects the
+segments, then walks that segment's blocks.
 
 Streams. ``free(block, ready)`` takes a *marker*: an object whose ``query()`` tells whether the
 work the block's stream had enqueued at free time is done (an event recorded there; ``None``
@@ -38,6 +40,23 @@ its free, the later marker of a stream implies the earlier ones, so a block keep
 (this keeps a busy loop on one stream from piling up markers). A block handed out from pending
 memory carries its marker, so freeing it with ``ready=None`` keeps it pending. ``empty_cache``
 releases only whole free segments with no pending marker.
+
+Held frees (the fast path of a cached malloc + free). A free of ready memory (``ready=None``, not
+carved from pending memory) whose previous block cannot merge with it is *held*: the handle is
+retired at once (out of the live blocks, ``allocated`` False, counted off the pool's
+``allocated``), and the rest of the free (merging, the free list, the other statistics) waits for
+the next call. When that call is a malloc that would get exactly this memory back, it hands out a
+fresh handle in its place: the completed free would give a block F (the memory alone, or merged
+with its ready next block), F must be the best fit (nothing with a smaller key fits in the earlier
+kinds, the ready list or the stream's pending list), and its split must restore the blocks as they
+are (F not split at all; or, merged, split back at the end of the held memory). The statistics then
+move by the net of the free and the malloc: totals, plus the peaks of the values the pair passes
+through. Any other call first completes the held free (``_flush``; every method that reads or
+changes blocks, lists or statistics does, and so does ``Segment.blocks``), so what a caller can
+observe is the result of eager frees. A steady malloc / free loop thus does no split, merge or
+free-list work. The properties (``allocated``, ``reserved``, their peaks), ``find`` and
+``live_blocks`` are pure reads; every other method may complete a held free, so ``stats``,
+``snapshot``, ``summary`` and the resets are serialized with malloc / free like any other call.
 
 Limits. ``reserved`` never exceeds ``limit`` = capacity * fraction. When a new segment does not
 fit, the pool releases its cached whole free segments (counted in ``num_alloc_retries``) and
@@ -72,7 +91,8 @@ HUGE_PAGE = 2 * MiB
 NORMAL_PAGE = 4 * KiB
 LARGE_SPLIT_MIN = 1 * MiB      # a large block is split only if more than this remains
 
-_ROUND_MASK = ~(ROUND - 1)
+_ROUND_UP = ROUND - 1
+_ROUND_MASK = ~_ROUND_UP
 _ADDR_BITS = 64
 _ADDR_MASK = (1 << _ADDR_BITS) - 1
 
@@ -112,6 +132,7 @@ _LARGE_KINDS = {
 _SMALL_KINDS = (_SMALL,)
 _HUGE_FIRST = MemMallocPolicy.HUGE_FIRST        # the default policy: malloc checks it by identity
 _HUGE_FIRST_KINDS = _LARGE_KINDS[_HUGE_FIRST]
+_HUGE_FIRST_INT = int(_HUGE_FIRST)     # ACL's 0: CPython shares small ints, others take the lookup
 _POLICY_TYPES = (MemMallocPolicy, int)   # fast path; others (numpy ints) go through operator.index
 _new_object = object.__new__             # hot paths build blocks without a call to __init__
 
@@ -129,15 +150,17 @@ class RawAllocator(Protocol):
 class Segment:
     """One raw reservation; its blocks form a doubly linked list from ``head``, in address order."""
 
-    __slots__ = ("addr", "size", "kind", "stream", "head", "_stats")
+    __slots__ = ("addr", "size", "kind", "stream", "head", "_stats", "_owner")
 
-    def __init__(self, addr: int, size: int, kind: int, stream, stats: list | None = None):
+    def __init__(self, addr: int, size: int, kind: int, stream, stats: list | None = None,
+                 owner: CachingAllocator | None = None):
         self.addr = addr
         self.size = size
         self.kind = kind
         self.stream = stream        # the stream whose malloc reserved it
         self.head: Block | None = None
         self._stats = stats         # the owning pool's stats list of this kind (small / large)
+        self._owner = owner         # the pool, whose held free blocks() completes first
 
     @property
     def huge(self) -> bool:
@@ -149,6 +172,8 @@ class Segment:
 
     def blocks(self):
         """Yield the segment's blocks in address order."""
+        if self._owner is not None:
+            self._owner._flush()
         b = self.head
         while b is not None:
             yield b
@@ -252,7 +277,9 @@ class CachingAllocator:
     """Caching pool of one device: malloc/free of blocks carved from raw segments.
 
     ``raw`` supplies segments, ``capacity`` is the device memory in bytes. Not thread-safe: the
-    caller serializes calls (one lock per device). See the module design note for the policy.
+    caller serializes calls (one lock per device), queries such as ``stats`` and ``snapshot``
+    included; only the properties, ``find`` and ``live_blocks`` are pure reads. See the module
+    design note for the policy.
     """
 
     def __init__(self, raw: RawAllocator, capacity: int, device_id: int = 0):
@@ -272,6 +299,7 @@ class CachingAllocator:
         self._seg_addrs: list[int] = []         # sorted segment addresses
         self._segs: dict[int, Segment] = {}
         self._seq = 0
+        self._held: Block | None = None         # a free waiting to be completed (design note)
         self._raw_error: str | None = None          # why the last reserve failed, for the OOM
         self._sa = [0] * _N_STATS                   # stats of all pools (current, peak only)
         self._pools = (self._sa, [0] * _N_STATS, [0] * _N_STATS)   # indexed by _KIND_POOL
@@ -317,6 +345,7 @@ class CachingAllocator:
 
     def largest_free_block(self) -> int:
         """Size of the largest cached free block (ready or pending), 0 if none."""
+        self._flush()
         best = 0
         for kind in range(3):
             if self._ready[kind]:
@@ -326,12 +355,12 @@ class CachingAllocator:
         return best
 
     # ------------------------------------------------------------------ malloc / free
-    # The two hot paths are written out flat: the free-list work of the common case (a ready
-    # block of the segment's kind) and every statistic are inline (offsets in the stats lists,
-    # see _N_STATS), and new blocks are built without calling Block.__init__. A cached malloc +
-    # free is about a third of the bytecodes it takes through helper methods; the helpers
-    # (_insert, _remove, _inc, _take_cached) serve the pending and the cold paths.
-    # Non-releasable (inactive_split) stats change by the net of each operation.
+    # The hot paths are written out flat: the free-list work of the common case (a ready block)
+    # and every statistic are inline (offsets in the stats lists, see _N_STATS), and blocks are
+    # built without a call to Block.__init__; the helpers (_insert, _remove, _inc, _take_cached)
+    # serve the pending and cold paths. A free of ready memory is *held* (see the design note):
+    # malloc either takes the held memory back (the "cached" fast path: no split, no merge, no
+    # free-list work, statistics netted) or completes the held free first (_retire).
     def malloc(self, nbytes: int, stream, policy=MemMallocPolicy.HUGE_FIRST,
                site: str = "") -> Block:
         """Return a block of at least ``nbytes`` bytes for use on ``stream``.
@@ -342,7 +371,7 @@ class CachingAllocator:
         """
         if type(nbytes) is not int or nbytes <= 0:
             nbytes = _check_nbytes(nbytes)
-        if policy is _HUGE_FIRST:                    # the default: no conversion, no lookup
+        if policy is _HUGE_FIRST or policy is _HUGE_FIRST_INT:    # the default: no lookup
             kinds = _HUGE_FIRST_KINDS
         elif type(policy) in _POLICY_TYPES and policy in _LARGE_KINDS:
             kinds = _LARGE_KINDS[policy]
@@ -352,13 +381,125 @@ class CachingAllocator:
             hash(stream)
         except TypeError:
             raise InvalidParamError(f"malloc: stream={stream!r} must be hashable") from None
-        size = (nbytes + ROUND - 1) & _ROUND_MASK
+        size = (nbytes + _ROUND_UP) & _ROUND_MASK
         if size <= SMALL_SIZE:
             kinds = _SMALL_KINDS
+        key = size << _ADDR_BITS
+
+        h = self._held
+        if h is not None:
+            # Would completing h's free, then this malloc, hand out exactly h's memory and leave
+            # every other block as it is? Then do just that. The completed free would hold h's
+            # memory in F: h alone (case A), or h merged with its next block nx (case B; h's
+            # previous block never merges, see free). This malloc would take F if it is the best
+            # fit, and split it back to h + nx (B), or not split it at all (A).
+            self._held = None
+            hs = h.size
+            seg = h.segment
+            kind = seg.kind
+            if size <= hs and (kind == kinds[0] or (
+                    kind in kinds and not self._has_fit(kinds[0], key, stream))):
+                hstream = h.stream
+                nx = h.next
+                fsize = 0
+                if nx is None or nx.allocated or (
+                        nx.pending is not None and nx.stream != hstream):
+                    rest = hs - size                 # case A: F is h; its rest must stay
+                    if not (rest > LARGE_SPLIT_MIN or (rest and kind == _SMALL)):
+                        fsize = hs
+                        skip = 0
+                elif nx.pending is None and size == hs and (
+                        kind == _SMALL or nx.size > LARGE_SPLIT_MIN):
+                    nn = nx.next                     # case B: F is h + nx, split at h's end
+                    if nn is None or nn.allocated or (
+                            nn.pending is not None and nn.stream != hstream):
+                        fsize = hs + nx.size
+                        skip = (nx.size << _ADDR_BITS) | nx.addr    # merged into F
+                if fsize:
+                    addr = h.addr
+                    fkey = (fsize << _ADDR_BITS) | addr
+                    lst = self._ready[kind]          # best fit: no smaller key than F's fits
+                    i = bisect_left(lst, key)
+                    n = len(lst)
+                    if i < n and lst[i] == skip:
+                        i += 1
+                    if i < n and lst[i] < fkey:
+                        fsize = 0
+                    else:
+                        d = self._pend[kind]
+                        if d:
+                            pl = d.get(stream)
+                            if pl is not None:
+                                j = bisect_left(pl, key)
+                                if j < len(pl) and pl[j] < fkey:
+                                    fsize = 0
+                if fsize:
+                    b = _new_object(Block)           # a fresh handle in h's place
+                    b.addr = addr
+                    b.size = hs
+                    b.requested = nbytes
+                    b.stream = stream
+                    b.segment = seg
+                    b.allocated = True
+                    b.site = site
+                    b.prev = prev = h.prev
+                    b.next = nx
+                    b.pending = None
+                    b.seq = h.seq
+                    if prev is None:
+                        seg.head = b
+                    else:
+                        prev.next = b
+                    if nx is not None:
+                        nx.prev = b
+                    h.prev = h.next = None
+                    self._live[addr] = b
+                    # Statistics of the free, then the malloc, netted: allocated_bytes and
+                    # allocation return to their current values (so no new peak), only their
+                    # totals move; requested_bytes moves by the difference.
+                    sp = seg._stats
+                    sa = self._sa
+                    sa[0] += hs                      # back to the value before the free
+                    sp[2] += hs
+                    sp[18] += 1
+                    sp[14] += nbytes
+                    dn = nbytes - h.requested
+                    if dn:
+                        c = sp[12] + dn
+                        sp[12] = c
+                        if c > sp[13]:
+                            sp[13] = c
+                        c = sa[12] + dn
+                        sa[12] = c
+                        if c > sa[13]:
+                            sa[13] = c
+                    if fsize != seg.size:            # F was non-releasable for a moment
+                        sp[10] += hs
+                        c = sp[8] + hs
+                        if c > sp[9]:
+                            sp[9] = c
+                        c = sa[8] + hs
+                        if c > sa[9]:
+                            sa[9] = c
+                        if not skip:                 # ... and one more inactive block (A)
+                            sp[26] += 1
+                            c = sp[24] + 1
+                            if c > sp[25]:
+                                sp[25] = c
+                            c = sa[24] + 1
+                            if c > sa[25]:
+                                sa[25] = c
+                    elif skip:                       # B, whole segment: nx merged, split off
+                        sp[10] += nx.size
+                        sp[26] += 1
+                    if skip:
+                        nx.stream = hstream          # as the rest split off F would be
+                        nx.seq = h.seq
+                    return b
+            self._retire(h, None, h.seq)
 
         # Best fit (see _take_cached, written out here): earlier kinds win; within a kind the
         # smallest key among the ready blocks and the stream's own pending blocks.
-        key = size << _ADDR_BITS
         free = self._free
         for kind in kinds:
             lst = self._ready[kind]
@@ -487,26 +628,51 @@ class CachingAllocator:
         if ready is not None and not hasattr(ready, "query"):
             raise InvalidParamError(
                 f"free: ready={ready!r} must be None or have a query() method (an event)")
-        addr = block.addr
-        del live[addr]
+        h = self._held
+        if h is not None:
+            self._held = None
+            self._retire(h, None, h.seq)
+        del live[block.addr]
         block.allocated = False
+        self._sa[0] -= block.size                    # all pools' allocated_bytes at once: the
+                                                     # property stays a pure read (design note)
+        if ready is None:
+            if block.pending is None:
+                # Ready memory that cannot merge backwards is held: the handle is retired now,
+                # the rest of the free waits for the next pool call (see the design note).
+                prev = block.prev
+                if prev is None or prev.allocated or (
+                        prev.pending is not None and prev.stream != block.stream):
+                    self._held = block
+                    return
+            self._retire(block, block.pending, block.seq)   # carved from pending: stays so
+        else:
+            self._seq += 1
+            self._retire(block, ready, self._seq)
+
+    def _flush(self) -> None:
+        """Complete a held free, so that blocks, free lists and statistics are all up to date."""
+        h = self._held
+        if h is not None:
+            self._held = None
+            self._retire(h, None, h.seq)
+
+    def _retire(self, block: Block, pend, seq: int) -> None:
+        """The rest of ``free(block)``: statistics, merging, and the free list.
+
+        ``free`` has taken ``block`` out of ``_live`` and counted it off the all-pools
+        allocated_bytes; ``pend`` / ``seq`` are the marker its memory keeps (None when ready).
+        """
         seg = block.segment
         size = block.size
         sp = seg._stats
         sa = self._sa
         n = block.requested
-        sp[0] -= size                                # allocated_bytes, requested_bytes, allocation
-        sa[0] -= size
-        sp[12] -= n
+        sp[0] -= size                                # allocated_bytes (free did all pools' value),
+        sp[12] -= n                                  # requested_bytes, allocation
         sa[12] -= n
         sp[16] -= 1
         sa[16] -= 1
-
-        if ready is None:
-            pend, seq = block.pending, block.seq     # memory carved from pending stays pending
-        else:
-            self._seq = seq = self._seq + 1
-            pend = ready
         stream = block.stream
         prev, nxt = block.prev, block.next
         block.prev = block.next = block.pending = None
@@ -515,9 +681,9 @@ class CachingAllocator:
         # runs while neighbours qualify: a pending block and a ready one may sit side by side.
         rl = self._ready[seg.kind]
         free = self._free
+        lo = block.addr
         absorbed = k = 0                             # bytes and count of merged neighbours
         s = None
-        lo = addr
         while prev is not None and not prev.allocated and (
                 prev.pending is None or prev.stream == stream):
             if prev.pending is None:
@@ -663,6 +829,14 @@ class CachingAllocator:
             self._dec(_INACTIVE_BYTES, b.segment.kind, b.size)
             self._dec(_INACTIVE, b.segment.kind, 1)
 
+    def _has_fit(self, kind: int, key: int, stream) -> bool:
+        """Whether a free block of ``kind`` usable by ``stream`` fits ``key`` (= size << 64)."""
+        lst = self._ready[kind]
+        if bisect_left(lst, key) < len(lst):
+            return True
+        pl = self._pend[kind].get(stream)
+        return pl is not None and bisect_left(pl, key) < len(pl)
+
     def _take_cached(self, size: int, stream, kinds) -> Block | None:
         """Remove and return the best-fitting free block usable by ``stream``, or None.
 
@@ -726,7 +900,7 @@ class CachingAllocator:
                 continue
             if not 0 <= addr <= _ADDR_MASK - seg_size:
                 raise ValueError(f"raw allocator returned address {addr!r} outside 0..2**64")
-            seg = Segment(addr, seg_size, kind, stream, self._pools[_KIND_POOL[kind]])
+            seg = Segment(addr, seg_size, kind, stream, self._pools[_KIND_POOL[kind]], self)
             b = Block(addr, seg_size, seg, stream)
             seg.head = b
             insort(self._seg_addrs, addr)
@@ -783,6 +957,7 @@ class CachingAllocator:
 
     def _release_cached(self) -> int:
         """Release every whole free segment without a pending marker; return the bytes freed."""
+        self._flush()
         if self._n_pending:
             self._poll()
         freed = 0
@@ -796,6 +971,7 @@ class CachingAllocator:
 
     def _releasable(self) -> int:
         """Bytes ``_release_cached`` would give back now (after polling markers)."""
+        self._flush()
         if self._n_pending:
             self._poll()
         total = 0
@@ -820,6 +996,7 @@ class CachingAllocator:
 
     def empty_cache(self) -> None:
         """Release every whole free segment whose markers have completed (torch empty_cache)."""
+        self._flush()
         self._release_cached()
 
     def release_all(self) -> list[Block]:
@@ -828,9 +1005,11 @@ class CachingAllocator:
         Call only once the device is idle. Returns the blocks that were still allocated (the
         leaks), in address order; their handles are retired like freed ones.
         """
+        self._flush()
         leaks = self.live_blocks()
         for b in leaks:
             self.free(b)
+        self._flush()
         for d in self._pend:
             for lst in list(d.values()):
                 for key in list(lst):
@@ -853,6 +1032,7 @@ class CachingAllocator:
             raise InvalidParamError(f"set_memory_fraction: fraction={fraction!r} must be a "
                                     f"number with 0 < fraction <= 1")
         limit = int(self._capacity * fraction)
+        self._flush()
         if self.reserved > limit:
             keep = self.reserved - self._releasable()
             if keep > limit:
@@ -921,10 +1101,12 @@ class CachingAllocator:
 
     def segments(self) -> list[Segment]:
         """Every segment, in address order."""
+        self._flush()
         return [self._segs[a] for a in self._seg_addrs]
 
     def snapshot(self) -> list[dict]:
         """One dict per segment, in address order (torch memory_snapshot)."""
+        self._flush()
         out = []
         for seg in self.segments():
             blocks = []
@@ -982,6 +1164,7 @@ class CachingAllocator:
 
     def stats(self) -> dict:
         """torch.npu.memory_stats(): flat dotted keys, sorted (``allocated_bytes.all.current``)."""
+        self._flush()
         out = {}
         for t, name in _STAT_TYPES:
             for pool, pname in enumerate(_POOL_NAMES):
@@ -999,12 +1182,14 @@ class CachingAllocator:
 
     def reset_peak_stats(self) -> None:
         """Set every peak to its current value (torch reset_peak_memory_stats)."""
+        self._flush()
         for st in self._pools:
             for i in range(0, _N_STATS, 4):
                 st[i + _PEAK] = st[i + _CUR]
 
     def reset_accumulated_stats(self) -> None:
         """Zero the allocated / freed totals and the retry / OOM counters."""
+        self._flush()
         for st in self._pools[1:]:
             for i in range(0, _N_STATS, 4):
                 st[i + _TOT] = 0

@@ -581,6 +581,176 @@ def test_release_all_reports_leaks_and_returns_everything():
     assert p.stats()["inactive_split.all.current"] == 0
 
 
+# ---------------------------------------------------------------------- cached malloc + free
+class EagerAllocator(CachingAllocator):
+    """The reference for held frees: every free is completed at once (see the design note)."""
+
+    def free(self, block, ready=None):
+        super().free(block, ready)
+        self._flush()
+
+
+def _observe(p: CachingAllocator):
+    """Everything a caller can see of a pool, held frees completed."""
+    return (p.stats(), p.snapshot(), p.largest_free_block(), p.summary(),
+            [(b.addr, b.size, b.requested, b.stream, b.site) for b in p.live_blocks()],
+            [[(b.addr, b.size, b.allocated, b.pending, b.stream, b.seq) for b in seg.blocks()]
+             for seg in p.segments()])                  # internal fields too: the same blocks
+
+
+def _block(b: Block):
+    return (b.addr, b.size, b.requested, b.stream, b.site, b.allocated, b.pending, b.huge,
+            b.segment.addr)
+
+
+@pytest.mark.parametrize("first, then", [
+    (MiB, MiB),                         # small: split off a whole segment, merged back
+    (4096, 4096),
+    (1000, 1024),                       # same block, more bytes requested (a new peak)
+    (3 * MiB, 3 * MiB),                 # large: a whole 4 MiB segment
+    (3 * MiB, 3 * MiB + 5000),          # large: another size takes the unsplit block back
+    (5 * MiB // 2, 5 * MiB // 2),       # large: split, the 1.5 MiB rest merged and split again
+])
+@pytest.mark.parametrize("around", ["nothing", "before", "after"])
+def test_cached_malloc_free_takes_the_memory_back(first, then, around):
+    fast, _ = make()
+    ref = EagerAllocator(FakeRaw(), 64 * MiB)
+    retired = []
+    fast._retire = lambda *args: retired.append(args)          # the held free is never completed
+    got = []
+    for p in (fast, ref):
+        if around == "before":
+            p.malloc(4096, S1)
+        a = p.malloc(first, S1, site="first")
+        if around == "after":                   # the next block is in use: nothing to merge
+            p.malloc(first, S1)
+        p.reset_peak_stats()                    # so that the pair's passing values are new peaks
+        blocks = [_block(a)]
+        for i in range(4):
+            p.free(a)
+            b = p.malloc(then, S2 if i == 2 else S1, site=f"then{i}")   # any stream: it is ready
+            assert b is not a and b.allocated and not a.allocated
+            blocks.append(_block(b))
+            a = b
+        assert len({x[0] for x in blocks}) == 1                # the same memory every time
+        got.append(blocks)
+    assert retired == []
+    del fast._retire
+    assert got[0] == got[1]
+    assert _observe(fast) == _observe(ref)
+
+
+@pytest.mark.parametrize("query", [
+    lambda p, seg: p.stats(),
+    lambda p, seg: p.snapshot(),
+    lambda p, seg: p.summary(),
+    lambda p, seg: p.largest_free_block(),
+    lambda p, seg: [(b.addr, b.size, b.allocated) for s in p.segments() for b in s.blocks()],
+    lambda p, seg: [(b.addr, b.size, b.allocated) for b in seg.blocks()],
+    lambda p, seg: (p.empty_cache(), p.reserved),
+    lambda p, seg: (p.reset_peak_stats(), p.stats()),
+    lambda p, seg: (p.reset_accumulated_stats(), p.stats()),
+    lambda p, seg: (p.set_memory_fraction(0.5), p.stats()),
+    lambda p, seg: [(b.addr, b.size) for b in p.release_all()] + [p.stats()],
+])
+def test_a_held_free_is_complete_for_every_query(query):
+    got = []
+    for p in (make()[0], EagerAllocator(FakeRaw(), 64 * MiB)):
+        keep = p.malloc(4096, S1)
+        a = p.malloc(8 * KiB, S1, site="a.py:1")
+        big = p.malloc(8 * MiB, S1)
+        p.free(big)                                            # the whole segment is releasable
+        p.free(a)                                              # a cannot merge backwards: held
+        assert (p.allocated, p.max_allocated) == (4096, 4096 + 8 * KiB + 8 * MiB)
+        assert p.find(a.addr) is None and p.live_blocks() == [keep]
+        with pytest.raises(MemoryAccessError, match="double free"):
+            p.free(a)
+        got.append(query(p, keep.segment))
+    assert got[0] == got[1]
+
+
+def _next_to_pending(p, m, stream):
+    """The held block's next block is pending on its stream: the free merges it, pending."""
+    a, b, _g = (p.malloc(n, S1) for n in (4096, 512, 512))
+    p.free(b, m)
+    p.free(a)
+    return p.malloc(4096, stream)
+
+
+def _ready_then_pending(p, m, stream):
+    """Next a ready block, then one pending on the held block's stream: the free merges both."""
+    a, x, y, _g = p.malloc(4096, S1), p.malloc(4096, S2), p.malloc(4096, S1), p.malloc(512, S1)
+    p.free(y, m)
+    p.free(x)                                   # ready, next to y: S2 may not merge with S1's work
+    p.free(a)
+    return p.malloc(4096, stream)
+
+
+def _merging_backwards(p, m, stream):
+    """A free that merges with its previous block is not held; the malloc starts below it."""
+    _g0, hole, a, _g = (p.malloc(n, S1) for n in (512, 512, 4096, 512))
+    p.free(hole)
+    p.free(a)
+    return p.malloc(4096, stream)
+
+
+def _whole_large_segment_other_kind(p, m, stream):
+    """A normal-page segment back under HUGE_FIRST, with and without a huge-page fit."""
+    n = p.malloc(4 * MiB, S1, NO)
+    p.free(n)
+    x = p.malloc(4 * MiB, S1)                   # no huge block fits: the normal one comes back
+    h = p.malloc(4 * MiB, S1, HO)
+    p.free(h)
+    p.free(x)
+    return p.malloc(4 * MiB, stream)            # the huge block fits: it wins
+
+
+@pytest.mark.parametrize("scenario", [_next_to_pending, _ready_then_pending, _merging_backwards,
+                                      _whole_large_segment_other_kind])
+@pytest.mark.parametrize("stream", [S1, S2])
+def test_held_frees_match_eager_frees(scenario, stream):
+    got = []
+    m = Marker()                                # shared: the blocks carry it
+    for p in (make()[0], EagerAllocator(FakeRaw(), 64 * MiB)):
+        b = scenario(p, m, stream)
+        got.append((_block(b), _observe(p)))
+    assert got[0] == got[1]
+
+
+def test_held_memory_yields_to_a_better_fit():
+    p, _ = make()
+    lo, _g1, hi, _g2 = (p.malloc(n, S1) for n in (4096, 512, 4096, 512))
+    p.free(lo)
+    p.free(hi)                                  # two free 4 KiB blocks; hi is the held one
+    assert p.malloc(4096, S1).addr == lo.addr   # best fit: same size, lower address
+    assert p.malloc(4096, S1).addr == hi.addr
+
+
+def test_held_memory_yields_to_the_streams_pending_block():
+    p, _ = make()
+    a, _g1, b, _g2 = (p.malloc(n, S1) for n in (4096, 512, 4096, 512))
+    p.free(a, Marker())                         # pending on S1, lower address
+    p.free(b)                                   # held
+    assert p.malloc(4096, S1).addr == a.addr    # S1 may reuse its pending block, a better fit
+    assert p.malloc(4096, S2).addr == b.addr
+
+
+def test_peaks_after_a_held_free():
+    p, _ = make()
+    a = p.malloc(8 * MiB, S1)
+    p.free(a)
+    p.reset_peak_stats()                        # completes the free: the peaks drop to 0
+    assert p.max_allocated == 0 and p.stats()["requested_bytes.all.peak"] == 0
+    b = p.malloc(8 * MiB, S1)
+    assert b.addr == a.addr and p.max_allocated == 8 * MiB
+    p.free(b)
+    c = p.malloc(8 * MiB - 512, S1)             # the same block back, fewer bytes requested
+    st_ = p.stats()
+    assert c.addr == a.addr and (st_["requested_bytes.all.current"],
+                                 st_["requested_bytes.all.peak"]) == (8 * MiB - 512, 8 * MiB)
+    assert st_["allocation.all.allocated"] == 3 and st_["allocation.all.freed"] == 2
+
+
 # ---------------------------------------------------------------------- property test
 class _StreamState:
     """Stream-ordered markers: marker i is done once the stream has completed i tasks."""
@@ -716,3 +886,84 @@ def test_random_sequences_keep_invariants(ops):
     p.empty_cache()
     assert raw.live == {} and p.reserved == 0 and p.allocated == 0
     _check(p, raw, guards)
+
+
+# Held frees against eager ones: malloc results, and every query at random points. Unlike
+# test_random_sequences_keep_invariants, nothing is observed between most calls, so a malloc can
+# take a held free's memory back.
+_diff_sizes = st.one_of(st.sampled_from([512, 4096, MiB, MiB - 100, 2 * MiB, 5 * MiB // 2, 3 * MiB,
+                                         4 * MiB]),
+                        st.integers(1, 8 * KiB), st.integers(1, 8 * MiB))
+_diff_ops = st.lists(st.one_of(
+    st.tuples(st.just("alloc"), _diff_sizes, st.integers(0, 2),
+              st.sampled_from([HF, HF, HO, NO, 0])),
+    st.tuples(st.just("free"), st.integers(0, 10 ** 6),
+              st.sampled_from([None, None, "new", "done"])),
+    st.tuples(st.just("again"), st.integers(0, 10 ** 6), st.integers(-600, 600), st.integers(0, 3)),
+    st.tuples(st.just("progress"), st.integers(0, 2), st.integers(1, 3)),
+    st.tuples(st.just("observe"),),
+    st.tuples(st.just("peek"), st.integers(0, 10 ** 6)),
+    st.tuples(st.just("empty_cache"),),
+    st.tuples(st.just("fraction"), st.sampled_from([0.5, 1.0])),
+    st.tuples(st.just("reset_peak"),),
+), max_size=60)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_diff_ops)
+def test_random_sequences_match_eager_frees(ops):
+    pools = [(make(capacity=40 * MiB)[0], []), (EagerAllocator(FakeRaw(), 40 * MiB), [])]
+    streams = [_StreamState() for _ in range(3)]
+    for op in ops:
+        if op[0] == "progress":
+            s = streams[op[1]]
+            s.done = min(s.issued, s.done + op[2])
+            continue
+        marker = []                                   # one marker per op, shared by the pools
+
+        def ready(b, how):
+            if how is None:
+                return None
+            if not marker:
+                s = streams[b.stream]
+                if how == "new":
+                    s.issued += 1
+                marker.append(_OrderedMarker(s, s.issued if how == "new" else s.done))
+            return marker[0]
+
+        got = []
+        for p, live in pools:
+            out = []
+            try:
+                if op[0] == "alloc":
+                    b = p.malloc(op[1], op[2], op[3], f"site{len(live)}")
+                    live.append(b)
+                    out.append(_block(b))
+                elif op[0] in ("free", "again") and live:
+                    b = live.pop(op[1] % len(live))
+                    p.free(b, ready(b, op[2] if op[0] == "free" else None))
+                    if op[0] == "again":                  # a cached malloc + free, roughly
+                        n = max(1, b.requested + op[2])
+                        c = p.malloc(n, b.stream if op[3] == 3 else op[3])
+                        live.append(c)
+                        out.append(_block(c))
+                elif op[0] == "observe":
+                    out.append(_observe(p))
+                elif op[0] == "peek":                     # the pure reads
+                    out.append((p.allocated, p.reserved, p.max_allocated, p.max_reserved,
+                                [_block(b) for b in p.live_blocks()]))
+                    if live:
+                        b = live[op[1] % len(live)]
+                        out.append((p.find(b.addr) is b, p.find(b.addr + b.size - 1) is b,
+                                    p.find(b.addr + b.size) is None))
+                elif op[0] == "empty_cache":
+                    p.empty_cache()
+                elif op[0] == "fraction":
+                    p.set_memory_fraction(op[1])
+                elif op[0] == "reset_peak":
+                    p.reset_peak_stats()
+            except (OutOfMemoryError, InvalidParamError) as e:
+                out.append((type(e), str(e)))
+            got.append(out)
+        assert got[0] == got[1], op
+    assert _observe(pools[0][0]) == _observe(pools[1][0])
