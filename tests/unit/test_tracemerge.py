@@ -15,7 +15,8 @@ def rank_trace(rank, spans, *, label=True, streams=None):
     streams = streams or {1: f"NPU{rank} default stream", 2: f"NPU{rank} stream 2"}
     ev = []
     if label:
-        ev += [{"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}},
+        ev += [{"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
+                "args": {"name": f"rank {rank}"}},
                {"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0,
                 "args": {"sort_index": rank}}]
     ev += [{"name": "thread_name", "ph": "M", "pid": rank, "tid": t, "args": {"name": n}}
@@ -65,7 +66,8 @@ def test_one_process_per_rank_one_track_per_stream_events_unchanged(tmp_path):
     # the same stream id in two ranks stays two tracks, each with its own name
     assert tracks(merged) == {(0, 1): "NPU0 default stream", (0, 2): "NPU0 stream 2",
                               (1, 1): "NPU1 default stream", (1, 2): "NPU1 stream 2"}
-    got = sorted((e["pid"], e["tid"], e["name"], e["cat"], e["ts"], e["dur"]) for e in spans(merged))
+    got = sorted((e["pid"], e["tid"], e["name"], e["cat"], e["ts"], e["dur"])
+                 for e in spans(merged))
     assert got == [(0, 1, "forward_fc1", "kernel", T0 + 10, 5.5),
                    (0, 2, "HcclAllReduce", "collective", T0 + 12, 30.25),
                    (1, 1, "forward_fc1", "kernel", T0 + 11, 6.0),
@@ -103,7 +105,8 @@ def test_rank_from_file_name_bare_lists_and_duplicate_ranks_never_mix(tmp_path):
 @pytest.mark.timeout(10)
 def test_merge_dir_in_rank_order_ignores_other_files_and_is_repeatable(tmp_path):
     for r in (10, 2, 0, 1):
-        write(tmp_path / f"trace_rank{r}.json", rank_trace(r, [(1, f"k{r}", "kernel", T0 + r, 1.0)]))
+        trace = rank_trace(r, [(1, f"k{r}", "kernel", T0 + r, 1.0)])
+        write(tmp_path / f"trace_rank{r}.json", trace)
     (tmp_path / "trace_rank3.json.tmp999").write_text("{partial")   # a write in progress
     (tmp_path / "notes.json").write_text("[]")
     assert [os.path.basename(p) for p in tracemerge.rank_traces(str(tmp_path))] == \
