@@ -218,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             pass
         try:
             result = agent.run()
+            _merge_traces(agent)
         finally:
             diagnoser.close()
             if registration:
@@ -234,6 +235,24 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"npurun: error: {e}", file=sys.stderr)
         return 1
+
+
+def _merge_traces(agent) -> None:
+    """With NPUSIM_PROFILE_DIR, merge the ranks' traces into one timeline (one process per rank)."""
+    d = os.environ.get("NPUSIM_PROFILE_DIR")
+    if not d or agent.job is None:
+        return
+    from launcher.tracemerge import merge  # noqa: PLC0415
+    paths = [p for p in (os.path.join(d, f"trace_rank{r}.json")
+                         for r in range(agent.job.world_size)) if os.path.exists(p)]
+    if paths:
+        out = os.path.join(d, "trace_merged.json")
+        try:
+            merge(paths, out)
+            print(f"npurun: merged the traces of {len(paths)} rank(s) into {out} "
+                  "(open it in https://ui.perfetto.dev)", file=sys.stderr)
+        except (OSError, ValueError) as e:
+            print(f"npurun: could not merge the traces in {d}: {e}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ class DeviceArray:
     to the pool on ``free()`` or when the array is garbage-collected.
     """
 
-    __slots__ = ("shape", "dtype", "nbytes", "ptr", "_freed", "_site", "_owner", "__weakref__")
+    __slots__ = ("shape", "dtype", "nbytes", "ptr", "_freed", "_site", "_owner", "_base", "__weakref__")
 
     def __init__(self, ptr: DevicePtr | None, shape, dtype, *, _owner: bool = False, _site: str = ""):
         self.shape = _shape(shape)
@@ -56,6 +56,7 @@ class DeviceArray:
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self.ptr = ptr
         self._owner = _owner
+        self._base = None
         self._freed = False
         self._site = _site
         if ptr is not None and self.nbytes:
@@ -74,6 +75,40 @@ class DeviceArray:
         if self.nbytes == 0:
             return np.empty(self.shape, self.dtype)
         return host_view(self.ptr, self.nbytes).view(self.dtype).reshape(self.shape)
+
+    def reshape(self, *shape) -> "DeviceArray":
+        """A view of the same memory with another shape (same number of elements)."""
+        shape = _shape(shape[0] if len(shape) == 1 else shape)
+        if int(np.prod(shape, dtype=np.int64)) != self.size:
+            raise InvalidParamError(f"reshape: cannot view {self.size} elements as shape {shape}")
+        return self._view(self.ptr, shape, self.dtype)
+
+    def view(self, dtype) -> "DeviceArray":
+        """The same bytes as another dtype (the last dimension is rescaled, like numpy)."""
+        dt = as_dtype(dtype)
+        if self.nbytes % dt.itemsize or (self.shape and (self.shape[-1] * self.dtype.itemsize) % dt.itemsize):
+            raise InvalidParamError(f"view: {self.nbytes} bytes of shape {self.shape} cannot be "
+                                    f"viewed as {dt} ({dt.itemsize} bytes)")
+        shape = self.shape[:-1] + (self.shape[-1] * self.dtype.itemsize // dt.itemsize,) if self.shape else (1,)
+        return self._view(self.ptr, shape, dt)
+
+    def __getitem__(self, key) -> "DeviceArray":
+        """``a[i:j]`` along the first axis: a view of those rows (contiguous, step 1)."""
+        if not isinstance(key, slice) or key.step not in (None, 1) or not self.shape:
+            raise InvalidParamError("DeviceArray supports a[i:j] views along the first axis only; "
+                                    "copy to the host for other indexing")
+        start, stop, _ = key.indices(self.shape[0])
+        stop = max(stop, start)
+        row = self.nbytes // self.shape[0] if self.shape[0] else 0
+        ptr = self.ptr + start * row if self.ptr is not None and stop > start else None
+        return self._view(ptr, (stop - start,) + self.shape[1:], self.dtype)
+
+    def _view(self, ptr, shape, dtype) -> "DeviceArray":
+        if self._freed:
+            raise MemoryAccessError(f"use after free: {self!r} was freed (allocated at {self._site})")
+        v = DeviceArray(ptr if int(np.prod(shape, dtype=np.int64)) else None, shape, dtype, _site=self._site)
+        v._base = self          # keeps the owner (and its memory) alive while the view lives
+        return v
 
     def to_host(self, stream=None) -> np.ndarray:
         """A numpy copy of the contents, after the work enqueued on ``stream``."""

@@ -17,9 +17,8 @@ from . import config
 _P0 = time.perf_counter()
 _W0 = time.time()
 _lock = threading.Lock()
-_events: list | None = None      # list of tuples while recording
+_sinks: tuple = ()                # one list of event tuples per active recording
 _tracks: dict[int, str] = {}      # track id -> name
-_sinks: list[str] = []            # paths to write when recording stops
 
 
 def now_us() -> float:
@@ -28,7 +27,7 @@ def now_us() -> float:
 
 
 def active() -> bool:
-    return _events is not None
+    return bool(_sinks)
 
 
 def register_track(track: int, name: str) -> None:
@@ -36,9 +35,9 @@ def register_track(track: int, name: str) -> None:
 
 
 def record(track: int, name: str, cat: str, start_us: float, end_us: float, args=None) -> None:
-    ev = _events
-    if ev is not None:
-        ev.append((track, name, cat, start_us, end_us, args))
+    ev = (track, name, cat, start_us, end_us, args)
+    for sink in _sinks:            # recordings nest: a profile() block inside NPUSIM_PROFILE_DIR
+        sink.append(ev)
 
 
 def _process_label() -> tuple[int, str]:
@@ -69,19 +68,21 @@ def _dump(path: str, events: list) -> None:
     os.replace(tmp, path)
 
 
-def start() -> None:
-    global _events
+def start() -> list:
+    """Begin a recording; returns its sink (pass it to ``stop_and_write``)."""
+    global _sinks
+    sink: list = []
     with _lock:
-        if _events is None:
-            _events = []
+        _sinks = _sinks + (sink,)
+    return sink
 
 
-def stop_and_write(path: str) -> None:
-    """Stop recording and write what was recorded (pending tasks are not waited for)."""
-    global _events
+def stop_and_write(sink: list, path: str) -> None:
+    """End the recording ``sink`` and write what it recorded (pending tasks are not waited for)."""
+    global _sinks
     with _lock:
-        events, _events = _events or [], None
-    _dump(path, events)
+        _sinks = tuple(s for s in _sinks if s is not sink)
+    _dump(path, sink)
 
 
 @contextlib.contextmanager
@@ -91,27 +92,31 @@ def profile(path: str):
     Streams are synchronized at the end of the block so the trace holds all the work issued in it.
     """
     from .context import synchronize_all
-    start()
+    sink = start()
     try:
         yield
     finally:
         try:
             synchronize_all()
         finally:
-            stop_and_write(path)
+            stop_and_write(sink, path)
 
 
 def _env_profile() -> None:
     d = config.profile_dir()
     if not d:
         return
-    start()
+    sink = start()
     pid, _ = _process_label()
     path = os.path.join(d, f"trace_{'rank' + str(pid) if 'RANK' in os.environ else 'pid' + str(pid)}.json")
 
     def _write():
-        if _events is not None:
-            stop_and_write(path)
+        try:
+            from .context import synchronize_all
+            synchronize_all()
+        except Exception:  # a failed task must not cost the trace
+            pass
+        stop_and_write(sink, path)
     atexit.register(_write)
 
 

@@ -45,16 +45,18 @@ class Stream:
 
     Args:
         priority: accepted for API fidelity (ACL priorities); all streams are served alike.
+        name: a label for error messages, stacks and profile tracks (default ``stream <id>``).
     """
 
-    def __init__(self, priority: int = 0, *, _ctx=None, _name: str | None = None):
+    def __init__(self, priority: int = 0, *, name: str | None = None, _ctx=None,
+                 _name: str | None = None):
         from .context import current_context
         if not isinstance(priority, int):
             raise InvalidParamError(f"Stream(priority={priority!r}): priority must be an int")
         self._ctx = _ctx if _ctx is not None else current_context()
         self.priority = priority
         self.id = next(_ids)
-        self.name = _name or f"stream {self.id}"
+        self.name = name or _name or f"stream {self.id}"
         self.device_id = self._ctx.device_id
         self._q: collections.deque = collections.deque()
         self._cv = threading.Condition(threading.Lock())
@@ -108,6 +110,7 @@ class Stream:
                     if task is None:      # destroy()
                         return
                     self._run(task)
+                    task = None           # drop the closure: its arrays must be freeable
 
     def _run(self, task: _Task) -> None:
         """Run (or skip) one task; the caller holds the execution lock."""

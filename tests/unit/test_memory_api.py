@@ -266,3 +266,26 @@ def test_stream_aware_reuse(device):
     gate.set()
     a.synchronize()
     b.synchronize()
+
+
+def test_views_share_memory_and_keep_the_owner_alive(device):
+    a = runtime.to_device(np.arange(12, dtype=np.float32))
+    m = a.reshape(3, 4)
+    rows = m[1:3]
+    assert rows.shape == (2, 4) and rows.ptr.addr == a.ptr.addr + 16
+    runtime.launch(lambda v: v.fill(-1), rows)
+    np.testing.assert_array_equal(a.to_host()[4:], -np.ones(8, np.float32))
+    assert a.view(np.int32).shape == (12,) and m[3:].nbytes == 0
+    with pytest.raises(errors.InvalidParamError):
+        a.reshape(5)
+    with pytest.raises(errors.InvalidParamError):
+        m[::2]
+    del a, m                       # the view keeps the allocation alive
+    assert (rows.to_host() == -1).all() and runtime.memory_allocated() > 0
+    del rows
+    assert runtime.memory_allocated() == 0
+
+
+def test_named_stream(device):
+    s = runtime.Stream(name="comm")
+    assert s.name == "comm" and "comm" in repr(s)

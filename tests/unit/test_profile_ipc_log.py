@@ -79,3 +79,19 @@ def test_log_level_from_environment(level, shown):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
     assert ("warned" in out.stderr) == shown
     assert "task bad" in out.stderr          # errors are always logged at the default level
+
+
+def test_profile_blocks_nest_inside_the_env_recording(tmp_path):
+    code = ("import runtime, numpy as np\n"
+            "runtime.set_device(0)\n"
+            "runtime.launch(np.sum, runtime.zeros(10), name='before'); runtime.synchronize()\n"
+            f"with runtime.profile({str(tmp_path / 'block.json')!r}):\n"
+            "    runtime.launch(np.sum, runtime.zeros(10), name='inside')\n"
+            "runtime.launch(np.sum, runtime.zeros(10), name='after'); runtime.synchronize()\n")
+    env = dict(os.environ, NPUSIM_PROFILE_DIR=str(tmp_path / "env"), RANK="0",
+               PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=30)
+    names = lambda p: {e["name"] for e in json.loads(p.read_text())["traceEvents"] if e["ph"] == "X"}  # noqa: E731
+    assert "inside" in names(tmp_path / "block.json")
+    assert not {"before", "after"} & names(tmp_path / "block.json")
+    assert {"before", "inside", "after"} <= names(tmp_path / "env" / "trace_rank0.json")
