@@ -6,7 +6,7 @@ import numpy as np
 from .callsite import callsite
 from .context import current_context, resolve_stream
 from .errors import InvalidParamError, MemoryAccessError
-from .memory import DevicePtr, HostBuffer, _malloc, _run_sync, free, host_view
+from .memory import DevicePtr, HostBuffer, _malloc, _run_sync, free, free_from_gc, host_view
 from .pool import MemMallocPolicy
 
 try:  # bfloat16 is a first-class dtype
@@ -152,7 +152,7 @@ class DeviceArray:
         if self._owner and not self._freed and self.ptr is not None:
             self._freed = True
             try:
-                free(self.ptr)
+                free_from_gc(self.ptr)
             except Exception:  # device reset or interpreter shutdown: nothing left to free
                 pass
 

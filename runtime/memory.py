@@ -139,6 +139,8 @@ def _host_region(obj, name: str, writable: bool) -> np.ndarray:
 
 
 def _check_nbytes(nbytes, name="nbytes") -> int:
+    if type(nbytes) is int and nbytes >= 0:
+        return nbytes
     if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
         raise InvalidParamError(f"{name}={nbytes!r} must be a non-negative int")
     if nbytes < 0:
@@ -161,6 +163,8 @@ def _malloc(nbytes, policy, site, stream=None) -> DevicePtr:
     ctx = current_context()
     s = stream if stream is not None else current_stream_of(ctx)
     with ctx.lock:
+        if ctx.deferred:
+            _drain(ctx)
         block = ctx.pool.malloc(nbytes, s, policy, site)
         aid = next(_alloc_ids)
         addr = block.addr
@@ -181,22 +185,57 @@ def free(ptr: DevicePtr) -> None:
         raise MemoryAccessError(f"free({ptr!r}): device {ptr.device_id} has no context "
                                 "(was it reset?)")
     with ctx.lock:
-        entry = ctx.live.get(ptr.base)
-        if entry is None or entry[1] != ptr.alloc_id:
-            where = ctx.freed_sites.get(ptr.alloc_id)
-            raise MemoryAccessError(
-                f"free({ptr!r}): double free or invalid pointer: no live allocation starts here"
-                + (f" (allocated at {where}, already freed)" if where else ""))
-        if ptr.addr != ptr.base:
-            raise MemoryAccessError(f"free({ptr!r}): pointer is {ptr.addr - ptr.base} bytes into its "
-                                    "allocation; free the pointer malloc returned")
-        block = entry[0]
-        del ctx.live[ptr.base]
-        fs = ctx.freed_sites
-        fs[ptr.alloc_id] = block.site
-        if len(fs) > 4096:          # keep the newest: dicts iterate oldest first
-            del fs[next(iter(fs))]
-        ctx.pool.free(block, ctx.ready_marker(block.stream))
+        if ctx.deferred:
+            _drain(ctx)
+        _free_locked(ctx, ptr)
+
+
+def _free_locked(ctx, ptr: DevicePtr) -> None:
+    entry = ctx.live.get(ptr.base)
+    if entry is None or entry[1] != ptr.alloc_id:
+        where = ctx.freed_sites.get(ptr.alloc_id)
+        raise MemoryAccessError(
+            f"free({ptr!r}): double free or invalid pointer: no live allocation starts here"
+            + (f" (allocated at {where}, already freed)" if where else ""))
+    if ptr.addr != ptr.base:
+        raise MemoryAccessError(f"free({ptr!r}): pointer is {ptr.addr - ptr.base} bytes into its "
+                                "allocation; free the pointer malloc returned")
+    block = entry[0]
+    del ctx.live[ptr.base]
+    fs = ctx.freed_sites
+    fs[ptr.alloc_id] = block.site
+    if len(fs) > 4096:          # keep the newest: dicts iterate oldest first
+        del fs[next(iter(fs))]
+    ctx.pool.free(block, ctx.ready_marker(block.stream))
+
+
+def _drain(ctx) -> None:
+    """Free what garbage-collected arrays handed over while the lock was busy (caller holds it)."""
+    while ctx.deferred:
+        try:
+            _free_locked(ctx, ctx.deferred.pop())
+        except MemoryAccessError:   # reset meanwhile: nothing left to free
+            pass
+
+
+def free_from_gc(ptr: DevicePtr) -> None:
+    """Free for ``DeviceArray.__del__``: never blocks and never re-enters the pool.
+
+    The cyclic garbage collector may run a finalizer in the middle of a pool call on this very
+    thread; the device lock is then held, so the pointer is queued and freed by the next memory
+    call instead.
+    """
+    ctx = _contexts.get(ptr.device_id)
+    if ctx is None:
+        return
+    if ctx.lock.acquire(blocking=False):
+        try:
+            _drain(ctx)
+            _free_locked(ctx, ptr)
+        finally:
+            ctx.lock.release()
+    else:
+        ctx.deferred.append(ptr)
 
 
 def malloc_host(nbytes: int) -> HostBuffer:
@@ -315,13 +354,19 @@ def _ctx(device=None):
 
 
 def _pool(device=None):
-    return _ctx(device).pool
+    ctx = _ctx(device)
+    if ctx.deferred:
+        with ctx.lock:
+            _drain(ctx)
+    return ctx.pool
 
 
 def _locked(device, method: str, *args):
     """Call a pool method under the device lock (reads may complete a deferred free)."""
     ctx = _ctx(device)
     with ctx.lock:
+        if ctx.deferred:
+            _drain(ctx)
         return getattr(ctx.pool, method)(*args)
 
 
@@ -369,6 +414,7 @@ def empty_cache() -> None:
     """Return every unused cached segment of the current device to the device."""
     ctx = current_context()
     with ctx.lock:
+        _drain(ctx)
         ctx.pool.empty_cache()
 
 

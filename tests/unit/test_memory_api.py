@@ -289,3 +289,19 @@ def test_views_share_memory_and_keep_the_owner_alive(device):
 def test_named_stream(device):
     s = runtime.Stream(name="comm")
     assert s.name == "comm" and "comm" in repr(s)
+
+
+def test_garbage_collected_array_never_reenters_a_busy_pool(device):
+    """The cyclic GC can finalize an array in the middle of a pool call on the same thread: the
+    free is queued instead of re-entering the pool, and done by the next memory call."""
+    import gc
+    from runtime.context import current_context
+    ctx = current_context()
+    a = runtime.empty(1000, np.float32)
+    cycle = [a]
+    cycle.append(cycle)
+    del a, cycle
+    with ctx.lock:                      # as if a pool call were running on this thread
+        gc.collect()
+        assert len(ctx.deferred) == 1
+    assert runtime.memory_allocated() == 0 and not ctx.deferred
