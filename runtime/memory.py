@@ -298,9 +298,42 @@ def _run_sync(s, fn, name: str, category: str, site: str | None = None, meta=Non
 
 def memcpy(dst, src, nbytes: int, kind: MemcpyKind = MemcpyKind.DEFAULT) -> None:
     """Copy ``nbytes`` from ``src`` to ``dst`` after the current stream's work; return when done."""
-    d, s_, k = _resolve_copy(dst, src, nbytes, kind)
-    _run_sync(resolve_stream(None), lambda: np.copyto(d, s_), _COPY_NAMES[k], "copy", None,
-              {"bytes": d.nbytes})
+    fast = _fast_region(dst, src, nbytes, kind)
+    if fast is not None:        # the common case, checked in a few attribute reads
+        d, s_, k = fast
+    else:
+        d, s_, k = _resolve_copy(dst, src, nbytes, kind)
+    s = resolve_stream(None)
+    if s._done >= s._issued and s._error is None and not profiler._sinks:
+        np.copyto(d, s_)        # idle stream, nothing to report: run inline
+        return
+    _run_sync(s, lambda: np.copyto(d, s_), _COPY_NAMES[k], "copy", None, {"bytes": d.nbytes})
+
+
+def _fast_region(dst, src, nbytes, kind):
+    """(dst view, src view, kind) for a DevicePtr <-> 1-D uint8 ndarray copy that is plainly
+    valid, else None (the full checks then run and raise the precise error)."""
+    if type(nbytes) is not int or nbytes <= 0 or kind != 4:
+        return None
+    if type(dst) is DevicePtr and type(src) is np.ndarray:
+        ptr, host, k = dst, src, 1
+    elif type(src) is DevicePtr and type(dst) is np.ndarray:
+        ptr, host, k = src, dst, 2
+    else:
+        return None
+    if host.dtype != np.uint8 or host.ndim != 1 or host.nbytes < nbytes or \
+            not host.flags.c_contiguous or (k == 2 and not host.flags.writeable):
+        return None
+    ctx = _contexts.get(ptr.device_id)
+    entry = ctx.live.get(ptr.base) if ctx is not None else None
+    if entry is None or entry[1] != ptr.alloc_id:
+        return None
+    off = ptr.addr - ptr.base
+    if off < 0 or entry[0].requested - off < nbytes:
+        return None
+    dev = ctx.memory.view(ptr.addr, nbytes)
+    h = host if host.nbytes == nbytes else host[:nbytes]
+    return (dev, h, _KINDS[1]) if k == 1 else (h, dev, _KINDS[2])
 
 
 def memcpy_async(dst, src, nbytes: int, kind: MemcpyKind = MemcpyKind.DEFAULT, stream=None) -> None:
