@@ -64,14 +64,28 @@ def buffsize_mb() -> int:
     return _int("HCCL_BUFFSIZE", 200, 1, "a size in MB")
 
 
-def slice_bytes() -> int:
-    """Largest piece of a chunk sent as one message: HCCL_BUFFSIZE MB.
+WIRE_SLICE_DEFAULT = 8 * MiB
 
-    ``NPUSIM_SLICE_BYTES`` (bytes, npusim only) overrides it, so tests can exercise slicing and
+
+def wire_slice_bytes() -> int:
+    """NPUSIM_WIRE_SLICE_BYTES: largest message put on the wire (default 8 MiB, npusim only).
+
+    ZeroMQ over loopback moves 2+ GB/s with messages of a few MiB but about 1 GB/s with 32-64 MiB
+    ones (every such message is a fresh mmap'd allocation on the receiver: glibc never reuses
+    blocks above 32 MiB), so a chunk is sliced at this size even when HCCL_BUFFSIZE is larger.
+    """
+    return _int("NPUSIM_WIRE_SLICE_BYTES", WIRE_SLICE_DEFAULT, 1, "a size in bytes")
+
+
+def slice_bytes() -> int:
+    """Largest piece of a chunk sent as one message: HCCL_BUFFSIZE MB, at most
+    ``wire_slice_bytes()``.
+
+    ``NPUSIM_SLICE_BYTES`` (bytes, npusim only) overrides both, so tests can exercise slicing and
     pipelining with small buffers.
     """
     override = _int("NPUSIM_SLICE_BYTES", 0, 1, "a size in bytes")
-    return override if override else buffsize_mb() * MiB
+    return override if override else min(buffsize_mb() * MiB, wire_slice_bytes())
 
 
 def algo() -> str:

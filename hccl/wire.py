@@ -103,6 +103,8 @@ def nbytes(buf: Any) -> int:
     """Size in bytes of a bytes-like payload (numpy arrays, memoryviews, zmq Frames)."""
     if isinstance(buf, (bytes, bytearray)):
         return len(buf)
+    if isinstance(buf, memoryview):
+        return buf.nbytes
     return memoryview(buf).nbytes
 
 
@@ -113,6 +115,32 @@ def _check_secret(secret: bytes) -> bytes:
     return bytes(secret)
 
 
+_BLOCK = 64   # SHA-256 block size
+_MACS: dict = {}   # secret -> (inner, outer) sha256 states keyed per RFC 2104
+
+
+def _mac(key: bytes, body: bytes) -> bytes:
+    """HMAC-SHA256(key, body), equal to ``hmac.digest(key, body, "sha256")``.
+
+    ``hmac.digest`` re-derives the keyed pads on every call (~5 us here); the two keyed SHA-256
+    states are computed once per secret and copied instead (~1.4 us).
+    """
+    pads = _MACS.get(key)
+    if pads is None:
+        k = hashlib.sha256(key).digest() if len(key) > _BLOCK else key
+        k = k.ljust(_BLOCK, b"\0")
+        pads = (hashlib.sha256(bytes(c ^ 0x36 for c in k)),
+                hashlib.sha256(bytes(c ^ 0x5C for c in k)))
+        if len(_MACS) > 64:
+            _MACS.clear()
+        _MACS[key] = pads
+    inner = pads[0].copy()
+    inner.update(body)
+    outer = pads[1].copy()
+    outer.update(inner.digest())
+    return outer.digest()
+
+
 def pack(secret: bytes, kind: int, *, sender: int, dest: int, conn: int, serial: int,
          comm_id: int = 0, seq: int = 0, step: int = 0, fp: Sequence[int] = ZERO_FP,
          value: int = 0, text: str = "", payloads: Sequence[Any] = ()) -> list:
@@ -120,22 +148,22 @@ def pack(secret: bytes, kind: int, *, sender: int, dest: int, conn: int, serial:
 
     Raises ValueError if a field does not fit its slot or the text exceeds 65535 utf-8 bytes.
     """
-    key = _check_secret(secret)
-    tb = text.encode("utf-8")
+    key = secret if type(secret) is bytes and secret else _check_secret(secret)
+    tb = text.encode("utf-8") if text else b""
     if len(tb) > MAX_TEXT:
         raise ValueError(f"header text is {len(tb)} utf-8 bytes, the limit is {MAX_TEXT}")
     if len(fp) != 5:
         raise ValueError(f"fingerprint must have 5 ints (op, count, dtype, redop, root), got {fp!r}")
-    total = sum(nbytes(p) for p in payloads)
+    total = sum(map(nbytes, payloads)) if payloads else 0
     try:
         fixed = _FIXED.pack(MAGIC, VERSION, int(kind), sender, dest, conn, serial, len(payloads),
-                            len(tb), total, comm_id, seq, step, *(int(x) for x in fp), value)
+                            len(tb), total, comm_id, seq, step, *map(int, fp), value)
     except struct.error as e:
         raise ValueError(f"header field out of range: {e} (kind={kind}, sender={sender}, "
                          f"dest={dest}, comm_id={comm_id}, seq={seq}, step={step}, fp={fp}, "
                          f"value={value})") from None
-    body = fixed + tb
-    return [body + hmac.digest(key, body, "sha256"), *payloads]
+    body = fixed + tb if tb else fixed
+    return [body + _mac(key, body), *payloads]
 
 
 def _frame_bytes(frame: Any) -> bytes:
@@ -155,7 +183,7 @@ def unpack(frames: Sequence[Any], secret: bytes, *, guard: "ReplayGuard | None" 
     payload count and total length, destination, then the replay guard (only after the MAC, so
     a forger cannot poison it). Raises ``BadFrame`` saying which check failed.
     """
-    key = _check_secret(secret)
+    key = secret if type(secret) is bytes and secret else _check_secret(secret)
     if not frames:
         raise BadFrame("empty message")
     try:
@@ -177,13 +205,13 @@ def unpack(frames: Sequence[Any], secret: bytes, *, guard: "ReplayGuard | None" 
         raise BadFrame(f"header frame is {n} bytes but announces {text_len} text bytes "
                        f"(expected {FIXED_SIZE + text_len + MAC_SIZE})")
     body, mac = raw[:-MAC_SIZE], raw[-MAC_SIZE:]
-    if not hmac.compare_digest(mac, hmac.digest(key, body, "sha256")):
+    if not hmac.compare_digest(mac, _mac(key, body)):
         raise BadFrame("bad MAC (wrong job secret or tampered header)")
     payloads = tuple(frames[1:])
     if len(payloads) != nframes:
         raise BadFrame(f"{len(payloads)} payload frames, header announces {nframes}")
     try:
-        got = sum(nbytes(p) for p in payloads)
+        got = sum(map(nbytes, payloads))
     except TypeError as e:
         raise BadFrame(f"payload frame is not bytes-like: {e}") from None
     if got != payload_len:
@@ -191,7 +219,7 @@ def unpack(frames: Sequence[Any], secret: bytes, *, guard: "ReplayGuard | None" 
     if dest is not None and dst != dest:
         raise BadFrame(f"message addressed to {dst}, this endpoint is {dest}")
     try:
-        text = body[FIXED_SIZE:].decode("utf-8")
+        text = body[FIXED_SIZE:].decode("utf-8") if text_len else ""
     except UnicodeDecodeError:
         raise BadFrame("header text is not utf-8") from None
     if guard is not None:

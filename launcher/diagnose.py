@@ -25,7 +25,7 @@ import time
 from launcher import verdict
 from launcher.summary import read_error_file
 
-SETTLE = 2.0          # seconds the ranks get to publish their final state
+SETTLE = 5.0          # at most this long for live ranks to publish a state newer than the failure
 
 
 def _error_text(path: str) -> str | None:

@@ -125,7 +125,8 @@ def test_errors_can_be_raised_and_chained_after_unpickling():
 # --- config -----------------------------------------------------------------------------------
 
 KNOBS = ["HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "HCCL_BUFFSIZE", "HCCL_ALGO", "HCCL_IF_IP",
-         "ASCEND_GLOBAL_LOG_LEVEL", "NPUSIM_TRACE_BUFFER", "NPUSIM_SLICE_BYTES"]
+         "ASCEND_GLOBAL_LOG_LEVEL", "NPUSIM_TRACE_BUFFER", "NPUSIM_SLICE_BYTES",
+         "NPUSIM_WIRE_SLICE_BYTES"]
 
 
 @pytest.fixture
@@ -138,7 +139,7 @@ def env(monkeypatch):
 def test_config_defaults(env):
     assert config.connect_timeout() == 120.0
     assert config.exec_timeout() == 1800.0
-    assert config.buffsize_mb() == 200 and config.slice_bytes() == 200 << 20
+    assert config.buffsize_mb() == 200 and config.slice_bytes() == 8 << 20   # wire slice cap
     assert config.algo() == "ring"
     assert config.if_ip() is None
     assert config.log_level() == 3 and config.logging_level() == logging.ERROR
@@ -155,6 +156,8 @@ def test_config_reads_values_at_call_time(env):
     env.setenv("NPUSIM_TRACE_BUFFER", "0")
     assert config.exec_timeout() == 2.5 and config.connect_timeout() == 30.0
     assert config.slice_bytes() == 1 << 20
+    env.setenv("NPUSIM_WIRE_SLICE_BYTES", "65536")
+    assert config.slice_bytes() == 65536                 # min(HCCL_BUFFSIZE, wire slice)
     env.setenv("NPUSIM_SLICE_BYTES", "4096")
     assert config.slice_bytes() == 4096
     assert config.algo() == "ring"

@@ -210,3 +210,11 @@ def test_drop_log_is_rate_limited(caplog):
 def test_bad_frame_pickles():
     e = pickle.loads(pickle.dumps(BadFrame("bad MAC")))
     assert isinstance(e, ValueError) and str(e) == "bad MAC"
+
+
+def test_cached_mac_equals_hmac_sha256_for_every_key_length():
+    import hmac as _hmac
+    import os as _os
+    for key in (b"k", _os.urandom(32), _os.urandom(64), _os.urandom(65), _os.urandom(300)):
+        for body in (b"", b"abc", _os.urandom(1000)):
+            assert wire._mac(key, body) == _hmac.digest(key, body, "sha256")
