@@ -6,7 +6,6 @@ The current stream is a per-thread, per-device stack driven by ``with stream(s):
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import threading
@@ -55,8 +54,6 @@ class Context:
         # re-enter the pool (see memory.free_from_gc); ``deferred`` holds what it hands over
         self.lock = threading.Lock()
         self.deferred: list = []
-        self.live: dict[int, tuple] = {}        # base addr -> (block, alloc_id)
-        self.freed_sites: collections.OrderedDict = collections.OrderedDict()  # alloc_id -> site
         self.streams: list = []
         self.default_stream = Stream(_ctx=self, _name="default stream")
 
@@ -151,7 +148,6 @@ def reset_device(device_id: int | None = None) -> list:
                         ctx.device_id, b.requested, b.addr, b.site)
         for s in list(ctx.streams):
             s._shutdown()
-        ctx.live.clear()
         with _contexts_lock:
             _contexts.pop(ctx.device_id, None)
             if _process_device == ctx.device_id:

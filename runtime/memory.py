@@ -6,7 +6,6 @@ overrun either buffer raises at the call, and the pool and the streams stay as t
 from __future__ import annotations
 
 import enum
-import itertools
 
 import numpy as np
 
@@ -16,7 +15,6 @@ from .context import _contexts, current_context, current_stream_of, resolve_stre
 from .errors import InvalidParamError, MemoryAccessError
 from .pool import MemMallocPolicy
 
-_alloc_ids = itertools.count(1)
 
 
 class MemcpyKind(enum.IntEnum):
@@ -29,17 +27,23 @@ class MemcpyKind(enum.IntEnum):
 
 
 class DevicePtr:
-    """An address in a simulated NPU's memory; ``ptr + n`` is ``n`` bytes further."""
+    """An address in a simulated NPU's memory; ``ptr + n`` is ``n`` bytes further.
 
-    __slots__ = ("device_id", "addr", "base", "alloc_id")
+    A pointer carries the pool's handle of the allocation it came from (every malloc returns a
+    fresh handle, retired by free), so use after free and double free are caught even after the
+    pool hands the same address to a new allocation, without any lookup table.
+    """
 
-    def __init__(self, device_id: int, addr: int, base: int, alloc_id: int):
-        self.device_id, self.addr, self.base, self.alloc_id = device_id, addr, base, alloc_id
+    __slots__ = ("device_id", "addr", "base", "_block", "_ctx")
+
+    def __init__(self, ctx, addr: int, block):
+        self._ctx, self._block = ctx, block
+        self.device_id, self.addr, self.base = ctx.device_id, addr, block.addr
 
     def __add__(self, n: int) -> "DevicePtr":
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
             return NotImplemented
-        return DevicePtr(self.device_id, self.addr + int(n), self.base, self.alloc_id)
+        return DevicePtr(self._ctx, self.addr + int(n), self._block)
 
     def __sub__(self, n):
         if isinstance(n, DevicePtr):
@@ -52,11 +56,11 @@ class DevicePtr:
     __index__ = __int__
 
     def __eq__(self, other):
-        return isinstance(other, DevicePtr) and (self.device_id, self.addr, self.alloc_id) == \
-            (other.device_id, other.addr, other.alloc_id)
+        return isinstance(other, DevicePtr) and self.addr == other.addr and \
+            self._block is other._block
 
     def __hash__(self):
-        return hash((self.device_id, self.addr, self.alloc_id))
+        return hash((self.device_id, self.addr, id(self._block)))
 
     def __repr__(self):
         return f"DevicePtr(device={self.device_id}, 0x{self.addr:x})"
@@ -85,15 +89,12 @@ def _device_region(obj, name: str):
         if obj._freed:
             raise MemoryAccessError(f"{name}: use after free: {obj!r} was freed (allocated at {obj._site})")
         obj = obj.ptr
-    ctx = _contexts.get(obj.device_id)
-    entry = ctx.live.get(obj.base) if ctx is not None else None
-    if entry is None or entry[1] != obj.alloc_id:
-        where = ctx.freed_sites.get(obj.alloc_id) if ctx is not None else None
+    ctx, block = obj._ctx, obj._block
+    if not block.allocated or _contexts.get(obj.device_id) is not ctx:
         raise MemoryAccessError(
             f"{name}={obj!r}: use after free or invalid pointer: no live allocation holds it"
-            + (f" (it was allocated at {where} and freed)" if where else "")
-            + ". Allocate with runtime.malloc and do not use a pointer after runtime.free.")
-    block = entry[0]
+            f" (it was allocated at {block.site} and freed, or its device was reset). Allocate "
+            "with runtime.malloc and do not use a pointer after runtime.free.")
     off = obj.addr - obj.base
     avail = block.requested - off
     if off < 0 or avail <= 0:
@@ -166,10 +167,7 @@ def _malloc(nbytes, policy, site, stream=None) -> DevicePtr:
         if ctx.deferred:
             _drain(ctx)
         block = ctx.pool.malloc(nbytes, s, policy, site)
-        aid = next(_alloc_ids)
-        addr = block.addr
-        ctx.live[addr] = (block, aid)
-    return DevicePtr(ctx.device_id, addr, addr, aid)
+    return DevicePtr(ctx, block.addr, block)
 
 
 def free(ptr: DevicePtr) -> None:
@@ -180,10 +178,10 @@ def free(ptr: DevicePtr) -> None:
     """
     if type(ptr) is not DevicePtr and not isinstance(ptr, DevicePtr):
         raise InvalidParamError(f"free(ptr={ptr!r}): expected a DevicePtr from runtime.malloc")
-    ctx = _contexts.get(ptr.device_id)
-    if ctx is None:
-        raise MemoryAccessError(f"free({ptr!r}): device {ptr.device_id} has no context "
-                                "(was it reset?)")
+    ctx = ptr._ctx
+    if _contexts.get(ptr.device_id) is not ctx:
+        raise MemoryAccessError(f"free({ptr!r}): device {ptr.device_id} was reset since this "
+                                "pointer was allocated; its memory is already gone")
     with ctx.lock:
         if ctx.deferred:
             _drain(ctx)
@@ -191,22 +189,16 @@ def free(ptr: DevicePtr) -> None:
 
 
 def _free_locked(ctx, ptr: DevicePtr) -> None:
-    entry = ctx.live.get(ptr.base)
-    if entry is None or entry[1] != ptr.alloc_id:
-        where = ctx.freed_sites.get(ptr.alloc_id)
+    block = ptr._block
+    if not block.allocated:
         raise MemoryAccessError(
-            f"free({ptr!r}): double free or invalid pointer: no live allocation starts here"
-            + (f" (allocated at {where}, already freed)" if where else ""))
-    if ptr.addr != ptr.base:
-        raise MemoryAccessError(f"free({ptr!r}): pointer is {ptr.addr - ptr.base} bytes into its "
-                                "allocation; free the pointer malloc returned")
-    block = entry[0]
-    del ctx.live[ptr.base]
-    fs = ctx.freed_sites
-    fs[ptr.alloc_id] = block.site
-    if len(fs) > 4096:          # keep the newest: dicts iterate oldest first
-        del fs[next(iter(fs))]
-    ctx.pool.free(block, ctx.ready_marker(block.stream))
+            f"free({ptr!r}): double free or invalid pointer: no live allocation starts here "
+            f"(allocated at {block.site}, already freed)")
+    if ptr.addr != block.addr:
+        raise MemoryAccessError(f"free({ptr!r}): pointer is {ptr.addr - block.addr} bytes into "
+                                "its allocation; free the pointer malloc returned")
+    s = block.stream
+    ctx.pool.free(block, None if s._done >= s._issued else ctx.ready_marker(s))
 
 
 def _drain(ctx) -> None:
@@ -225,8 +217,8 @@ def free_from_gc(ptr: DevicePtr) -> None:
     thread; the device lock is then held, so the pointer is queued and freed by the next memory
     call instead.
     """
-    ctx = _contexts.get(ptr.device_id)
-    if ctx is None:
+    ctx = ptr._ctx
+    if _contexts.get(ptr.device_id) is not ctx:
         return
     if ctx.lock.acquire(blocking=False):
         try:
@@ -324,12 +316,11 @@ def _fast_region(dst, src, nbytes, kind):
     if host.dtype != np.uint8 or host.ndim != 1 or host.nbytes < nbytes or \
             not host.flags.c_contiguous or (k == 2 and not host.flags.writeable):
         return None
-    ctx = _contexts.get(ptr.device_id)
-    entry = ctx.live.get(ptr.base) if ctx is not None else None
-    if entry is None or entry[1] != ptr.alloc_id:
+    ctx, block = ptr._ctx, ptr._block
+    if not block.allocated or _contexts.get(ptr.device_id) is not ctx:
         return None
-    off = ptr.addr - ptr.base
-    if off < 0 or entry[0].requested - off < nbytes:
+    off = ptr.addr - block.addr
+    if off < 0 or block.requested - off < nbytes:
         return None
     dev = ctx.memory.view(ptr.addr, nbytes)
     h = host if host.nbytes == nbytes else host[:nbytes]
