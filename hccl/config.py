@@ -88,6 +88,12 @@ def slice_bytes() -> int:
     return override if override else min(buffsize_mb() * MiB, wire_slice_bytes())
 
 
+def algo_set() -> bool:
+    """True when HCCL_ALGO is set (then it is obeyed for every size; unset, small AllReduces
+    use the one-shot schedule)."""
+    return _raw("HCCL_ALGO") is not None
+
+
 def algo() -> str:
     """HCCL_ALGO: algorithm name (default "ring").
 

@@ -19,7 +19,7 @@ import numpy as np
 from hccl.errors import (CollectiveMismatchError, HcclError, HcclTimeoutError,
                          InvalidArgumentError, RemoteRankError)
 from hccl.reduction import reduce_into
-from hccl.schedule import NONE, SCRATCH, Copy, Recv, Send, buffer_extents
+from hccl.schedule import NONE, SCRATCH, Copy, LocalReduce, Recv, Send, buffer_extents
 from hccl.transport.base import (Aborted, FingerprintMismatch, PeerTimeout, TransportClosed,
                                  TransportError)
 from hccl.types import DataType, Fingerprint, ReduceOp, Result
@@ -175,6 +175,15 @@ def run(steps: Sequence, buffers: dict, op: ReduceOp | None, dtype, transport, c
                     pending.settle(dst_lo, dst_lo + nb)
                     np.copyto(views[step.dst_buf][step.dst_off:step.dst_off + nb],
                               views[step.src_buf][step.src_off:step.src_off + nb])
+            elif kind is LocalReduce:
+                nb = step.nbytes
+                if nb:
+                    if np_dtype is None or op is None:
+                        raise InvalidArgumentError("a reducing schedule needs op and dtype")
+                    dst_lo = addr[step.dst_buf] + step.dst_off
+                    pending.settle(dst_lo, dst_lo + nb)
+                    reduce_into(views[step.dst_buf][step.dst_off:step.dst_off + nb].view(np_dtype),
+                                views[step.src_buf][step.src_off:step.src_off + nb].view(np_dtype), op)
             else:
                 raise InvalidArgumentError(f"unknown schedule step {step!r}")
         step = None

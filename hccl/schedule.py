@@ -87,7 +87,18 @@ class Copy:
     nbytes: int
 
 
-Step = Union[Send, Recv, Copy]
+@dataclass(frozen=True, slots=True)
+class LocalReduce:
+    """Local reduction ``dst_buf[dst_off:+nbytes] op= src_buf[src_off:+nbytes]``."""
+
+    src_buf: str
+    src_off: int
+    dst_buf: str
+    dst_off: int
+    nbytes: int
+
+
+Step = Union[Send, Recv, Copy, LocalReduce]
 Builder = Callable[..., list]
 
 
@@ -138,6 +149,35 @@ def _check_rank(name: str, value, size: int, rank: int | None = None) -> int:
 def _copy(steps: list, src: str, src_off: int, dst: str, dst_off: int, nbytes: int) -> None:
     if nbytes:
         steps.append(Copy(src, src_off, dst, dst_off, nbytes))
+
+
+# --- one-shot AllReduce (small messages) -------------------------------------------------------
+
+ONE_SHOT_BYTES = 64 << 10
+
+
+def one_shot_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
+                        inplace=False) -> list:
+    """Every rank sends its whole buffer to every other rank, then reduces all n contributions
+    in rank order 0, 1, ..., n-1: one message latency instead of 2(n-1) dependent ring steps,
+    for (n-1) x S bytes sent per rank, so it only pays for small S. The reduction order is the
+    same on every rank, so results are still bitwise identical. Own data is staged in scratch
+    first, so in place is safe. Buffers larger than ``slice_bytes`` fall back to the ring.
+    """
+    _check(rank, size, count, itemsize, slice_bytes)
+    nb = count * itemsize
+    if size == 1 or nb == 0 or nb > slice_bytes:
+        return ring_all_reduce(rank, size, count, itemsize, slice_bytes, inplace=inplace)
+    steps: list = [Copy(SEND, 0, SCRATCH, 0, nb)]
+    for k in range(1, size):                     # stagger the peers so no rank is hit first by all
+        steps.append(Send((rank + k) % size, SCRATCH, 0, nb, 0))
+    for p in range(size):
+        if p == rank:
+            steps.append(Copy(SCRATCH, 0, RECV, 0, nb) if p == 0 else
+                         LocalReduce(SCRATCH, 0, RECV, 0, nb))
+        else:
+            steps.append(Recv(p, RECV, 0, nb, 0, p != 0))
+    return steps
 
 
 # --- ring collectives -------------------------------------------------------------------------
@@ -411,6 +451,9 @@ ALGORITHMS: dict[str, dict[OpType, Builder]] = {
     "ring": _RING,
     # Binomial trees for the rooted collectives (log2 n hops: better for small messages).
     "tree": {**_RING, OpType.BROADCAST: tree_broadcast, OpType.REDUCE: tree_reduce},
+    # One-shot AllReduce (falls back to the ring above slice_bytes); chosen automatically for
+    # AllReduce of at most ONE_SHOT_BYTES when HCCL_ALGO is not set.
+    "oneshot": {**_RING, OpType.ALLREDUCE: one_shot_all_reduce},
 }
 
 
@@ -449,7 +492,7 @@ def buffer_extents(steps) -> dict[str, int]:
             ext.setdefault(buf, 0)
 
     for st in steps:
-        if isinstance(st, Copy):
+        if isinstance(st, (Copy, LocalReduce)):
             see(st.src_buf, st.src_off + st.nbytes)
             see(st.dst_buf, st.dst_off + st.nbytes)
         else:

@@ -337,3 +337,23 @@ def test_simulated_float_allreduce_is_bitwise_identical_on_every_rank(size, redo
         for r in range(1, size):
             np.testing.assert_array_equal(bufs[r]["recv"].view(np.uint32), first)
         np.testing.assert_allclose(bufs[0]["recv"], expect[0], rtol=1e-5, atol=1e-5)
+
+
+def test_one_shot_all_reduce_structure_and_fallback():
+    """One message to and from every peer, own data staged in scratch, contributions reduced in
+    rank order 0..n-1 on every rank; above slice_bytes it is the ring."""
+    n, count = 4, 100
+    for rank in range(n):
+        steps = sch.one_shot_all_reduce(rank, n, count, 4, 1 << 20)
+        sends = [s for s in steps if isinstance(s, sch.Send)]
+        recvs = [s for s in steps if isinstance(s, sch.Recv)]
+        assert sorted(s.peer for s in sends) == sorted(set(range(n)) - {rank})
+        assert all(s.buf == sch.SCRATCH and s.nbytes == 400 and s.step == 0 for s in sends)
+        order = [s.peer if isinstance(s, sch.Recv) else rank for s in steps
+                 if isinstance(s, (sch.Recv, sch.LocalReduce)) or
+                 (isinstance(s, sch.Copy) and s.dst_buf == sch.RECV)]
+        assert order == list(range(n))                           # the same order on every rank
+        assert [r.reduce for r in recvs] == [p != 0 for p in range(n) if p != rank]
+    ring = sch.one_shot_all_reduce(1, n, count, 4, 256)           # 400 B > 256 B slices: ring
+    assert not any(isinstance(s, sch.LocalReduce) for s in ring)
+    assert sch.algorithms("oneshot")[OpType.ALLREDUCE] is sch.one_shot_all_reduce
