@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(20)
 SECRET = secrets.token_bytes(32)
 
 
-from zmq_fixtures import _our_threads, no_leftovers, pyzmq_gc_started, warnings_of  # noqa: F401 (fixtures)
+from zmq_fixtures import _our_threads, no_leftovers, pyzmq_gc_started, stranger, warnings_of  # noqa: F401 (fixtures)
 
 
 @pytest.fixture
@@ -300,25 +300,6 @@ def test_server_needs_a_secret():
 
 
 # -- strangers -----------------------------------------------------------------------------------
-@pytest.fixture
-def stranger():
-    ctx = zmq.Context()
-    socks = []
-
-    def make(port, identity=None):
-        s = ctx.socket(zmq.DEALER)
-        s.linger = 0
-        if identity is not None:
-            s.routing_id = identity
-        s.connect(f"tcp://127.0.0.1:{port}")
-        socks.append(s)
-        return s
-    yield make
-    for s in socks:
-        s.close()
-    ctx.term()
-
-
 def _eventually(predicate, timeout=5.0):
     """Poll a server statistic (no event exists for "a request reached the server")."""
     deadline = time.monotonic() + timeout
@@ -342,7 +323,7 @@ def _request(kind, key, serial, *, sender=7, conn=0xABCD, secret=SECRET, value=0
 
 
 def test_garbage_is_dropped_and_logged(server, client, stranger, warnings_of):
-    s = stranger(server.port)
+    s = stranger(f"tcp://127.0.0.1:{server.port}")
     records = warnings_of("hccl.store")
     s.send(b"garbage")
     s.send_multipart([b"", b"REQ-style"])
@@ -367,7 +348,7 @@ def test_wrong_key_is_dropped_and_gets_no_answer(server, clients):
 
 def test_truncated_and_mismatched_frames_are_dropped(server, client, stranger):
     ident = wire.routing_id(b"C", 7, 0xABCD)
-    s = stranger(server.port, identity=ident)
+    s = stranger(f"tcp://127.0.0.1:{server.port}", identity=ident)
     frames = _request(Kind.SET, "t", 1, payloads=[b"value"])
     s.send_multipart([frames[0][:-1], frames[1]])            # header cut short
     s.send_multipart([frames[0]])                              # payload frame missing
@@ -380,7 +361,7 @@ def test_truncated_and_mismatched_frames_are_dropped(server, client, stranger):
 
 def test_replayed_request_is_dropped(server, client, stranger):
     ident = wire.routing_id(b"C", 7, 0xABCD)
-    s = stranger(server.port, identity=ident)
+    s = stranger(f"tcp://127.0.0.1:{server.port}", identity=ident)
     captured = _request(Kind.ADD, "ctr", 1, value=10)
     s.send_multipart(captured)                   # the original
     reply = wire.unpack(s.recv_multipart(), SECRET, dest=7)
@@ -422,7 +403,7 @@ def test_raw_tcp_garbage_and_half_open_connections_do_not_stall(server, client):
 def test_flood_of_garbage_does_not_slow_legit_clients_or_flood_the_log(server, client, stranger,
                                                                       warnings_of):
     records = warnings_of("hccl.store")
-    s = stranger(server.port)
+    s = stranger(f"tcp://127.0.0.1:{server.port}")
     before = server.drops.dropped
     for i in range(3000):
         s.send_multipart([os.urandom(wire.MIN_HEADER), b"x"])

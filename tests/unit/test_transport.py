@@ -23,7 +23,7 @@ FP = (1, 1024, 4, 0, -1)          # ALLREDUCE(count=1024, FP32, SUM)
 OTHER = (2, 512, 4, 0, -1)        # ALLGATHER(count=512, FP32)
 
 
-from zmq_fixtures import _our_threads, no_leftovers, pyzmq_gc_started, warnings_of  # noqa: F401 (fixtures)
+from zmq_fixtures import _our_threads, no_leftovers, pyzmq_gc_started, stranger, warnings_of  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(params=["inproc", "zmq"])
@@ -346,34 +346,15 @@ def zpair():
     b.close()
 
 
-@pytest.fixture
-def raw():
-    ctx = zmq.Context()
-    socks = []
-
-    def make(address, identity=None):
-        s = ctx.socket(zmq.DEALER)
-        s.linger = 0
-        if identity is not None:
-            s.routing_id = identity
-        s.connect(address)
-        socks.append(s)
-        return s
-    yield make
-    for s in socks:
-        s.close()
-    ctx.term()
-
-
 def _data(sender, dest, conn, serial, payload=b"p", secret=SECRET, comm_id=1, kind=None):
     return wire.pack(secret, kind or wire.Kind.DATA, sender=sender, dest=dest, conn=conn,
                      serial=serial, comm_id=comm_id, seq=1, step=0, fp=FP, payloads=[payload])
 
 
-def test_strangers_are_dropped_and_real_traffic_still_works(zpair, raw, warnings_of):
+def test_strangers_are_dropped_and_real_traffic_still_works(zpair, stranger, warnings_of):
     a, b = zpair
     records = warnings_of("hccl.transport")
-    s = raw(b.address)
+    s = stranger(b.address)
     s.send(b"garbage")
     s.send_multipart([b"", b"\0" * 200])
     s.send_multipart(_data(0, 1, 5, 1, secret=b"wrong key"))          # wrong key
@@ -387,10 +368,10 @@ def test_strangers_are_dropped_and_real_traffic_still_works(zpair, raw, warnings
     assert bytes(b.recv(0, 1, 1, 0, FP, 5)) == b"real"
 
 
-def test_replay_and_misaddressed_messages_are_dropped(zpair, raw):
+def test_replay_and_misaddressed_messages_are_dropped(zpair, stranger):
     a, b = zpair
     conn = 0x5EED
-    s = raw(b.address, identity=wire.routing_id(b"R", 0, conn))
+    s = stranger(b.address, identity=wire.routing_id(b"R", 0, conn))
     msg = _data(0, 1, conn, 1, payload=b"once", comm_id=42)
     s.send_multipart(msg)
     assert bytes(b.recv(0, 42, 1, 0, FP, 5)) == b"once"

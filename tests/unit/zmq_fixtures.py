@@ -65,3 +65,23 @@ def no_leftovers():
     yield
     assert _our_threads() - before_threads == set()
     assert _open_fds() <= before_fds
+
+
+@pytest.fixture
+def stranger():
+    """A stranger's DEALER sockets: ``stranger(address, identity=None)`` connects one."""
+    ctx = zmq.Context()
+    socks = []
+
+    def make(address, identity=None):
+        s = ctx.socket(zmq.DEALER)
+        s.linger = 0
+        if identity is not None:
+            s.routing_id = identity
+        s.connect(address)
+        socks.append(s)
+        return s
+    yield make
+    for s in socks:
+        s.close()
+    ctx.term()
