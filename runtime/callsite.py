@@ -5,7 +5,8 @@ import os
 import sys
 
 _internal: tuple = (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
-_cache: dict = {}            # (code, line) -> formatted site: hot call sites format once
+_inside: dict = {}           # file name -> under _internal (str keys hash once: no prefix tests)
+_cache: dict = {}            # (file, line, function) -> formatted site: hot sites format once
 
 
 def add_internal(path: str) -> None:
@@ -14,6 +15,7 @@ def add_internal(path: str) -> None:
     p = os.path.abspath(path).rstrip(os.sep) + os.sep
     if p not in _internal:
         _internal = _internal + (p,)
+        _inside.clear()
 
 
 def callsite(skip: int = 2) -> str:
@@ -22,16 +24,21 @@ def callsite(skip: int = 2) -> str:
         f = sys._getframe(skip)
     except ValueError:
         return "?"
-    internal = _internal
     while f is not None:
         code = f.f_code
-        if not code.co_filename.startswith(internal):
-            key = (code, f.f_lineno)
+        name = code.co_filename
+        inside = _inside.get(name)
+        if inside is None:
+            if len(_inside) > 4096:
+                _inside.clear()
+            inside = _inside[name] = name.startswith(_internal)
+        if not inside:
+            key = (name, f.f_lineno, code.co_name)
             site = _cache.get(key)
             if site is None:
                 if len(_cache) > 4096:
                     _cache.clear()
-                site = _cache[key] = f"{code.co_filename}:{f.f_lineno} in {code.co_name}"
+                site = _cache[key] = f"{name}:{key[1]} in {key[2]}"
             return site
         f = f.f_back
     return "?"

@@ -11,9 +11,11 @@ import numpy as np
 
 from . import profiler
 from .callsite import callsite
-from .context import _contexts, current_context, current_stream_of, resolve_stream
+from .context import _contexts, _tls, current_context, current_stream_of, resolve_stream
 from .errors import InvalidParamError, MemoryAccessError
 from .pool import MemMallocPolicy
+
+_new_object = object.__new__
 
 
 
@@ -157,7 +159,25 @@ def malloc(nbytes: int, policy: MemMallocPolicy = MemMallocPolicy.HUGE_FIRST) ->
         InvalidParamError: nbytes <= 0 or an unknown policy.
         OutOfMemoryError: the pool cannot satisfy the request (message gives the numbers).
     """
-    return _malloc(nbytes, policy, callsite(2))
+    # _malloc written out: a cached malloc + free is a hot loop in training steps
+    site = callsite(2)
+    ctx = current_context()
+    stacks = _tls.streams
+    st = stacks.get(ctx.device_id) if stacks else None
+    lock = ctx.lock
+    lock.acquire()                  # acquire / release: a third cheaper than ``with`` here
+    try:
+        if ctx.deferred:
+            _drain(ctx)
+        block = ctx.pool.malloc(nbytes, st[-1] if st else ctx.default_stream, policy, site)
+    finally:
+        lock.release()
+    p = _new_object(DevicePtr)
+    p._ctx = ctx
+    p._block = block
+    p.device_id = ctx.device_id
+    p.addr = p.base = block.addr
+    return p
 
 
 def _malloc(nbytes, policy, site, stream=None) -> DevicePtr:
@@ -182,10 +202,19 @@ def free(ptr: DevicePtr) -> None:
     if _contexts.get(ptr.device_id) is not ctx:
         raise MemoryAccessError(f"free({ptr!r}): device {ptr.device_id} was reset since this "
                                 "pointer was allocated; its memory is already gone")
-    with ctx.lock:
+    block = ptr._block
+    lock = ctx.lock
+    lock.acquire()
+    try:
         if ctx.deferred:
             _drain(ctx)
-        _free_locked(ctx, ptr)
+        if block.allocated and ptr.addr == block.addr:      # _free_locked's common case
+            s = block.stream
+            ctx.pool.free(block, None if s._done >= s._issued else ctx.ready_marker(s))
+        else:
+            _free_locked(ctx, ptr)
+    finally:
+        lock.release()
 
 
 def _free_locked(ctx, ptr: DevicePtr) -> None:

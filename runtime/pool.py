@@ -300,6 +300,7 @@ class CachingAllocator:
         self._segs: dict[int, Segment] = {}
         self._seq = 0
         self._held: Block | None = None         # a free waiting to be completed (design note)
+        self._rt: list | None = None            # the last verified round trip (design note)
         self._raw_error: str | None = None          # why the last reserve failed, for the OOM
         self._sa = [0] * _N_STATS                   # stats of all pools (current, peak only)
         self._pools = (self._sa, [0] * _N_STATS, [0] * _N_STATS)   # indexed by _KIND_POOL
@@ -369,6 +370,53 @@ class CachingAllocator:
         errors. Raises InvalidParamError for a bad size, policy or stream (nothing changed) and
         OutOfMemoryError when the limit or the address space leaves no room.
         """
+        h = self._held
+        if h is not None:
+            rt = self._rt
+            if rt is not None and rt[0] is h and stream is rt[2] and policy is rt[3] and \
+                    type(nbytes) is int and rt[1] - _ROUND_UP <= nbytes <= rt[1]:
+                # The round trip verified below, again: nothing but free(h) ran since it
+                # handed h out, so its verdict holds: a fresh handle in h's place, and
+                # allocated_bytes back; requested_bytes moves by the difference, the totals
+                # are counted in rt (see _drop_rt).
+                self._held = None
+                b = _new_object(Block)
+                b.addr = addr = h.addr
+                b.size = hs = h.size
+                b.requested = nbytes
+                b.stream = stream
+                b.segment = seg = h.segment
+                b.allocated = True
+                b.site = site
+                b.prev = prev = h.prev
+                b.next = nx = h.next
+                b.pending = None
+                b.seq = h.seq
+                if prev is None:
+                    seg.head = b
+                else:
+                    prev.next = b
+                if nx is not None:
+                    nx.prev = b
+                h.prev = h.next = None
+                self._live[addr] = b
+                rt[0] = b
+                rt[6] += 1
+                rt[7] += nbytes
+                self._sa[0] += hs
+                dn = nbytes - h.requested
+                if dn:
+                    sp = seg._stats
+                    sa = self._sa
+                    c = sp[12] + dn
+                    sp[12] = c
+                    if c > sp[13]:
+                        sp[13] = c
+                    c = sa[12] + dn
+                    sa[12] = c
+                    if c > sa[13]:
+                        sa[13] = c
+                return b
         if type(nbytes) is not int or nbytes <= 0:
             nbytes = _check_nbytes(nbytes)
         if policy is _HUGE_FIRST or policy is _HUGE_FIRST_INT:    # the default: no lookup
@@ -385,6 +433,8 @@ class CachingAllocator:
         if size <= SMALL_SIZE:
             kinds = _SMALL_KINDS
         key = size << _ADDR_BITS
+        if self._rt is not None:
+            self._drop_rt()
 
         h = self._held
         if h is not None:
@@ -473,7 +523,9 @@ class CachingAllocator:
                         sa[12] = c
                         if c > sa[13]:
                             sa[13] = c
+                    inactive = splits = 0            # totals a repeat adds (see _rt)
                     if fsize != seg.size:            # F was non-releasable for a moment
+                        inactive = hs
                         sp[10] += hs
                         c = sp[8] + hs
                         if c > sp[9]:
@@ -482,6 +534,7 @@ class CachingAllocator:
                         if c > sa[9]:
                             sa[9] = c
                         if not skip:                 # ... and one more inactive block (A)
+                            splits = 1
                             sp[26] += 1
                             c = sp[24] + 1
                             if c > sp[25]:
@@ -490,11 +543,14 @@ class CachingAllocator:
                             if c > sa[25]:
                                 sa[25] = c
                     elif skip:                       # B, whole segment: nx merged, split off
-                        sp[10] += nx.size
+                        inactive = nx.size
+                        splits = 1
+                        sp[10] += inactive
                         sp[26] += 1
                     if skip:
                         nx.stream = hstream          # as the rest split off F would be
                         nx.seq = h.seq
+                    self._rt = [b, size, stream, policy, inactive, splits, 0, 0, sp]
                     return b
             self._retire(h, None, h.seq)
 
@@ -652,10 +708,23 @@ class CachingAllocator:
 
     def _flush(self) -> None:
         """Complete a held free, so that blocks, free lists and statistics are all up to date."""
+        if self._rt is not None:
+            self._drop_rt()
         h = self._held
         if h is not None:
             self._held = None
             self._retire(h, None, h.seq)
+
+    def _drop_rt(self) -> None:
+        """Forget the remembered round trip, adding the totals its repeats counted."""
+        b, size, _s, _p, inactive, splits, n, req, sp = self._rt
+        self._rt = None
+        if n:
+            sp[2] += n * b.size                      # allocated_bytes.allocated
+            sp[18] += n                              # allocation.allocated
+            sp[14] += req                            # requested_bytes.allocated
+            sp[10] += n * inactive                   # inactive_split_bytes.allocated
+            sp[26] += n * splits                     # inactive_split.allocated
 
     def _retire(self, block: Block, pend, seq: int) -> None:
         """The rest of ``free(block)``: statistics, merging, and the free list.
@@ -663,6 +732,8 @@ class CachingAllocator:
         ``free`` has taken ``block`` out of ``_live`` and counted it off the all-pools
         allocated_bytes; ``pend`` / ``seq`` are the marker its memory keeps (None when ready).
         """
+        if self._rt is not None:
+            self._drop_rt()
         seg = block.segment
         size = block.size
         sp = seg._stats

@@ -751,6 +751,50 @@ def test_peaks_after_a_held_free():
     assert st_["allocation.all.allocated"] == 3 and st_["allocation.all.freed"] == 2
 
 
+_SHARED_MARKER = Marker()          # never done: the blocks freed with it stay pending
+
+# A repeated round trip reuses the verdict of the last verified one (``_rt``): every call in
+# between must void it. Each interleaved call runs between repeats of a steady loop.
+_BETWEEN = {
+    "nothing": lambda p, k: None,
+    "malloc": lambda p, k: k.append(p.malloc(4096, S1)),
+    "malloc next to it": lambda p, k: k.append(p.malloc(MiB, S1)),
+    "free": lambda p, k: k and p.free(k.pop()),
+    "free pending": lambda p, k: k and p.free(k.pop(), _SHARED_MARKER),
+    "stats": lambda p, k: p.stats(),
+    "reset_peak_stats": lambda p, k: p.reset_peak_stats(),
+    "reset_accumulated_stats": lambda p, k: p.reset_accumulated_stats(),
+    "empty_cache": lambda p, k: p.empty_cache(),
+    "fraction": lambda p, k: p.set_memory_fraction(0.5),
+    "snapshot": lambda p, k: p.snapshot(),
+    "largest_free_block": lambda p, k: p.largest_free_block(),
+    "pure reads": lambda p, k: (p.allocated, p.live_blocks(), p.find(0)),
+}
+
+
+@pytest.mark.parametrize("between", sorted(_BETWEEN))
+@pytest.mark.parametrize("size", [4096, MiB, 5 * MiB // 2, 3 * MiB])
+def test_repeated_round_trips_match_eager_frees(between, size):
+    got = []
+    for p in (make()[0], EagerAllocator(FakeRaw(), 64 * MiB)):
+        keep = [p.malloc(4096, S1), p.malloc(2 * MiB, S1)]
+        a = p.malloc(size, S1, site="a")
+        out = []
+        for i in range(12):
+            p.free(a)
+            n = size + 4096 if i == 9 else size - 100 if i % 4 == 3 else size
+            a = p.malloc(n, S2 if i == 6 else S1, site=f"rt{i}")
+            out.append(_block(a))
+            if i % 4 == 2:                      # the round trip after the call: its peaks
+                out.append(p.stats())
+            if i % 4 == 1:
+                _BETWEEN[between](p, keep)
+                out.append((p.allocated, p.max_allocated, p.reserved))
+        out.append(_observe(p))
+        got.append(out)
+    assert got[0] == got[1]
+
+
 # ---------------------------------------------------------------------- property test
 class _StreamState:
     """Stream-ordered markers: marker i is done once the stream has completed i tasks."""
