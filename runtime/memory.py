@@ -31,21 +31,27 @@ class MemcpyKind(enum.IntEnum):
 class DevicePtr:
     """An address in a simulated NPU's memory; ``ptr + n`` is ``n`` bytes further.
 
-    A pointer carries the pool's handle of the allocation it came from (every malloc returns a
-    fresh handle, retired by free), so use after free and double free are caught even after the
-    pool hands the same address to a new allocation, without any lookup table.
+    A pointer carries the pool's handle of the allocation it came from: its block and the
+    block's generation at malloc (unique per malloc, 0 once freed), so use after free and double
+    free are caught even after the pool hands the same memory to a new allocation, without any
+    lookup table.
     """
 
-    __slots__ = ("device_id", "addr", "base", "_block", "_ctx")
+    __slots__ = ("device_id", "addr", "_block", "_gen", "_ctx")
 
-    def __init__(self, ctx, addr: int, block):
-        self._ctx, self._block = ctx, block
-        self.device_id, self.addr, self.base = ctx.device_id, addr, block.addr
+    def __init__(self, ctx, addr: int, block, gen: int):
+        self._ctx, self._block, self._gen = ctx, block, gen
+        self.device_id, self.addr = ctx.device_id, addr
+
+    @property
+    def base(self) -> int:
+        """The address malloc returned for the allocation this pointer is in."""
+        return self._block.addr
 
     def __add__(self, n: int) -> "DevicePtr":
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
             return NotImplemented
-        return DevicePtr(self._ctx, self.addr + int(n), self._block)
+        return DevicePtr(self._ctx, self.addr + int(n), self._block, self._gen)
 
     def __sub__(self, n):
         if isinstance(n, DevicePtr):
@@ -59,10 +65,10 @@ class DevicePtr:
 
     def __eq__(self, other):
         return isinstance(other, DevicePtr) and self.addr == other.addr and \
-            self._block is other._block
+            self._block is other._block and self._gen == other._gen
 
     def __hash__(self):
-        return hash((self.device_id, self.addr, id(self._block)))
+        return hash((self.device_id, self.addr, self._gen))
 
     def __repr__(self):
         return f"DevicePtr(device={self.device_id}, 0x{self.addr:x})"
@@ -92,17 +98,27 @@ def _device_region(obj, name: str):
             raise MemoryAccessError(f"{name}: use after free: {obj!r} was freed (allocated at {obj._site})")
         obj = obj.ptr
     ctx, block = obj._ctx, obj._block
-    if not block.allocated or _contexts.get(obj.device_id) is not ctx:
+    if block.gen != obj._gen or _contexts.get(obj.device_id) is not ctx:
         raise MemoryAccessError(
             f"{name}={obj!r}: use after free or invalid pointer: no live allocation holds it"
-            f" (it was allocated at {block.site} and freed, or its device was reset). Allocate "
-            "with runtime.malloc and do not use a pointer after runtime.free.")
-    off = obj.addr - obj.base
+            f" ({_gone(obj)}). Allocate with runtime.malloc and do not use a pointer after "
+            "runtime.free.")
+    off = obj.addr - block.addr
     avail = block.requested - off
     if off < 0 or avail <= 0:
         raise MemoryAccessError(f"{name}={obj!r} points {off} bytes from the start of its "
                                 f"{block.requested}-byte allocation: outside it")
     return ctx, obj.addr, avail
+
+
+def _gone(ptr) -> str:
+    """Why a pointer's allocation is gone, for error messages."""
+    block = ptr._block
+    if _contexts.get(ptr.device_id) is not ptr._ctx:
+        return f"device {ptr.device_id} was reset since it was allocated"
+    if block.allocated:
+        return f"it was freed; its memory now belongs to an allocation made at {block.site}"
+    return f"it was allocated at {block.site} and freed"
 
 
 def host_view(buf, nbytes: int | None = None, *, name: str = "buf") -> np.ndarray:
@@ -175,8 +191,9 @@ def malloc(nbytes: int, policy: MemMallocPolicy = MemMallocPolicy.HUGE_FIRST) ->
     p = _new_object(DevicePtr)
     p._ctx = ctx
     p._block = block
+    p._gen = block.gen
     p.device_id = ctx.device_id
-    p.addr = p.base = block.addr
+    p.addr = block.addr
     return p
 
 
@@ -187,7 +204,7 @@ def _malloc(nbytes, policy, site, stream=None) -> DevicePtr:
         if ctx.deferred:
             _drain(ctx)
         block = ctx.pool.malloc(nbytes, s, policy, site)
-    return DevicePtr(ctx, block.addr, block)
+    return DevicePtr(ctx, block.addr, block, block.gen)
 
 
 def free(ptr: DevicePtr) -> None:
@@ -208,9 +225,9 @@ def free(ptr: DevicePtr) -> None:
     try:
         if ctx.deferred:
             _drain(ctx)
-        if block.allocated and ptr.addr == block.addr:      # _free_locked's common case
+        if block.gen == ptr._gen and ptr.addr == block.addr:  # _free_locked's checks, passed
             s = block.stream
-            ctx.pool.free(block, None if s._done >= s._issued else ctx.ready_marker(s))
+            ctx.pool._free_checked(block, None if s._done >= s._issued else ctx.ready_marker(s))
         else:
             _free_locked(ctx, ptr)
     finally:
@@ -219,15 +236,15 @@ def free(ptr: DevicePtr) -> None:
 
 def _free_locked(ctx, ptr: DevicePtr) -> None:
     block = ptr._block
-    if not block.allocated:
+    if block.gen != ptr._gen:
         raise MemoryAccessError(
             f"free({ptr!r}): double free or invalid pointer: no live allocation starts here "
-            f"(allocated at {block.site}, already freed)")
+            f"({_gone(ptr)})")
     if ptr.addr != block.addr:
         raise MemoryAccessError(f"free({ptr!r}): pointer is {ptr.addr - block.addr} bytes into "
                                 "its allocation; free the pointer malloc returned")
     s = block.stream
-    ctx.pool.free(block, None if s._done >= s._issued else ctx.ready_marker(s))
+    ctx.pool.free(block, None if s._done >= s._issued else ctx.ready_marker(s), ptr._gen)
 
 
 def _drain(ctx) -> None:
@@ -346,7 +363,7 @@ def _fast_region(dst, src, nbytes, kind):
             not host.flags.c_contiguous or (k == 2 and not host.flags.writeable):
         return None
     ctx, block = ptr._ctx, ptr._block
-    if not block.allocated or _contexts.get(ptr.device_id) is not ctx:
+    if block.gen != ptr._gen or _contexts.get(ptr.device_id) is not ctx:
         return None
     off = ptr.addr - block.addr
     if off < 0 or block.requested - off < nbytes:

@@ -54,15 +54,28 @@ move by the net of the free and the malloc: totals, plus the peaks of the values
 through. Any other call first completes the held free (``_flush``; every method that reads or
 changes blocks, lists or statistics does, and so does ``Segment.blocks``), so what a caller can
 observe is the result of eager frees. A steady malloc / free loop thus does no split, merge or
-free-list work. The properties (``allocated``, ``reserved``, their peaks), ``find`` and
+free-list work.
+
+Remembered round trips. Whether a malloc may take the held memory back depends only on the
+pool's state, and such a round trip leaves that state as it found it. So the pool remembers the
+last verified one (``_rt``: handle, size, stream, policy); while nothing but the free of that
+handle runs in between, the next malloc of the same size class, stream and policy skips the
+check and hands the same Block out again under a new generation. The totals that repeat adds
+are counted in ``_rt`` and added to the statistics when the memory is forgotten (``_drop_rt``,
+by any other call: ``_flush``, ``_retire`` and every other malloc), so no query sees the
+difference. The properties (``allocated``, ``reserved``, their peaks), ``find`` and
 ``live_blocks`` are pure reads; every other method may complete a held free, so ``stats``,
 ``snapshot``, ``summary`` and the resets are serialized with malloc / free like any other call.
 
 Limits. ``reserved`` never exceeds ``limit`` = capacity * fraction. When a new segment does not
 fit, the pool releases its cached whole free segments (counted in ``num_alloc_retries``) and
-tries again, then raises ``OutOfMemoryError`` with the numbers and the fix. Every handle returned
-by ``malloc`` is a fresh ``Block`` object that never returns to the free lists, so a stale handle
-is always detected (double free, use after free) and never aliases a later allocation.
+tries again, then raises ``OutOfMemoryError`` with the numbers and the fix.
+
+Handles. A handle is the pair ``(block, block.gen)``: every malloc hands out a generation never
+used before, and free sets it to 0. A retired Block never returns to the free lists, but a
+remembered round trip hands the same Block object out again, so a caller that must catch stale
+handles keeps the generation: ``free(block, gen=...)`` then raises for a double free even if the
+Block is live again, and the runtime's ``DevicePtr`` checks it on every use.
 
 Statistics follow torch.cuda.memory_stats (``Stat{current, peak, allocated, freed}``, flat dotted
 keys) and are kept incrementally, O(1) per operation. ``active`` equals ``allocation`` here:
@@ -195,11 +208,13 @@ class Block:
     Fields: ``addr``, ``size`` (bytes of the block, a multiple of 512, at least the rounded
     request), ``requested`` (bytes asked for), ``stream`` (of the last malloc), ``segment``,
     ``allocated``, ``site`` (file:line of the malloc), ``huge`` (huge pages), ``pending`` (the
-    marker that must complete before another stream may reuse this memory, or None).
+    marker that must complete before another stream may reuse this memory, or None), ``gen``
+    (the allocation's generation, unique per malloc, 0 once freed: a handle is the pair
+    ``(block, gen)``, see the module design note).
     """
 
     __slots__ = ("addr", "size", "requested", "stream", "segment", "allocated", "site",
-                 "prev", "next", "pending", "seq")
+                 "prev", "next", "pending", "seq", "gen")
 
     def __init__(self, addr: int, size: int, segment: Segment, stream=None):
         self.addr = addr
@@ -213,6 +228,7 @@ class Block:
         self.next: Block | None = None
         self.pending = None         # marker object with .query(), None when ready
         self.seq = 0                # when the marker was attached; the later marker wins a merge
+        self.gen = 0                # the allocation's generation; 0 when free
 
     @property
     def huge(self) -> bool:
@@ -299,8 +315,12 @@ class CachingAllocator:
         self._seg_addrs: list[int] = []         # sorted segment addresses
         self._segs: dict[int, Segment] = {}
         self._seq = 0
+        self._gen = 0                           # the last generation handed out (Block.gen)
         self._held: Block | None = None         # a free waiting to be completed (design note)
-        self._rt: list | None = None            # the last verified round trip (design note)
+        # the last verified round trip (design note): [handle, size, stream, policy, inactive
+        # bytes and splits a repeat adds to the totals, repeats, bytes they requested, stats
+        # list of the segment's pool, smallest request of the size]
+        self._rt: list | None = None
         self._raw_error: str | None = None          # why the last reserve failed, for the OOM
         self._sa = [0] * _N_STATS                   # stats of all pools (current, peak only)
         self._pools = (self._sa, [0] * _N_STATS, [0] * _N_STATS)   # indexed by _KIND_POOL
@@ -374,39 +394,24 @@ class CachingAllocator:
         if h is not None:
             rt = self._rt
             if rt is not None and rt[0] is h and stream is rt[2] and policy is rt[3] and \
-                    type(nbytes) is int and rt[1] - _ROUND_UP <= nbytes <= rt[1]:
+                    type(nbytes) is int and rt[9] <= nbytes <= rt[1]:
                 # The round trip verified below, again: nothing but free(h) ran since it
-                # handed h out, so its verdict holds: a fresh handle in h's place, and
-                # allocated_bytes back; requested_bytes moves by the difference, the totals
+                # handed h out, so its verdict holds: h goes out again under a new generation,
+                # allocated_bytes returns; requested_bytes moves by the difference, the totals
                 # are counted in rt (see _drop_rt).
                 self._held = None
-                b = _new_object(Block)
-                b.addr = addr = h.addr
-                b.size = hs = h.size
-                b.requested = nbytes
-                b.stream = stream
-                b.segment = seg = h.segment
-                b.allocated = True
-                b.site = site
-                b.prev = prev = h.prev
-                b.next = nx = h.next
-                b.pending = None
-                b.seq = h.seq
-                if prev is None:
-                    seg.head = b
-                else:
-                    prev.next = b
-                if nx is not None:
-                    nx.prev = b
-                h.prev = h.next = None
-                self._live[addr] = b
-                rt[0] = b
+                self._gen = g = self._gen + 1
+                h.gen = g
+                dn = nbytes - h.requested
+                h.requested = nbytes
+                h.site = site
+                h.allocated = True
+                self._live[h.addr] = h
                 rt[6] += 1
                 rt[7] += nbytes
-                self._sa[0] += hs
-                dn = nbytes - h.requested
+                self._sa[0] += h.size
                 if dn:
-                    sp = seg._stats
+                    sp = h.segment._stats
                     sa = self._sa
                     c = sp[12] + dn
                     sp[12] = c
@@ -416,7 +421,7 @@ class CachingAllocator:
                     sa[12] = c
                     if c > sa[13]:
                         sa[13] = c
-                return b
+                return h
         if type(nbytes) is not int or nbytes <= 0:
             nbytes = _check_nbytes(nbytes)
         if policy is _HUGE_FIRST or policy is _HUGE_FIRST_INT:    # the default: no lookup
@@ -485,6 +490,7 @@ class CachingAllocator:
                                     fsize = 0
                 if fsize:
                     b = _new_object(Block)           # a fresh handle in h's place
+                    self._gen = b.gen = self._gen + 1
                     b.addr = addr
                     b.size = hs
                     b.requested = nbytes
@@ -550,7 +556,8 @@ class CachingAllocator:
                     if skip:
                         nx.stream = hstream          # as the rest split off F would be
                         nx.seq = h.seq
-                    self._rt = [b, size, stream, policy, inactive, splits, 0, 0, sp]
+                    self._rt = [b, size, stream, policy, inactive, splits, 0, 0, sp,
+                                size - _ROUND_UP]
                     return b
             self._retire(h, None, h.seq)
 
@@ -592,6 +599,7 @@ class CachingAllocator:
             r.stream = b.stream
             r.segment = seg
             r.allocated = False
+            r.gen = 0
             r.site = ""
             r.prev = b
             r.next = nxt = b.next
@@ -640,6 +648,7 @@ class CachingAllocator:
         b.requested = nbytes
         b.stream = stream
         b.site = site
+        self._gen = b.gen = self._gen + 1
         self._live[b.addr] = b
         c = sp[0] + size                             # allocated_bytes
         sp[0] = c
@@ -670,26 +679,35 @@ class CachingAllocator:
             sa[17] = c
         return b
 
-    def free(self, block: Block, ready=None) -> None:
+    def free(self, block: Block, ready=None, gen: int | None = None) -> None:
         """Return ``block`` to the pool.
 
         ``ready`` is None (the block's memory is idle now) or a marker with ``query() -> bool``
         that turns True once the work enqueued on ``block.stream`` before this free is done;
-        until then only that stream may reuse the memory. Raises MemoryAccessError for a double
-        free or a block of another pool, InvalidParamError for a bad argument (nothing changed).
+        until then only that stream may reuse the memory. ``gen``, the ``block.gen`` that malloc
+        handed out, catches a stale handle whose Block went out again (see the design note).
+        Raises MemoryAccessError for a double free or a block of another pool,
+        InvalidParamError for a bad argument (nothing changed).
         """
-        live = self._live
-        if type(block) is not Block or live.get(block.addr) is not block:
-            raise self._bad_free(block)
+        if type(block) is not Block or self._live.get(block.addr) is not block or (
+                gen is not None and gen != block.gen):
+            raise self._bad_free(block, gen)
         if ready is not None and not hasattr(ready, "query"):
             raise InvalidParamError(
                 f"free: ready={ready!r} must be None or have a query() method (an event)")
+        self._free_checked(block, ready)
+
+    def _free_checked(self, block: Block, ready) -> None:
+        """``free`` for a caller that has checked its arguments (``block.allocated`` and from
+        this pool; ``ready`` None or a marker): the runtime's free validates the pointer."""
+        live = self._live
         h = self._held
         if h is not None:
             self._held = None
             self._retire(h, None, h.seq)
         del live[block.addr]
         block.allocated = False
+        block.gen = 0
         self._sa[0] -= block.size                    # all pools' allocated_bytes at once: the
                                                      # property stays a pure read (design note)
         if ready is None:
@@ -717,7 +735,7 @@ class CachingAllocator:
 
     def _drop_rt(self) -> None:
         """Forget the remembered round trip, adding the totals its repeats counted."""
-        b, size, _s, _p, inactive, splits, n, req, sp = self._rt
+        b, _size, _s, _p, inactive, splits, n, req, sp, _lo = self._rt
         self._rt = None
         if n:
             sp[2] += n * b.size                      # allocated_bytes.allocated
@@ -790,6 +808,7 @@ class CachingAllocator:
             s.segment = seg
             s.requested = 0
             s.allocated = False
+            s.gen = 0
             s.site = ""
         s.addr = lo
         s.size = total
@@ -841,12 +860,12 @@ class CachingAllocator:
             sp[24] -= k
             sa[24] -= k
 
-    def _bad_free(self, block) -> Exception:
+    def _bad_free(self, block, gen=None) -> Exception:
         if not isinstance(block, Block):
             return InvalidParamError(
                 f"free: expected a Block returned by malloc, got {type(block).__name__} {block!r}")
         where = block.site or "an unknown site"
-        if not block.allocated:
+        if not block.allocated or (gen is not None and gen != block.gen):
             return MemoryAccessError(
                 f"free: the block at 0x{block.addr:x} ({block.requested} bytes) was already "
                 f"freed (double free); it was allocated at {where}. Free each allocation once.")

@@ -43,5 +43,6 @@ def test_library_frames_are_skipped_and_registering_a_folder_takes_effect(device
     finally:
         cs._internal = saved
         cs._inside.clear()
+        cs._cache.clear()
     runtime.free(p)
     runtime.free(q)

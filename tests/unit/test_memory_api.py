@@ -55,6 +55,38 @@ def test_double_free_and_use_after_free(device):
         a.to_host()
 
 
+def test_a_stale_pointer_is_caught_when_its_block_goes_out_again(device):
+    """A repeated cached malloc + free hands the same pool Block out under a new generation."""
+    p1 = runtime.malloc(MiB)
+    runtime.free(p1)
+    p2 = runtime.malloc(MiB)                  # takes the held memory back (verified)
+    runtime.free(p2)
+    p3 = runtime.malloc(MiB)                  # the remembered round trip: p2's Block again
+    assert p3._block is p2._block and p3.addr == p2.addr and p3 != p2
+    host = np.arange(64, dtype=np.uint8)
+    for stale in (p1, p2, p2 + 8):
+        with pytest.raises(errors.MemoryAccessError, match="use after free") as e:
+            runtime.memcpy(stale, host, 16)
+        assert ("and freed" if stale is p1 else "now belongs to an allocation made at") \
+            in str(e.value) and "test_memory_api.py" in str(e.value)
+        with pytest.raises(errors.MemoryAccessError, match="use after free"):
+            runtime.memcpy(host, stale, 16)
+        with pytest.raises(errors.MemoryAccessError, match="use after free"):
+            runtime.memset(stale, 1, 16)
+    with pytest.raises(errors.MemoryAccessError, match="double free"):
+        runtime.free(p2)
+    runtime.memcpy(p3, host, 64)              # the live pointer is untouched by all that
+    out = np.zeros(64, np.uint8)
+    runtime.memcpy(out, p3, 64)
+    assert (out == host).all() and runtime.memory_allocated() == MiB
+    runtime.free(p3)
+    with pytest.raises(errors.MemoryAccessError, match="double free"):
+        runtime.free(p3)
+    assert runtime.memory_allocated() == 0
+    stats = runtime.memory_stats()
+    assert stats["allocation.all.allocated"] == 3 and stats["allocation.all.freed"] == 3
+
+
 def test_copy_overrun_either_side(device):
     p = runtime.malloc(1000)
     big, small = np.zeros(2000, np.uint8), np.zeros(10, np.uint8)

@@ -585,8 +585,8 @@ def test_release_all_reports_leaks_and_returns_everything():
 class EagerAllocator(CachingAllocator):
     """The reference for held frees: every free is completed at once (see the design note)."""
 
-    def free(self, block, ready=None):
-        super().free(block, ready)
+    def free(self, block, ready=None, gen=None):
+        super().free(block, ready, gen)
         self._flush()
 
 
@@ -600,7 +600,7 @@ def _observe(p: CachingAllocator):
 
 def _block(b: Block):
     return (b.addr, b.size, b.requested, b.stream, b.site, b.allocated, b.pending, b.huge,
-            b.segment.addr)
+            b.segment.addr, b.gen)
 
 
 @pytest.mark.parametrize("first, then", [
@@ -626,10 +626,15 @@ def test_cached_malloc_free_takes_the_memory_back(first, then, around):
             p.malloc(first, S1)
         p.reset_peak_stats()                    # so that the pair's passing values are new peaks
         blocks = [_block(a)]
+        gens = [a.gen]
         for i in range(4):
             p.free(a)
+            assert a.gen == 0 and not a.allocated
             b = p.malloc(then, S2 if i == 2 else S1, site=f"then{i}")   # any stream: it is ready
-            assert b is not a and b.allocated and not a.allocated
+            assert b.allocated and b.gen > max(gens)        # a new handle (the Block may be a)
+            with pytest.raises(MemoryAccessError, match="double free"):
+                p.free(a, gen=gens[-1])                     # the old handle, even if a is b
+            gens.append(b.gen)
             blocks.append(_block(b))
             a = b
         assert len({x[0] for x in blocks}) == 1                # the same memory every time
