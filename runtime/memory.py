@@ -177,8 +177,12 @@ def malloc(nbytes: int, policy: MemMallocPolicy = MemMallocPolicy.HUGE_FIRST) ->
     """
     # _malloc written out: a cached malloc + free is a hot loop in training steps
     site = callsite(2)
-    ctx = current_context()
-    stacks = _tls.streams
+    tls = _tls
+    dev = tls.device
+    ctx = _contexts.get(dev) if dev is not None else None
+    if ctx is None:
+        ctx = current_context()     # the process's device, or ContextError
+    stacks = tls.streams
     st = stacks.get(ctx.device_id) if stacks else None
     lock = ctx.lock
     lock.acquire()                  # acquire / release: a third cheaper than ``with`` here
