@@ -411,16 +411,7 @@ class CachingAllocator:
                 rt[7] += nbytes
                 self._sa[0] += h.size
                 if dn:
-                    sp = h.segment._stats
-                    sa = self._sa
-                    c = sp[12] + dn
-                    sp[12] = c
-                    if c > sp[13]:
-                        sp[13] = c
-                    c = sa[12] + dn
-                    sa[12] = c
-                    if c > sa[13]:
-                        sa[13] = c
+                    self._move_requested(h.segment._stats, dn)
                 return h
         if type(nbytes) is not int or nbytes <= 0:
             nbytes = _check_nbytes(nbytes)
@@ -521,14 +512,7 @@ class CachingAllocator:
                     sp[14] += nbytes
                     dn = nbytes - h.requested
                     if dn:
-                        c = sp[12] + dn
-                        sp[12] = c
-                        if c > sp[13]:
-                            sp[13] = c
-                        c = sa[12] + dn
-                        sa[12] = c
-                        if c > sa[13]:
-                            sa[13] = c
+                        self._move_requested(sp, dn)
                     inactive = splits = 0            # totals a repeat adds (see _rt)
                     if fsize != seg.size:            # F was non-releasable for a moment
                         inactive = hs
@@ -732,6 +716,19 @@ class CachingAllocator:
         if h is not None:
             self._held = None
             self._retire(h, None, h.seq)
+
+    def _move_requested(self, sp: list, dn: int) -> None:
+        """requested_bytes (current, peak) of the pool ``sp`` and of all pools move by ``dn``:
+        a held memory taken back for another request size."""
+        sa = self._sa
+        c = sp[12] + dn
+        sp[12] = c
+        if c > sp[13]:
+            sp[13] = c
+        c = sa[12] + dn
+        sa[12] = c
+        if c > sa[13]:
+            sa[13] = c
 
     def _drop_rt(self) -> None:
         """Forget the remembered round trip, adding the totals its repeats counted."""
