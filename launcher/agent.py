@@ -128,6 +128,11 @@ class Agent:
     def live_workers(self) -> list[Worker]:
         return [w for w in self.workers if w.proc.alive()]
 
+    def poll_live(self) -> list[Worker]:
+        """Reap the ranks that have exited; return the ones still running."""
+        self._reap()
+        return self.live_workers()
+
     def collect_stacks(self, timeout: float = 2.0) -> dict[int, str]:
         """Every live rank's Python stacks, now: {rank: text} (see ``launcher.stacks``)."""
         return stacks.collect(((w.proc, w.proc.files.stack_file) for w in self.live_workers()),

@@ -26,6 +26,7 @@ from launcher import verdict
 from launcher.summary import read_error_file
 
 SETTLE = 5.0          # at most this long for live ranks to publish a state newer than the failure
+EXIT_GRACE = 1.5      # then at most this long (within SETTLE) for released ranks to exit
 
 
 def _error_text(path: str) -> str | None:
@@ -127,14 +128,22 @@ class Diagnoser:
         return text
 
     def _settle(self, t0: float) -> None:
-        """Wait until every live rank published a state newer than ``t0`` (at most SETTLE s)."""
+        """Wait until every live rank published a state newer than ``t0``, then until the ranks
+        the abort released have exited (at most SETTLE s in all)."""
         deadline = t0 + SETTLE
         while time.time() < deadline:
             live = {w.rank for w in self.agent.live_workers()}
             states = self.states()
             if all(states.get(r, {}).get("time", 0) > t0 for r in live):
-                return
+                break
             time.sleep(0.1)
+        # A released rank raises RemoteRankError naming the culprit and exits by itself within
+        # moments: let it, so that its error reaches the log and the summary instead of being
+        # cut short by the SIGTERM that stops the job. A rank still in user code stays alive
+        # and is stopped after the grace.
+        end = min(deadline, time.time() + EXIT_GRACE)
+        while time.time() < end and self.agent.poll_live():
+            time.sleep(0.05)
 
     def status(self) -> str:
         """The verdict table of a running job (no stacks, nothing stopped)."""
