@@ -69,11 +69,14 @@ def main() -> int:
         comm.all_reduce(y)
     elif scenario in ("kill", "exit"):
         big = runtime.to_device(np.ones(32 << 20, np.float32))        # 128 MiB
+        comm.barrier()                        # every rank has its buffer: they enter together
+        if rank == 1:                         # the others wait inside the collective meanwhile
+            runtime.launch(lambda: time.sleep(0.8), name="late_start")
         comm.all_reduce(big)
         if rank == 1:
-            while not any(r["state"] == "started" for r in hccl.flight_recorder.in_flight()):
-                time.sleep(0.01)
-            time.sleep(0.2)                                           # well inside it
+            while not any(r["state"] == "started" and r["op"] == "ALLREDUCE"
+                          for r in hccl.flight_recorder.in_flight()):
+                time.sleep(0.01)                  # dies within 10 ms of starting it: inside it
             if scenario == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             os._exit(7)

@@ -88,6 +88,23 @@ def slice_bytes() -> int:
     return override if override else min(buffsize_mb() * MiB, wire_slice_bytes())
 
 
+def shm() -> bool:
+    """NPUSIM_SHM: 1 (default) lets ranks of one node read large payloads straight from each
+    other's device memory; 0 sends everything over the sockets."""
+    raw = _raw("NPUSIM_SHM")
+    if raw is None or raw in ("1", "on", "true", "yes"):
+        return True
+    if raw in ("0", "off", "false", "no"):
+        return False
+    raise InvalidArgumentError(f"NPUSIM_SHM={raw!r} must be 1 or 0; unset it to use 1")
+
+
+def shm_min_bytes() -> int:
+    """NPUSIM_SHM_MIN_BYTES: the smallest payload sent through shared memory (default 512 KiB;
+    below it a copy through the socket costs less than the notice and its acknowledgement)."""
+    return _int("NPUSIM_SHM_MIN_BYTES", 512 << 10, 1, "a size in bytes")
+
+
 def algo_set() -> bool:
     """True when HCCL_ALGO is set (then it is obeyed for every size; unset, small AllReduces
     use the one-shot schedule)."""

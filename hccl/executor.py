@@ -20,8 +20,8 @@ from hccl.errors import (CollectiveMismatchError, HcclError, HcclTimeoutError,
                          InvalidArgumentError, RemoteRankError)
 from hccl.reduction import reduce_into
 from hccl.schedule import NONE, SCRATCH, Copy, LocalReduce, Recv, Send, buffer_extents
-from hccl.transport.base import (Aborted, FingerprintMismatch, PeerTimeout, TransportClosed,
-                                 TransportError)
+from hccl.transport.base import (Aborted, FingerprintMismatch, PeerGone, PeerTimeout,
+                                 TransportClosed, TransportError)
 from hccl.types import DataType, Fingerprint, ReduceOp, Result
 
 _EMPTY = np.empty(0, np.uint8)
@@ -152,21 +152,8 @@ def run(steps: Sequence, buffers: dict, op: ReduceOp | None, dtype, transport, c
             elif kind is Recv:
                 if on_wait is not None:
                     on_wait(step.peer)
-                data = transport.recv(world[step.peer], comm_id, seq, step.step, fp, timeout)
-                nb = step.nbytes
-                if data.nbytes != nb:
-                    raise HcclError(
-                        f"seq {seq}: rank {step.peer} sent {data.nbytes} bytes for step "
-                        f"{step.step}, expected {nb}; the ranks disagree on the buffer layout",
-                        Result.E_INTERNAL, seq=seq, peer=step.peer, step=step.step)
-                if nb:
-                    lo = addr[step.buf] + step.offset
-                    pending.settle(lo, lo + nb)
-                    dst = views[step.buf][step.offset:step.offset + nb]
-                    if step.reduce:
-                        reduce_into(dst.view(np_dtype), np.frombuffer(data, np_dtype), op)
-                    else:
-                        dst[...] = np.frombuffer(data, np.uint8)
+                transport.recv_into(world[step.peer], comm_id, seq, step.step, fp, timeout,
+                                    _consumer(step, views, addr, pending, np_dtype, op, seq))
             elif kind is Copy:
                 nb = step.nbytes
                 src_lo = addr[step.src_buf] + step.src_off
@@ -190,6 +177,26 @@ def run(steps: Sequence, buffers: dict, op: ReduceOp | None, dtype, transport, c
         pending.drain()
     except TransportError as e:
         raise _translate(e, world, seq, fp, timeout, rank, step) from e
+
+
+def _consumer(step: Recv, views: dict, addr: dict, pending: _Pending, np_dtype, op, seq: int):
+    """What a Recv does with its payload: check the size, then reduce or copy it into place."""
+    def consume(data) -> None:
+        nb = step.nbytes
+        if data.nbytes != nb:
+            raise HcclError(
+                f"seq {seq}: rank {step.peer} sent {data.nbytes} bytes for step "
+                f"{step.step}, expected {nb}; the ranks disagree on the buffer layout",
+                Result.E_INTERNAL, seq=seq, peer=step.peer, step=step.step)
+        if nb:
+            lo = addr[step.buf] + step.offset
+            pending.settle(lo, lo + nb)
+            dst = views[step.buf][step.offset:step.offset + nb]
+            if step.reduce:
+                reduce_into(dst.view(np_dtype), np.frombuffer(data, np_dtype), op)
+            else:
+                dst[...] = np.frombuffer(data, np.uint8)
+    return consume
 
 
 def _comm_rank(world: list[int], world_rank: int) -> int | None:
@@ -221,6 +228,11 @@ def _translate(e: TransportError, world: list[int], seq: int, fp, timeout, rank,
         peer = _comm_rank(world, e.peer)
         return RemoteRankError(f"seq {seq}: communicator aborted by rank {peer}: {e.reason}",
                                rank=peer, world_peer=e.peer, reason=e.reason, seq=seq)
+    if isinstance(e, PeerGone):
+        peer = _comm_rank(world, e.peer)
+        return RemoteRankError(f"seq {seq}: rank {peer}'s process has exited in the middle of the "
+                               f"collective ({e.detail})", rank=peer, world_peer=e.peer,
+                               reason=f"rank {peer}'s process has exited", seq=seq)
     if isinstance(e, TransportClosed):
         return HcclError(f"seq {seq}: the transport was closed during the collective ({e}); "
                          "the communicator was destroyed or the process is shutting down",

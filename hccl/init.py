@@ -132,7 +132,7 @@ def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: 
     transport = None
     try:
         transport = ZmqTransport(rank, size, secret, bind_host=_bind_host(host))
-        store.set(f"{uid}/addr/{rank}", transport.address.encode())
+        store.set(f"{uid}/addr/{rank}", f"{transport.address}\n{transport.node}".encode())
         keys = [f"{uid}/addr/{r}" for r in range(size)]
         try:
             store.wait(keys, timeout=timeout)
@@ -144,8 +144,9 @@ def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: 
                 f"(HCCL_CONNECT_TIMEOUT={timeout:g}): ranks {gone} never arrived; arrived: {came}. "
                 "Check that every rank started and calls init with the same world size, or raise "
                 "HCCL_CONNECT_TIMEOUT.", seq=0, waited=timeout, timeout=timeout, rank=rank) from None
-        addrs = {r: store.get(keys[r]).decode() for r in range(size) if r != rank}
-        transport.connect(addrs)
+        found = {r: store.get(keys[r]).decode().partition("\n") for r in range(size) if r != rank}
+        transport.connect({r: a for r, (a, _, _) in found.items()},
+                          {r: node for r, (_, _, node) in found.items()})
     except BaseException:
         if transport is not None:
             transport.close()

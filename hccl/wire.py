@@ -53,6 +53,9 @@ class Kind(IntEnum):
 
     DATA = 1          # transport: a payload for (comm_id, seq, step)
     ABORT = 2         # transport: comm_id aborted, text = reason
+    SHM_DATA = 3      # transport: the payload is in the sender's device memory: text = handle,
+                      # value = offset, step's payload length in the text after the handle
+    SHM_ACK = 4       # transport: the SHM_DATA of serial ``value`` was read; its memory is free
     SET = 16          # store requests: text = key(s)
     GET = 17
     ADD = 18

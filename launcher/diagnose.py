@@ -101,6 +101,7 @@ class Diagnoser:
         if not any(s.get("in_flight") or s.get("failed") for s in states.values()):
             return                 # no collective involved: the failure summary says it all
         t0 = time.time()
+        agent.poll_live()                    # a rank that has exited since is not asked
         stacks = agent.collect_stacks(2.0)   # before the abort below releases the waiting ranks
         if failed:
             from hccl.diag import abort_key  # noqa: PLC0415
@@ -132,7 +133,7 @@ class Diagnoser:
         the abort released have exited (at most SETTLE s in all)."""
         deadline = t0 + SETTLE
         while time.time() < deadline:
-            live = {w.rank for w in self.agent.live_workers()}
+            live = {w.rank for w in self.agent.poll_live()}
             states = self.states()
             if all(states.get(r, {}).get("time", 0) > t0 for r in live):
                 break

@@ -80,8 +80,11 @@ def read_error_file(path: str) -> dict | None:
 
 
 def root_cause(failures: list[ProcessFailure]) -> ProcessFailure:
-    """The first failure: smallest timestamp, ties broken by rank."""
-    return min(failures, key=lambda f: (f.timestamp, f.rank))
+    """The first failure: smallest timestamp, ties broken by rank. A rank that failed with
+    ``RemoteRankError`` only echoes another rank's failure (which its peers may see before
+    npurun does), so it is the root cause only if every failure is such an echo."""
+    primary = [f for f in failures if "RemoteRankError" not in f.message] or failures
+    return min(primary, key=lambda f: (f.timestamp, f.rank))
 
 
 def _indent(text: str, pad: str = "    ") -> str:

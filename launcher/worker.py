@@ -117,6 +117,9 @@ def _install_stack_dump() -> None:
     pending = f"{path}.pending"
     try:
         _stack_file = open(pending, "a")
+        # what faulthandler restores at interpreter exit: a late request then cannot kill
+        # an exiting rank (SIGUSR1's default action) and pass it off as a signal death
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True, chain=False)
         os.replace(pending, path)  # the final name announces: SIGUSR1 is safe now
     except OSError as e:

@@ -93,6 +93,11 @@ class DeviceMemory:
         """A path another process of this node can open and mmap to reach this device's memory."""
         return f"/proc/{os.getpid()}/fd/{self._fd}"
 
+    @property
+    def handle(self) -> str:
+        """This memory's name for ``runtime.ipc.PeerMemory`` in another process of the node."""
+        return f"{os.getpid()}:{self._fd}:{self.name}"
+
     def close(self) -> None:
         self.array = None
         try:

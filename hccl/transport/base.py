@@ -24,7 +24,7 @@ import math
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -67,6 +67,17 @@ class Aborted(TransportError):
 
     def __str__(self) -> str:
         return f"aborted by rank {self.peer}: {self.reason}"
+
+
+class PeerGone(TransportError):
+    """Rank ``peer``'s process has exited: what it announced can no longer be read."""
+
+    def __init__(self, peer: int, detail: str):
+        super().__init__(peer, detail)
+        self.peer, self.detail = peer, detail
+
+    def __str__(self) -> str:
+        return f"rank {self.peer}'s process has exited ({self.detail})"
 
 
 class TransportClosed(TransportError):
@@ -157,6 +168,15 @@ class Transport:
                 if now >= deadline:
                     raise PeerTimeout(peer, now - t0)
                 self._cond.wait(None if deadline == math.inf else deadline - now)
+
+    def recv_into(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
+                  timeout: float | None, consume: Callable[[memoryview], None]) -> None:
+        """``recv``, then ``consume(payload)``: the payload is valid only during the call.
+
+        Lets a transport hand out a view of the sender's memory instead of a copy (and tell the
+        sender once ``consume`` returns); raises what ``recv`` raises, and what ``consume`` does.
+        """
+        consume(self.recv(peer, comm_id, seq, step, fp, timeout))
 
     def abort(self, comm_id: int, reason: str) -> None:
         """Abort ``comm_id``: wake local waiters with ``Aborted`` and tell every peer (once)."""

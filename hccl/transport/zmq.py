@@ -14,6 +14,14 @@ serials in wire order. Payloads from ``zmq.COPY_THRESHOLD`` (64 KiB) up are sent
 a tracker: the caller must leave the buffer untouched until ``handle.wait()``. Smaller ones are
 copied (cheaper, and the handle is complete at once).
 
+Shared memory. Between ranks of one node (``connect``'s ``nodes``: equal ``runtime.ipc.node_id``),
+a payload of at least NPUSIM_SHM_MIN_BYTES that lies in the sender's device memory is not sent:
+a SHM_DATA message names it (memory handle, offset, length) and the receiver's ``recv_into``
+reads it in place from its read-only mapping of the sender's device memory, then answers SHM_ACK;
+the send's handle completes on that acknowledgement (it waits on the transport's Condition, so an
+abort or close wakes it too). One copy (or the reduction itself) instead of three, and no socket
+buffers. A SHM_DATA from a rank of another node is dropped as malformed.
+
 Every socket has LINGER 0; ``close`` alone gives outbound links a bounded linger (1 s by default)
 so a last ABORT still leaves, then discards what a dead peer never took: it never hangs. It
 terminates the Context, which wakes the receiver thread with ETERM.
@@ -24,11 +32,18 @@ import logging
 import threading
 from typing import Any
 
+import math
+import time
+
+import numpy as np
 import zmq
 
-from hccl import wire
-from hccl.transport.base import (DONE, Fingerprint, PeerTimeout, SendHandle, Transport,
-                                 TransportClosed, as_bytes_view, norm_fp)
+from hccl import config, wire
+from hccl.transport.base import (DONE, Aborted, Fingerprint, PeerGone, PeerTimeout, SendHandle,
+                                 Transport, TransportClosed, TransportError, as_bytes_view,
+                                 norm_fp)
+from runtime import ipc
+from runtime.errors import MemoryAccessError
 
 log = logging.getLogger("hccl.transport")
 
@@ -51,6 +66,47 @@ class _TrackedHandle(SendHandle):
 
     def done(self) -> bool:
         return self._tracker.done
+
+
+class ShmError(TransportError):
+    """A payload announced in shared memory could not be read (the message says why)."""
+
+
+class _ShmRef:
+    """An inbound SHM_DATA: where the payload is, and the serial to acknowledge."""
+
+    __slots__ = ("handle", "offset", "nbytes", "serial")
+
+    def __init__(self, handle: str, offset: int, nbytes: int, serial: int):
+        self.handle, self.offset, self.nbytes, self.serial = handle, offset, nbytes, serial
+
+
+class _AckHandle(SendHandle):
+    """A SHM_DATA send: complete once the peer acknowledged it."""
+
+    __slots__ = ("_t", "_peer", "_comm", "acked")
+
+    def __init__(self, transport: "ZmqTransport", peer: int, comm_id: int):
+        self._t, self._peer, self._comm, self.acked = transport, peer, comm_id, False
+
+    def wait(self, timeout: float | None = None) -> None:
+        t = self._t
+        t0 = time.monotonic()
+        deadline = math.inf if timeout is None else t0 + max(0.0, timeout)
+        with t._cond:
+            while not self.acked:
+                if t._closed:
+                    raise TransportClosed(f"rank {t.rank}: transport closed")
+                ab = t._aborted.get(self._comm)
+                if ab is not None:
+                    raise Aborted(*ab)
+                now = time.monotonic()
+                if now >= deadline:
+                    raise PeerTimeout(self._peer, now - t0)
+                t._cond.wait(None if deadline == math.inf else deadline - now)
+
+    def done(self) -> bool:
+        return self.acked
 
 
 class _Link:
@@ -96,6 +152,12 @@ class ZmqTransport(Transport):
         self.address = f"tcp://{host}:{port}"
         self._links: dict[int, _Link] = {}
         self._links_lock = threading.Lock()
+        self.node = ipc.node_id()
+        self._shm_peers: frozenset = frozenset()        # ranks whose memory this one may read
+        self._shm_min = config.shm_min_bytes() if config.shm() else None
+        self._acks: dict[tuple[int, int], _AckHandle] = {}   # (peer, serial) -> its send
+        self._peer_mem = ipc.PeerMemories()
+        self.shm_sends = self.shm_recvs = 0
         self._guard = wire.ReplayGuard()
         self.drops = wire.DropLog(log)
         self._closing = False
@@ -103,10 +165,14 @@ class ZmqTransport(Transport):
         self._rx.start()
 
     # -- setup -----------------------------------------------------------------------------
-    def connect(self, addresses: dict[int, str]) -> None:
+    def connect(self, addresses: dict[int, str], nodes: dict[int, str] | None = None) -> None:
         """Open a link to every rank in ``addresses`` (``{rank: "tcp://host:port"}``; this rank
         and already linked ranks are skipped). Never blocks: ZeroMQ connects in the background
-        and queues what is sent meanwhile."""
+        and queues what is sent meanwhile. ``nodes`` (``{rank: node id}``) names the ranks of
+        this node: large payloads to and from them take the shared-memory path."""
+        if nodes and self._shm_min is not None:
+            self._shm_peers = self._shm_peers | {
+                p for p, n in nodes.items() if n == self.node and p != self.rank}
         with self._links_lock:
             if self._closing:
                 raise TransportClosed(f"rank {self.rank}: transport closed")
@@ -138,6 +204,10 @@ class ZmqTransport(Transport):
             self._deliver(peer, comm_id, seq, step, fp, memoryview(bytearray(mv)))
             return DONE
         link = self._link(peer)
+        if peer in self._shm_peers and mv.nbytes >= self._shm_min:
+            where = ipc.export(np.frombuffer(mv, np.uint8))
+            if where is not None:
+                return self._send_shm(link, peer, comm_id, seq, step, fp, mv.nbytes, *where)
         with link.lock:
             if link.closed:
                 raise TransportClosed(f"rank {self.rank}: transport closed")
@@ -151,6 +221,80 @@ class ZmqTransport(Transport):
             link.sock.send(frames[0], zmq.SNDMORE)
             tracker = link.sock.send(mv, copy=False, track=True)
         return _TrackedHandle(tracker, peer)
+
+    def _send_shm(self, link: _Link, peer: int, comm_id: int, seq: int, step: int, fp,
+                  nbytes: int, handle: str, offset: int) -> _AckHandle:
+        ack = _AckHandle(self, peer, comm_id)
+        with link.lock:
+            if link.closed:
+                raise TransportClosed(f"rank {self.rank}: transport closed")
+            link.serial += 1
+            with self._cond:                     # before the peer can possibly answer
+                self._acks[(peer, link.serial)] = ack
+            link.sock.send_multipart(wire.pack(
+                self._secret, wire.Kind.SHM_DATA, sender=self.rank, dest=peer, conn=link.conn,
+                serial=link.serial, comm_id=comm_id, seq=seq, step=step, fp=fp, value=offset,
+                text=f"{nbytes} {handle}"))
+        self.shm_sends += 1
+        return ack
+
+    def recv(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
+             timeout: float | None) -> memoryview:
+        data = Transport.recv(self, peer, comm_id, seq, step, fp, timeout)
+        if type(data) is not _ShmRef:
+            return data
+        out = []                                 # a copy the caller owns, as recv promises
+        self._consume_shm(peer, data, lambda view: out.append(memoryview(bytearray(view))))
+        return out[0]
+
+    def recv_into(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
+                  timeout: float | None, consume) -> None:
+        data = Transport.recv(self, peer, comm_id, seq, step, fp, timeout)
+        if type(data) is not _ShmRef:
+            consume(data)
+        else:
+            self._consume_shm(peer, data, consume)
+
+    def _consume_shm(self, peer: int, data: _ShmRef, consume) -> None:
+        """``consume`` a view of the payload in ``peer``'s memory, then acknowledge it."""
+        try:
+            try:
+                view = self._peer_mem.view(data.handle, data.offset, data.nbytes)
+            except ipc.PeerGoneError as e:
+                raise PeerGone(peer, str(e)) from None
+            except MemoryAccessError as e:
+                raise ShmError(f"rank {self.rank}: cannot read the payload rank {peer} put in "
+                               f"shared memory: {e}") from None
+            self.shm_recvs += 1
+            try:
+                consume(view)
+            finally:
+                view.release()
+        finally:
+            self._send_ack(peer, data.serial)
+
+    def _send_ack(self, peer: int, serial: int) -> None:
+        link = self._link(peer)
+        with link.lock:
+            if link.closed:
+                return
+            link.serial += 1
+            link.sock.send_multipart(wire.pack(
+                self._secret, wire.Kind.SHM_ACK, sender=self.rank, dest=peer, conn=link.conn,
+                serial=link.serial, value=serial))
+
+    def _acked(self, peer: int, serial: int) -> None:
+        with self._cond:
+            ack = self._acks.pop((peer, serial), None)
+            if ack is not None:                  # None: its comm was aborted meanwhile
+                ack.acked = True
+                self._cond.notify_all()
+
+    def _mark_aborted(self, comm_id: int, peer: int, reason: str) -> bool:
+        with self._cond:
+            for key in [k for k, a in self._acks.items() if a._comm == comm_id]:
+                del self._acks[key]             # their waiters raise Aborted
+        return super()._mark_aborted(comm_id, peer, reason)
 
     def _link(self, peer: int) -> _Link:
         link = self._links.get(peer)
@@ -203,6 +347,17 @@ class ZmqTransport(Transport):
         self._guard.accept(h.sender, h.conn, h.serial)
         if h.kind == wire.Kind.DATA and len(h.payloads) == 1:
             self._deliver(h.sender, h.comm_id, h.seq, h.step, h.fp, h.payloads[0].buffer)
+        elif h.kind == wire.Kind.SHM_DATA and not h.payloads:
+            if h.sender not in self._shm_peers:
+                raise wire.BadFrame(f"shared-memory payload from rank {h.sender}, which is not on "
+                                    "this node")
+            n, _, handle = h.text.partition(" ")
+            if not n.isdigit() or not handle or int(n) > self.max_message or h.value < 0:
+                raise wire.BadFrame(f"malformed shared-memory notice {h.text[:80]!r}")
+            self._deliver(h.sender, h.comm_id, h.seq, h.step, h.fp,
+                          _ShmRef(handle, h.value, int(n), h.serial))
+        elif h.kind == wire.Kind.SHM_ACK and not h.payloads:
+            self._acked(h.sender, h.value)
         elif h.kind == wire.Kind.ABORT:
             self._mark_aborted(h.comm_id, h.sender, h.text)
         else:
@@ -221,12 +376,15 @@ class ZmqTransport(Transport):
             self._closing = True
             links = list(self._links.values())
         Transport.close(self)
+        with self._cond:
+            self._acks.clear()
         for link in links:
             with link.lock:
                 link.closed = True
                 link.sock.close(linger=max(0, int(linger * 1000)))
         self._ctx.term()   # waits out the lingers; the receiver's recv raises ETERM and exits
         self._rx.join()
+        self._peer_mem.close()
 
 
 def _peer(frame) -> str:

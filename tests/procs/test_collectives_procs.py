@@ -17,10 +17,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
 
 
-def _rank_main(rank, size, root_info, cases, slice_bytes, q):
+def _rank_main(rank, size, root_info, cases, slice_bytes, q, env=None):
     try:
         sys.path.insert(0, TESTS)
         os.environ["NPUSIM_SLICE_BYTES"] = str(slice_bytes)
+        os.environ.update(env or {})
         os.environ["NPUSIM_HBM_BYTES"] = str(1 << 30)
         import collective_cases as cc
         import runtime
@@ -32,19 +33,21 @@ def _rank_main(rank, size, root_info, cases, slice_bytes, q):
                 cc.check(cc.run_case(comm, case), cc.expected(size, rank, case), case, size)
             except AssertionError as e:
                 failures.append(f"{case}: {str(e)[:300]}")
+        t = comm.world.transport
+        shm = (t.shm_sends, t.shm_recvs)
         comm.destroy()
         runtime.reset_device()
-        q.put((rank, failures))
+        q.put((rank, failures if env is None else (failures, shm)))
     except BaseException:
         q.put((rank, [traceback.format_exc()]))
 
 
-def run_procs(size, cases, slice_bytes=4096, timeout=120):
+def run_procs(size, cases, slice_bytes=4096, timeout=120, env=None):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     info = hccl.get_root_info()
-    procs = [ctx.Process(target=_rank_main, args=(r, size, info, cases, slice_bytes, q), daemon=True)
-             for r in range(size)]
+    procs = [ctx.Process(target=_rank_main, args=(r, size, info, cases, slice_bytes, q, env),
+                         daemon=True) for r in range(size)]
     for p in procs:
         p.start()
     try:
@@ -68,3 +71,25 @@ def test_collectives_over_processes(size):
     assert sorted(results) == list(range(size))
     bad = {r: f for r, f in results.items() if f}
     assert not bad, bad
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("shm", ["1", "0"])
+def test_collectives_through_shared_memory(shm):
+    """Every payload of at least 1 byte through the peers' device memory (NPUSIM_SHM_MIN_BYTES=1),
+    sliced and pipelined; and the same cases with the path off."""
+    sys.path.insert(0, TESTS)
+    import collective_cases as cc
+    size = 3
+    cases = [c for c in cc.cases([7, 6000], size=size) if c["dtype"] in ("float32", "int64",
+                                                                        "bfloat16", "uint8")]
+    results = run_procs(size, cases, slice_bytes=1024, timeout=200,
+                        env={"NPUSIM_SHM": shm, "NPUSIM_SHM_MIN_BYTES": "1"})
+    assert sorted(results) == list(range(size))
+    bad = {r: f for r, (f, _) in results.items() if f}
+    assert not bad, bad
+    for r, (_, (sends, recvs)) in results.items():
+        if shm == "1":
+            assert sends > len(cases) and recvs > len(cases), (r, sends, recvs)
+        else:
+            assert sends == recvs == 0

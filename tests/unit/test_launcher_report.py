@@ -44,6 +44,22 @@ def test_root_cause_is_the_earliest_failure_and_has_its_traceback(tmp_path):
 
 
 @pytest.mark.timeout(10)
+def test_a_peer_that_only_echoes_the_failure_is_not_the_root_cause(tmp_path):
+    """Its peers may see a death (an abort, a vanished shared-memory peer) before npurun does."""
+    path = tmp_path / "echo.json"
+    path.write_text(json.dumps({"message": {"message": "TaskError[RemoteRankError]: rank 1's "
+                                "process has exited", "extraInfo": {"py_callstack": TB}},
+                                "timestamp": 999.0}))
+    echo = ProcessFailure(rank=0, local_rank=0, pid=10, exitcode=1, error_file=str(path),
+                          observed_at=1000.0)
+    killed = ProcessFailure(rank=1, local_rank=1, pid=11, exitcode=-signal.SIGKILL,
+                            error_file=str(tmp_path / "none.json"), observed_at=1000.1)
+    assert echo.timestamp < killed.timestamp
+    assert root_cause([echo, killed]) is killed
+    assert root_cause([echo]) is echo                  # only echoes: the earliest one
+
+
+@pytest.mark.timeout(10)
 def test_summary_without_other_failures(tmp_path):
     f = ProcessFailure(rank=0, local_rank=0, pid=5, exitcode=7, error_file="",
                        observed_at=1.0)
