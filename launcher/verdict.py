@@ -157,10 +157,16 @@ def classify(infos: list[RankInfo], *, now: float | None = None) -> dict:
         elif rec is not None:
             ranks[str(g)] = _entry("waiting", info, rec, None, members)
         else:
-            where = "exited 0 without calling it" if info.exit == 0 else "alive, still in user code"
+            released = info.exit not in (None, 0)     # an hccl error (else it would be dead)
+            where = ("exited 0 without calling it" if info.exit == 0 else
+                     f"it failed before calling it, released by the failure of another rank "
+                     f"({info.error or describe_exit(info.exit)})" if released else
+                     "alive, still in user code")
             ranks[str(g)] = _entry("not_entered", info, None,
                                    f"never called seq {seq} (last enqueued seq {done[0]}); {where}",
                                    members)
+            if released:                  # a victim of the abort, not a cause of the hang
+                continue
         if ranks[str(g)]["state"] in ("dead", "mismatch", "not_entered"):
             culprits.append(g)
     if not culprits:

@@ -50,6 +50,22 @@ def test_mismatch_minority_is_culprit_and_dead_beats_everything():
     assert "killed by SIGKILL" in v["ranks"]["2"]["detail"]
 
 
+def test_a_rank_released_by_the_abort_before_it_entered_is_not_a_culprit():
+    """The mismatch was seen and the communicator aborted while rank 2 was still on its way:
+    its own call then failed at once, and it exited with an hccl error."""
+    infos = [RankInfo(0, st([rec(3)], 3, 2)),
+             RankInfo(1, st([rec(3, op="ALLGATHER", redop=None)], 3, 2)),
+             RankInfo(2, st([], 2, 2), exit=1,
+                      error="TaskError[RemoteRankError]: communicator aborted by rank 0"),
+             RankInfo(3, st([rec(3)], 3, 2))]
+    v = classify(infos)
+    assert v["reason"] == "mismatch" and v["culprits"] == [1]
+    assert v["ranks"]["2"]["state"] == "not_entered"
+    assert "released by the failure of another rank" in v["ranks"]["2"]["detail"]
+    infos[2] = RankInfo(2, st([], 2, 2))             # alive and still in user code: a culprit
+    assert classify(infos)["culprits"] == [1, 2]
+
+
 def test_completed_and_enqueued_but_not_started():
     three = (0, 1, 2)
     infos = [RankInfo(0, st([rec(2, waiting_for=1, members=three)], 2, 1)),
