@@ -228,13 +228,10 @@ class ZmqTransport(Transport):
         with link.lock:
             if link.closed:
                 raise TransportClosed(f"rank {self.rank}: transport closed")
-            link.serial += 1
             with self._cond:                     # before the peer can possibly answer
-                self._acks[(peer, link.serial)] = ack
-            link.sock.send_multipart(wire.pack(
-                self._secret, wire.Kind.SHM_DATA, sender=self.rank, dest=peer, conn=link.conn,
-                serial=link.serial, comm_id=comm_id, seq=seq, step=step, fp=fp, value=offset,
-                text=f"{nbytes} {handle}"))
+                self._acks[(peer, link.serial + 1)] = ack
+            self._post(link, peer, wire.Kind.SHM_DATA, comm_id=comm_id, seq=seq, step=step, fp=fp,
+                       value=offset, text=f"{nbytes} {handle}")
         self.shm_sends += 1
         return ack
 
@@ -276,12 +273,14 @@ class ZmqTransport(Transport):
     def _send_ack(self, peer: int, serial: int) -> None:
         link = self._link(peer)
         with link.lock:
-            if link.closed:
-                return
-            link.serial += 1
-            link.sock.send_multipart(wire.pack(
-                self._secret, wire.Kind.SHM_ACK, sender=self.rank, dest=peer, conn=link.conn,
-                serial=link.serial, value=serial))
+            if not link.closed:
+                self._post(link, peer, wire.Kind.SHM_ACK, value=serial)
+
+    def _post(self, link: _Link, peer: int, kind: int, **fields) -> None:
+        """Send a header-only message on ``link`` (the caller holds ``link.lock``)."""
+        link.serial += 1
+        link.sock.send_multipart(wire.pack(self._secret, kind, sender=self.rank, dest=peer,
+                                           conn=link.conn, serial=link.serial, **fields))
 
     def _acked(self, peer: int, serial: int) -> None:
         with self._cond:
@@ -309,12 +308,8 @@ class ZmqTransport(Transport):
             links = list(self._links.items())
         for peer, link in links:
             with link.lock:
-                if link.closed:
-                    continue
-                link.serial += 1
-                link.sock.send_multipart(wire.pack(
-                    self._secret, wire.Kind.ABORT, sender=self.rank, dest=peer, conn=link.conn,
-                    serial=link.serial, comm_id=comm_id, text=text))
+                if not link.closed:
+                    self._post(link, peer, wire.Kind.ABORT, comm_id=comm_id, text=text)
 
     # -- receiver thread -------------------------------------------------------------------
     def _receive(self) -> None:
