@@ -289,6 +289,21 @@ def _policy_kinds(policy) -> tuple:
     return kinds
 
 
+class _RoundTrip:
+    """A verified held round trip the pool may repeat without checking (design note)."""
+
+    __slots__ = ("handle", "size", "lo", "stream", "policy", "inactive", "splits", "stats",
+                 "repeats", "requested")
+
+    def __init__(self, handle: Block, size: int, stream, policy, inactive: int, splits: int,
+                 stats: list):
+        self.handle, self.size, self.lo = handle, size, size - _ROUND_UP   # one size class
+        self.stream, self.policy = stream, policy
+        self.inactive, self.splits = inactive, splits   # what a repeat adds to those totals
+        self.stats = stats                              # the segment's pool's statistics
+        self.repeats = self.requested = 0               # totals not yet in the statistics
+
+
 class CachingAllocator:
     """Caching pool of one device: malloc/free of blocks carved from raw segments.
 
@@ -317,10 +332,7 @@ class CachingAllocator:
         self._seq = 0
         self._gen = 0                           # the last generation handed out (Block.gen)
         self._held: Block | None = None         # a free waiting to be completed (design note)
-        # the last verified round trip (design note): [handle, size, stream, policy, inactive
-        # bytes and splits a repeat adds to the totals, repeats, bytes they requested, stats
-        # list of the segment's pool, smallest request of the size]
-        self._rt: list | None = None
+        self._rt: _RoundTrip | None = None     # the last verified round trip (design note)
         self._raw_error: str | None = None          # why the last reserve failed, for the OOM
         self._sa = [0] * _N_STATS                   # stats of all pools (current, peak only)
         self._pools = (self._sa, [0] * _N_STATS, [0] * _N_STATS)   # indexed by _KIND_POOL
@@ -393,8 +405,8 @@ class CachingAllocator:
         h = self._held
         if h is not None:
             rt = self._rt
-            if rt is not None and rt[0] is h and stream is rt[2] and policy is rt[3] and \
-                    type(nbytes) is int and rt[9] <= nbytes <= rt[1]:
+            if rt is not None and rt.handle is h and stream is rt.stream and \
+                    policy is rt.policy and type(nbytes) is int and rt.lo <= nbytes <= rt.size:
                 # The round trip verified below, again: nothing but free(h) ran since it
                 # handed h out, so its verdict holds: h goes out again under a new generation,
                 # allocated_bytes returns; requested_bytes moves by the difference, the totals
@@ -407,8 +419,8 @@ class CachingAllocator:
                 h.site = site
                 h.allocated = True
                 self._live[h.addr] = h
-                rt[6] += 1
-                rt[7] += nbytes
+                rt.repeats += 1
+                rt.requested += nbytes
                 self._sa[0] += h.size
                 if dn:
                     self._move_requested(h.segment._stats, dn)
@@ -540,8 +552,7 @@ class CachingAllocator:
                     if skip:
                         nx.stream = hstream          # as the rest split off F would be
                         nx.seq = h.seq
-                    self._rt = [b, size, stream, policy, inactive, splits, 0, 0, sp,
-                                size - _ROUND_UP]
+                    self._rt = _RoundTrip(b, size, stream, policy, inactive, splits, sp)
                     return b
             self._retire(h, None, h.seq)
 
@@ -732,14 +743,14 @@ class CachingAllocator:
 
     def _drop_rt(self) -> None:
         """Forget the remembered round trip, adding the totals its repeats counted."""
-        b, _size, _s, _p, inactive, splits, n, req, sp, _lo = self._rt
-        self._rt = None
+        rt, self._rt = self._rt, None
+        n, sp = rt.repeats, rt.stats
         if n:
-            sp[2] += n * b.size                      # allocated_bytes.allocated
+            sp[2] += n * rt.handle.size              # allocated_bytes.allocated
             sp[18] += n                              # allocation.allocated
-            sp[14] += req                            # requested_bytes.allocated
-            sp[10] += n * inactive                   # inactive_split_bytes.allocated
-            sp[26] += n * splits                     # inactive_split.allocated
+            sp[14] += rt.requested                   # requested_bytes.allocated
+            sp[10] += n * rt.inactive                # inactive_split_bytes.allocated
+            sp[26] += n * rt.splits                  # inactive_split.allocated
 
     def _retire(self, block: Block, pend, seq: int) -> None:
         """The rest of ``free(block)``: statistics, merging, and the free list.
