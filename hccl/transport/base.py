@@ -142,6 +142,30 @@ class Transport:
         self._check_peer(peer)
         fp = norm_fp(fp)
         key = (peer, comm_id, seq)
+
+        def take():
+            box = self._boxes.get(key)
+            if box is None:
+                return None
+            for theirs in box.fps:
+                if theirs != fp:
+                    raise FingerprintMismatch(peer, seq, theirs, fp)
+            q = box.steps.get(step)
+            if not q:
+                return None
+            payload = q.popleft()
+            if not q:
+                del box.steps[step]
+                if not box.steps:
+                    del self._boxes[key]
+            return payload
+        return self._wait_until(take, comm_id, peer, timeout)
+
+    def _wait_until(self, ready: Callable[[], Any], comm_id: int, peer: int,
+                    timeout: float | None) -> Any:
+        """Sleep on the Condition until ``ready()`` (called with it held) returns a value other
+        than None, and return that; ``TransportClosed`` / ``Aborted`` (``comm_id``) take
+        precedence, ``PeerTimeout`` (naming ``peer``) after ``timeout`` seconds."""
         t0 = time.monotonic()
         deadline = math.inf if timeout is None else t0 + max(0.0, timeout)
         with self._cond:
@@ -151,19 +175,9 @@ class Transport:
                 ab = self._aborted.get(comm_id)
                 if ab is not None:
                     raise Aborted(*ab)
-                box = self._boxes.get(key)
-                if box is not None:
-                    for theirs in box.fps:
-                        if theirs != fp:
-                            raise FingerprintMismatch(peer, seq, theirs, fp)
-                    q = box.steps.get(step)
-                    if q:
-                        payload = q.popleft()
-                        if not q:
-                            del box.steps[step]
-                            if not box.steps:
-                                del self._boxes[key]
-                        return payload
+                value = ready()
+                if value is not None:
+                    return value
                 now = time.monotonic()
                 if now >= deadline:
                     raise PeerTimeout(peer, now - t0)

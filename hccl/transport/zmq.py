@@ -32,14 +32,11 @@ import logging
 import threading
 from typing import Any
 
-import math
-import time
-
 import numpy as np
 import zmq
 
 from hccl import config, wire
-from hccl.transport.base import (DONE, Aborted, Fingerprint, PeerGone, PeerTimeout, SendHandle,
+from hccl.transport.base import (DONE, Fingerprint, PeerGone, PeerTimeout, SendHandle,
                                  Transport, TransportClosed, TransportError, as_bytes_view,
                                  norm_fp)
 from runtime import ipc
@@ -90,20 +87,8 @@ class _AckHandle(SendHandle):
         self._t, self._peer, self._comm, self.acked = transport, peer, comm_id, False
 
     def wait(self, timeout: float | None = None) -> None:
-        t = self._t
-        t0 = time.monotonic()
-        deadline = math.inf if timeout is None else t0 + max(0.0, timeout)
-        with t._cond:
-            while not self.acked:
-                if t._closed:
-                    raise TransportClosed(f"rank {t.rank}: transport closed")
-                ab = t._aborted.get(self._comm)
-                if ab is not None:
-                    raise Aborted(*ab)
-                now = time.monotonic()
-                if now >= deadline:
-                    raise PeerTimeout(self._peer, now - t0)
-                t._cond.wait(None if deadline == math.inf else deadline - now)
+        if not self.acked:
+            self._t._wait_until(lambda: self.acked or None, self._comm, self._peer, timeout)
 
     def done(self) -> bool:
         return self.acked

@@ -19,6 +19,7 @@ from hccl import schedule
 from hccl.errors import (CollectiveMismatchError, HcclTimeoutError, InvalidArgumentError,
                          RemoteRankError)
 from hccl.reduction import reduce_reference
+from hccl.transport.base import Transport
 from hccl.types import DataType, Fingerprint, OpType, ReduceOp
 
 inproc = pytest.importorskip("hccl.transport.inproc",
@@ -430,9 +431,7 @@ class _LoopbackTransport:
         self.log.append(("recv", step))
         return memoryview(self.box.pop(step))
 
-    from hccl.transport.base import Transport
     recv_into = Transport.recv_into                # recv, then consume
-    del Transport
 
 
 def test_writes_wait_for_pending_zero_copy_sends_that_read_them():
