@@ -11,7 +11,7 @@ import numpy as np
 
 from . import profiler
 from .callsite import callsite
-from .context import _contexts, _tls, current_context, current_stream_of, resolve_stream
+from .context import _contexts, _tls, current_context, resolve_stream
 from .errors import InvalidParamError, MemoryAccessError
 from .pool import MemMallocPolicy
 
@@ -175,21 +175,25 @@ def malloc(nbytes: int, policy: MemMallocPolicy = MemMallocPolicy.HUGE_FIRST) ->
         InvalidParamError: nbytes <= 0 or an unknown policy.
         OutOfMemoryError: the pool cannot satisfy the request (message gives the numbers).
     """
-    # _malloc written out: a cached malloc + free is a hot loop in training steps
-    site = callsite(2)
-    tls = _tls
-    dev = tls.device
+    return _malloc(nbytes, policy, callsite(2))
+
+
+def _malloc(nbytes, policy, site, stream=None) -> DevicePtr:
+    # written flat: a cached malloc + free is a hot loop in training steps
+    dev = _tls.device
     ctx = _contexts.get(dev) if dev is not None else None
     if ctx is None:
         ctx = current_context()     # the process's device, or ContextError
-    stacks = tls.streams
-    st = stacks.get(ctx.device_id) if stacks else None
+    if stream is None:
+        stacks = _tls.streams
+        st = stacks.get(ctx.device_id) if stacks else None
+        stream = st[-1] if st else ctx.default_stream
     lock = ctx.lock
     lock.acquire()                  # acquire / release: a third cheaper than ``with`` here
     try:
         if ctx.deferred:
             _drain(ctx)
-        block = ctx.pool.malloc(nbytes, st[-1] if st else ctx.default_stream, policy, site)
+        block = ctx.pool.malloc(nbytes, stream, policy, site)
     finally:
         lock.release()
     p = _new_object(DevicePtr)
@@ -199,16 +203,6 @@ def malloc(nbytes: int, policy: MemMallocPolicy = MemMallocPolicy.HUGE_FIRST) ->
     p.device_id = ctx.device_id
     p.addr = block.addr
     return p
-
-
-def _malloc(nbytes, policy, site, stream=None) -> DevicePtr:
-    ctx = current_context()
-    s = stream if stream is not None else current_stream_of(ctx)
-    with ctx.lock:
-        if ctx.deferred:
-            _drain(ctx)
-        block = ctx.pool.malloc(nbytes, s, policy, site)
-    return DevicePtr(ctx, block.addr, block, block.gen)
 
 
 def free(ptr: DevicePtr) -> None:
