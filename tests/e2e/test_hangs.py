@@ -59,7 +59,12 @@ def test_rank_in_a_different_collective(tmp_path, scenario, call):
     assert elapsed < 15, elapsed                       # seconds, not the exec timeout
     assert rep["reason"] == "mismatch" and rep["culprits"] == [1]
     st = states(rep)
-    assert st[1] == "mismatch" and all(st[r] == "waiting" for r in (0, 2, 3)), st
+    assert st[1] == "mismatch", st
+    for r in (0, 2, 3):     # waiting in the collective, or so late that the abort came first
+        e = rep["ranks"][str(r)]
+        assert st[r] == "waiting" or (st[r] == "not_entered" and "released by the failure of "
+                                      "another rank" in e["detail"] and e["exit"] == 1), (r, e)
+    assert sum(st[r] == "waiting" for r in (0, 2, 3)) >= 1, st
     assert rep["ranks"]["1"]["op"] == call
     assert "ALLREDUCE(count=1024, FP32, SUM)" in rep["verdict"] and call in rep["verdict"]
     assert "CollectiveMismatchError" in res.stderr
