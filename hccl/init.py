@@ -134,19 +134,17 @@ def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: 
         transport = ZmqTransport(rank, size, secret, bind_host=_bind_host(host))
         store.set(f"{uid}/addr/{rank}", f"{transport.address}\n{transport.node}".encode())
         keys = [f"{uid}/addr/{r}" for r in range(size)]
-        try:
-            store.wait(keys, timeout=timeout)
-        except StoreTimeout as e:
-            gone = sorted(int(k.rsplit("/", 1)[1]) for k in e.missing)
-            came = [r for r in range(size) if r not in gone]
-            raise HcclTimeoutError(
-                f"[rank {rank}] communicator init timed out after {timeout:g} s "
-                f"(HCCL_CONNECT_TIMEOUT={timeout:g}): ranks {gone} never arrived; arrived: {came}. "
-                "Check that every rank started and calls init with the same world size, or raise "
-                "HCCL_CONNECT_TIMEOUT.", seq=0, waited=timeout, timeout=timeout, rank=rank) from None
+        _wait_all(store, keys, timeout, rank, "never arrived")
         found = {r: store.get(keys[r]).decode().partition("\n") for r in range(size) if r != rank}
         transport.connect({r: a for r, (a, _, _) in found.items()},
                           {r: node for r, (_, _, node) in found.items()})
+        # The ordering that makes every first message usable: a rank returns its communicator
+        # (and may send) only after every rank has connected, i.e. knows which peers share its
+        # node. Without this barrier a fast rank's first SHM_DATA could reach a peer that had
+        # not yet learnt the sender is local (docs/algorithms.md, "Start-up ordering").
+        store.set(f"{uid}/connected/{rank}", b"1")
+        _wait_all(store, [f"{uid}/connected/{r}" for r in range(size)], timeout, rank,
+                  "never finished connecting")
     except BaseException:
         if transport is not None:
             transport.close()
@@ -156,6 +154,20 @@ def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: 
     comm = Comm(world, list(range(size)), comm_id_of(uid), "world")
     diag.attach(world, store)
     return comm
+
+
+def _wait_all(store: StoreClient, keys: list[str], timeout: float, rank: int, what: str) -> None:
+    """Wait until every rank has set its key (the rank is the key's last component)."""
+    try:
+        store.wait(keys, timeout=timeout)
+    except StoreTimeout as e:
+        gone = sorted(int(k.rsplit("/", 1)[1]) for k in e.missing)
+        came = [int(k.rsplit("/", 1)[1]) for k in keys if k not in e.missing]
+        raise HcclTimeoutError(
+            f"[rank {rank}] communicator init timed out after {timeout:g} s "
+            f"(HCCL_CONNECT_TIMEOUT={timeout:g}): ranks {gone} {what}; arrived: {came}. "
+            "Check that every rank started and calls init with the same world size, or raise "
+            "HCCL_CONNECT_TIMEOUT.", seq=0, waited=timeout, timeout=timeout, rank=rank) from None
 
 
 def _close_servers():

@@ -75,6 +75,15 @@ class BadFrame(ValueError):
     """A received message is malformed, forged, replayed or misaddressed; drop it."""
 
 
+class UnusableFrame(BadFrame):
+    """An authenticated message, so a member's (``sender``), that this build cannot use: a
+    protocol error to report to every rank, never a silent drop."""
+
+    def __init__(self, message: str, sender: int):
+        super().__init__(message)
+        self.sender = sender
+
+
 class Header(NamedTuple):
     """A verified header; ``payloads`` are the raw payload frames exactly as received."""
 
@@ -182,9 +191,11 @@ def unpack(frames: Sequence[Any], secret: bytes, *, guard: "ReplayGuard | None" 
            dest: int | None = None) -> Header:
     """Verify ``frames`` (without any routing id) and return their ``Header``.
 
-    Checks, cheapest first: frame count, header size, magic, version, kind, text length, MAC,
-    payload count and total length, destination, then the replay guard (only after the MAC, so
-    a forger cannot poison it). Raises ``BadFrame`` saying which check failed.
+    Checks, cheapest first: frame count, header size, magic, text length, MAC, destination (a
+    failure of any of these is a stranger's or a replayed message: ``BadFrame``); then version,
+    kind, payload count and total length, text encoding (a failure here is a member's message
+    this build cannot use: ``UnusableFrame``, naming the sender); then the replay guard (only
+    after the MAC, so a forger cannot poison it).
     """
     key = secret if type(secret) is bytes and secret else _check_secret(secret)
     if not frames:
@@ -200,31 +211,32 @@ def unpack(frames: Sequence[Any], secret: bytes, *, guard: "ReplayGuard | None" 
      comm_id, seq, step, f0, f1, f2, f3, f4, value) = _FIXED.unpack_from(raw)
     if magic != MAGIC:
         raise BadFrame(f"bad magic {magic!r}")
-    if version != VERSION:
-        raise BadFrame(f"wire version {version}, this build speaks {VERSION}")
-    if kind not in _KINDS:
-        raise BadFrame(f"unknown message kind {kind}")
     if n != FIXED_SIZE + text_len + MAC_SIZE:
         raise BadFrame(f"header frame is {n} bytes but announces {text_len} text bytes "
                        f"(expected {FIXED_SIZE + text_len + MAC_SIZE})")
     body, mac = raw[:-MAC_SIZE], raw[-MAC_SIZE:]
     if not hmac.compare_digest(mac, _mac(key, body)):
         raise BadFrame("bad MAC (wrong job secret or tampered header)")
+    if dest is not None and dst != dest:       # a member's message replayed to another endpoint
+        raise BadFrame(f"message addressed to {dst}, this endpoint is {dest}")
+    # authenticated: from here on the message is a member's, and what is wrong is its error
+    if version != VERSION:
+        raise UnusableFrame(f"wire version {version}, this build speaks {VERSION}", sender)
+    if kind not in _KINDS:
+        raise UnusableFrame(f"unknown message kind {kind}", sender)
     payloads = tuple(frames[1:])
     if len(payloads) != nframes:
-        raise BadFrame(f"{len(payloads)} payload frames, header announces {nframes}")
+        raise UnusableFrame(f"{len(payloads)} payload frames, header announces {nframes}", sender)
     try:
         got = sum(map(nbytes, payloads))
     except TypeError as e:
-        raise BadFrame(f"payload frame is not bytes-like: {e}") from None
+        raise UnusableFrame(f"payload frame is not bytes-like: {e}", sender) from None
     if got != payload_len:
-        raise BadFrame(f"payload is {got} bytes, header announces {payload_len}")
-    if dest is not None and dst != dest:
-        raise BadFrame(f"message addressed to {dst}, this endpoint is {dest}")
+        raise UnusableFrame(f"payload is {got} bytes, header announces {payload_len}", sender)
     try:
         text = body[FIXED_SIZE:].decode("utf-8") if text_len else ""
     except UnicodeDecodeError:
-        raise BadFrame("header text is not utf-8") from None
+        raise UnusableFrame("header text is not utf-8", sender) from None
     if guard is not None:
         guard.accept(sender, conn, serial)
     return Header(Kind(kind), sender, dst, conn, serial, comm_id, seq, step,

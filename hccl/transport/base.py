@@ -8,7 +8,8 @@ the order they were sent) and every fingerprint that peer used for that ``(comm_
 ``recv`` sleeps on one Condition until, in this order of precedence:
 
 1. the transport was closed                        -> ``TransportClosed``
-2. ``comm_id`` was aborted, here or by any peer    -> ``Aborted`` (sticky for that comm_id)
+2. ``comm_id`` was aborted, here or by any peer,  -> ``Aborted`` (sticky for that comm_id)
+   or the whole world failed (``fail``: a member sent a message this rank cannot use)
 3. any message from ``peer`` for ``(comm_id, seq)`` carries another fingerprint
                                                    -> ``FingerprintMismatch`` (also when it arrived
                                                       before ``recv`` was called)
@@ -29,6 +30,7 @@ from typing import Any, Callable
 import numpy as np
 
 Fingerprint = tuple[int, int, int, int, int]   # (op, count, dtype, redop, root) as ints
+ALL_COMMS = (1 << 64) - 1   # the comm_id of an abort that fails every communicator of the world
 
 
 class TransportError(Exception):
@@ -36,14 +38,15 @@ class TransportError(Exception):
 
 
 class PeerTimeout(TransportError, TimeoutError):
-    """Nothing arrived from ``peer`` for the awaited tag within ``waited`` seconds."""
+    """Nothing arrived from ``peer`` for the awaited tag within ``waited`` seconds; ``note`` says
+    what else the transport saw meanwhile (e.g. unauthenticated messages it dropped)."""
 
-    def __init__(self, peer: int, waited: float):
-        super().__init__(peer, waited)
-        self.peer, self.waited = peer, waited
+    def __init__(self, peer: int, waited: float, note: str = ""):
+        super().__init__(peer, waited, note)
+        self.peer, self.waited, self.note = peer, waited, note
 
     def __str__(self) -> str:
-        return f"no message from rank {self.peer} after {self.waited:.1f} s"
+        return f"no message from rank {self.peer} after {self.waited:.1f} s{self.note}"
 
 
 class FingerprintMismatch(TransportError):
@@ -119,6 +122,7 @@ class Transport:
         self._cond = threading.Condition()
         self._boxes: dict[tuple[int, int, int], _Mailbox] = {}
         self._aborted: dict[int, tuple[int, str]] = {}
+        self._failed: tuple[int, str] | None = None   # (rank, reason): every comm_id is aborted
         self._closed = False
 
     # -- the interface -------------------------------------------------------------------
@@ -172,7 +176,7 @@ class Transport:
             while True:
                 if self._closed:
                     raise TransportClosed(f"rank {self.rank}: transport closed")
-                ab = self._aborted.get(comm_id)
+                ab = self._aborted.get(comm_id) or self._failed
                 if ab is not None:
                     raise Aborted(*ab)
                 value = ready()
@@ -180,7 +184,7 @@ class Transport:
                     return value
                 now = time.monotonic()
                 if now >= deadline:
-                    raise PeerTimeout(peer, now - t0)
+                    raise PeerTimeout(peer, now - t0, self._timeout_note())
                 self._cond.wait(None if deadline == math.inf else deadline - now)
 
     def recv_into(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
@@ -197,10 +201,16 @@ class Transport:
         if self._mark_aborted(comm_id, self.rank, reason):
             self._broadcast_abort(comm_id, reason)
 
+    def fail(self, peer: int, reason: str) -> None:
+        """Abort every comm_id of this world, here and (once) on every peer: rank ``peer`` sent a
+        message this rank cannot use, so no collective between them can be trusted to finish."""
+        if self._mark_failed(peer, reason):
+            self._broadcast_abort(ALL_COMMS, reason)
+
     def aborted(self, comm_id: int) -> tuple[int, str] | None:
-        """``(rank, reason)`` if ``comm_id`` was aborted, else None."""
+        """``(rank, reason)`` if ``comm_id`` (or the whole world) was aborted, else None."""
         with self._cond:
-            return self._aborted.get(comm_id)
+            return self._aborted.get(comm_id) or self._failed
 
     def forget(self, comm_id: int, seq: int | None = None, peer: int | None = None) -> int:
         """Drop messages still held for ``comm_id`` (only ``seq`` / only from ``peer`` if given).
@@ -248,15 +258,19 @@ class Transport:
         with self._cond:
             if self._closed:
                 raise TransportClosed(f"rank {self.rank}: transport closed")
-            ab = self._aborted.get(comm_id)
+            ab = self._aborted.get(comm_id) or self._failed
             if ab is not None:
                 raise Aborted(*ab)
+
+    def _timeout_note(self) -> str:
+        """Appended to a ``PeerTimeout``: what this transport saw that may explain the wait."""
+        return ""
 
     def _deliver(self, peer: int, comm_id: int, seq: int, step: int, fp: tuple,
                  payload: memoryview) -> None:
         """File an inbound message and wake waiters."""
         with self._cond:
-            if self._closed or comm_id in self._aborted:
+            if self._closed or comm_id in self._aborted or self._failed:
                 return
             key = (peer, comm_id, seq)
             box = self._boxes.get(key)
@@ -278,6 +292,23 @@ class Transport:
             self._aborted[comm_id] = (peer, reason)
             for key in [k for k in self._boxes if k[1] == comm_id]:
                 del self._boxes[key]
+            self._cond.notify_all()
+            return True
+
+    def _apply_abort(self, comm_id: int, peer: int, reason: str) -> None:
+        """An abort that rank ``peer`` announced (``ALL_COMMS``: the whole world failed)."""
+        if comm_id == ALL_COMMS:
+            self._mark_failed(peer, reason)
+        else:
+            self._mark_aborted(comm_id, peer, reason)
+
+    def _mark_failed(self, peer: int, reason: str) -> bool:
+        """Record that the whole world failed (``fail``); False if it already had."""
+        with self._cond:
+            if self._failed is not None:
+                return False
+            self._failed = (peer, reason)
+            self._boxes.clear()
             self._cond.notify_all()
             return True
 

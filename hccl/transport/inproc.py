@@ -56,4 +56,4 @@ class InprocTransport(Transport):
     def _broadcast_abort(self, comm_id: int, reason: str) -> None:
         for r in range(self.size):
             if r != self.rank:
-                self._fabric.transport(r)._mark_aborted(comm_id, self.rank, reason)
+                self._fabric.transport(r)._apply_abort(comm_id, self.rank, reason)

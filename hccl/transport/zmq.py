@@ -5,8 +5,13 @@ peer (outbound), whose routing id encodes ``(rank, conn)`` with a random ``conn`
 receiver thread owns the ROUTER: it verifies every message with ``wire.unpack`` (MAC, sizes,
 addressed to this rank), checks that the socket identity matches the signed sender, rejects
 replayed serials, and files DATA into the mailboxes of ``base.Transport`` (waiters sleep on its
-Condition) or applies ABORT. Anything else is dropped and logged (rate-limited) on
-``hccl.transport``; nothing received is ever unpickled.
+Condition) or applies ABORT. A message that fails any of these checks is a stranger's (or a
+replay): it is dropped, counted and logged (WARNING, rate-limited) on ``hccl.transport``, and a
+timeout on this rank mentions the count. A message that passes them comes from a member: if this
+rank cannot use it (an unknown kind, a shared-memory notice from a rank of another node, a
+malformed notice) that is a protocol error, never a drop: ``Transport.fail`` aborts every
+communicator of the world on every rank with a reason naming the sender and the message.
+Nothing received is ever unpickled.
 
 Sends never block (SNDHWM/RCVHWM 0: the collectives post sends before their receives). Sends
 from several threads to one peer are serialized by that link's lock, which also keeps the link's
@@ -20,7 +25,9 @@ a SHM_DATA message names it (memory handle, offset, length) and the receiver's `
 reads it in place from its read-only mapping of the sender's device memory, then answers SHM_ACK;
 the send's handle completes on that acknowledgement (it waits on the transport's Condition, so an
 abort or close wakes it too). One copy (or the reduction itself) instead of three, and no socket
-buffers. A SHM_DATA from a rank of another node is dropped as malformed.
+buffers. A SHM_DATA from a rank of another node is a protocol error. Every rank knows which peers
+share its node before its communicator is returned (``hccl.init`` waits until every rank has
+called ``connect``), so a correct peer never sends one too early.
 
 Every socket has LINGER 0; ``close`` alone gives outbound links a bounded linger (1 s by default)
 so a last ABORT still leaves, then discards what a dead peer never took: it never hangs. It
@@ -63,6 +70,14 @@ class _TrackedHandle(SendHandle):
 
     def done(self) -> bool:
         return self._tracker.done
+
+
+class ProtocolError(Exception):
+    """An authenticated message from rank ``sender`` that this rank cannot use (the text says why)."""
+
+    def __init__(self, message: str, sender: int):
+        super().__init__(message)
+        self.sender = sender
 
 
 class ShmError(TransportError):
@@ -280,6 +295,16 @@ class ZmqTransport(Transport):
                 del self._acks[key]             # their waiters raise Aborted
         return super()._mark_aborted(comm_id, peer, reason)
 
+    def _mark_failed(self, peer: int, reason: str) -> bool:
+        with self._cond:
+            self._acks.clear()                  # their waiters raise Aborted
+        return super()._mark_failed(peer, reason)
+
+    def _timeout_note(self) -> str:
+        n = self.drops.dropped
+        return (f"; meanwhile this rank dropped {n} unauthenticated message(s), see the "
+                "hccl.transport warnings" if n else "")
+
     def _link(self, peer: int) -> _Link:
         link = self._links.get(peer)
         if link is None:
@@ -304,8 +329,14 @@ class ZmqTransport(Transport):
                 frames = sock.recv_multipart(copy=False)
                 try:
                     self._dispatch(frames)
+                except wire.UnusableFrame as e:
+                    self._on_protocol_error(ProtocolError(
+                        f"protocol error: rank {self.rank} cannot use a message from rank "
+                        f"{e.sender}: {e}", e.sender))
                 except wire.BadFrame as e:
                     self.drops(f"rank {self.rank}", f"{e} (from {_peer(frames[-1])})")
+                except ProtocolError as e:
+                    self._on_protocol_error(e)
                 except Exception:   # a bug here must not kill the receiver
                     log.exception("rank %d: internal error handling a message", self.rank)
         except zmq.ContextTerminated:
@@ -325,23 +356,36 @@ class ZmqTransport(Transport):
         if frames[0].bytes != wire.routing_id(_RANK_TAG, h.sender, h.conn):
             raise wire.BadFrame("socket identity does not match the signed sender")
         self._guard.accept(h.sender, h.conn, h.serial)
+        # authenticated from here on: what cannot be used is a member's protocol error
         if h.kind == wire.Kind.DATA and len(h.payloads) == 1:
             self._deliver(h.sender, h.comm_id, h.seq, h.step, h.fp, h.payloads[0].buffer)
         elif h.kind == wire.Kind.SHM_DATA and not h.payloads:
             if h.sender not in self._shm_peers:
-                raise wire.BadFrame(f"shared-memory payload from rank {h.sender}, which is not on "
-                                    "this node")
+                self._protocol_error(h, f"rank {h.sender} is not on this node (or shared memory "
+                                        "is off here: NPUSIM_SHM)")
             n, _, handle = h.text.partition(" ")
             if not n.isdigit() or not handle or int(n) > self.max_message or h.value < 0:
-                raise wire.BadFrame(f"malformed shared-memory notice {h.text[:80]!r}")
+                self._protocol_error(h, f"malformed notice {h.text[:80]!r}")
             self._deliver(h.sender, h.comm_id, h.seq, h.step, h.fp,
                           _ShmRef(handle, h.value, int(n), h.serial))
         elif h.kind == wire.Kind.SHM_ACK and not h.payloads:
             self._acked(h.sender, h.value)
         elif h.kind == wire.Kind.ABORT:
-            self._mark_aborted(h.comm_id, h.sender, h.text)
+            self._apply_abort(h.comm_id, h.sender, h.text)
         else:
-            raise wire.BadFrame(f"unexpected {h.kind.name} message with {len(h.payloads)} payloads")
+            self._protocol_error(h, f"not expected with {len(h.payloads)} payload frame(s)")
+
+    def _on_protocol_error(self, e: ProtocolError) -> None:
+        if not 0 <= e.sender < self.size or e.sender == self.rank:
+            self.drops(f"rank {self.rank}", f"{e} (not a peer rank of this world)")
+            return
+        log.error("rank %d: %s; aborting every communicator", self.rank, e)
+        self.fail(e.sender, str(e))
+
+    def _protocol_error(self, h: wire.Header, why: str):
+        raise ProtocolError(f"protocol error: rank {self.rank} cannot use a {h.kind.name} message "
+                            f"from rank {h.sender} (comm {h.comm_id:#x}, seq {h.seq}, step "
+                            f"{h.step}): {why}", h.sender)
 
     # -- teardown --------------------------------------------------------------------------
     def close(self, linger: float = 1.0) -> None:

@@ -154,18 +154,18 @@ def test_no_shared_memory_when_switched_off(pair, monkeypatch):
     runtime.free(p)
 
 
-def test_a_notice_from_a_rank_of_another_node_is_dropped(pair):
+def test_a_notice_from_a_rank_of_another_node_aborts_every_comm_on_both_ranks(pair):
     a, b = pair(({1: "same"}, {0: "elsewhere"}))             # a believes b is local; b does not
     a.node = "same"
     a._shm_peers = frozenset({1})
     p, view = _device_bytes(MiB, seed=6)
     h = a.send(1, 1, 1, 0, FP, view)
     assert a.shm_sends == 1
-    assert b.drops.wait_for(1, 5)
-    with pytest.raises(PeerTimeout):
-        b.recv(0, 1, 1, 0, FP, 0.2)
-    with pytest.raises(PeerTimeout):
-        h.wait(0.2)
+    for wait in (lambda: b.recv(0, 1, 1, 0, FP, 10), lambda: b.recv(0, 7, 1, 0, FP, 10),
+                 lambda: h.wait(10), lambda: a.recv(1, 7, 1, 0, FP, 10)):
+        with pytest.raises(Aborted, match="SHM_DATA message from rank 0.*not on this node"):
+            wait()                                       # a member's frame is never dropped
+    assert b.drops.dropped == 0
     runtime.free(p)
 
 
@@ -202,13 +202,15 @@ def test_a_bad_notice_fails_the_receive_and_is_still_acknowledged(pair, stranger
                                    value=offset, text=text))
     notice(1, 1 << 50, f"16 {handle}")                       # outside the memory
     notice(2, off, f"16 {handle.rsplit(':', 1)[0]}:elsewhere")  # not npusim memory
-    notice(3, off, "sixteen bytes")                          # malformed: dropped
     for step, match in ((1, "outside"), (2, "not name npusim")):
         with pytest.raises(ShmError, match=match):
             b.recv_into(0, 1, 1, step, FP, 5, lambda v: None)
-    assert b.drops.wait_for(1, 5)
-    notice(4, off, f"16 {handle}")                           # a good one still works
+    notice(3, off, f"16 {handle}")                           # a good one still works
     got = []
-    b.recv_into(0, 1, 1, 4, FP, 5, lambda v: got.append(bytes(v)))
+    b.recv_into(0, 1, 1, 3, FP, 5, lambda v: got.append(bytes(v)))
     assert got == [view[:16].tobytes()]
+    notice(4, off, "sixteen bytes")                          # malformed: a protocol error
+    with pytest.raises(Aborted, match="rank 0.*malformed notice 'sixteen bytes'"):
+        b.recv_into(0, 1, 1, 4, FP, 5, lambda v: None)
+    assert b.drops.dropped == 0
     runtime.free(p)

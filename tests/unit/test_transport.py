@@ -378,12 +378,38 @@ def test_replay_and_misaddressed_messages_are_dropped(zpair, stranger):
     s.send_multipart(msg)                                               # replay
     s.send_multipart(_data(0, 0, conn, 2, comm_id=42))                  # addressed to rank 0
     s.send_multipart(_data(1, 1, conn, 3, comm_id=42))                  # claims to be rank 1
-    s.send_multipart(wire.pack(SECRET, wire.Kind.SET, sender=0, dest=1, conn=conn, serial=4))
-    assert b.drops.wait_for(4, 5)
-    with pytest.raises(PeerTimeout):
+    assert b.drops.wait_for(3, 5)
+    with pytest.raises(PeerTimeout, match="dropped 3 unauthenticated"):
         b.recv(0, 42, 1, 0, FP, 0.05)
     a.send(1, 42, 2, 0, FP, b"real")
     assert bytes(b.recv(0, 42, 2, 0, FP, 5)) == b"real"
+
+
+@pytest.mark.parametrize("what", ["store request", "unknown kind", "missing payload"])
+def test_a_members_unusable_message_aborts_every_comm_on_every_rank(zpair, stranger, what):
+    a, b = zpair
+    conn = 0x5EED
+    s = stranger(b.address, identity=wire.routing_id(b"R", 0, conn))
+    if what == "store request":
+        s.send_multipart(wire.pack(SECRET, wire.Kind.SET, sender=0, dest=1, conn=conn, serial=1))
+        match = "SET message from rank 0.*not expected"
+    elif what == "unknown kind":
+        hdr = wire.pack(SECRET, wire.Kind.SET, sender=0, dest=1, conn=conn, serial=1)[0]
+        body = bytearray(hdr[:-wire.MAC_SIZE])
+        body[5] = 99                                    # the kind byte, then re-signed
+        s.send_multipart([bytes(body) + wire._mac(SECRET, bytes(body))])
+        match = "message from rank 0: unknown message kind 99"
+    else:
+        hdr, _ = _data(0, 1, conn, 1)
+        s.send_multipart([hdr])                         # the header announces one payload
+        match = "message from rank 0: 0 payload frames, header announces 1"
+    with pytest.raises(Aborted, match=match):
+        b.recv(0, 42, 1, 0, FP, 10)                     # any comm: the world failed
+    with pytest.raises(Aborted, match=match):
+        a.recv(1, 9, 1, 0, FP, 10)                      # the peer heard it too
+    with pytest.raises(Aborted, match=match):
+        a.send(1, 3, 1, 0, FP, b"x")
+    assert b.drops.dropped == 0
 
 
 def test_oversized_payload_is_refused_at_send(zpair):
