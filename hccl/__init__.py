@@ -1,6 +1,6 @@
 """npusim hccl: HCCL-style collectives enqueued on runtime streams, over ZeroMQ between processes.
 
-See SPEC §2 and docs/algorithms.md. Every collective validates at the call and returns at once;
+See docs/api.md and docs/algorithms.md. Every collective validates at the call and returns at once;
 the result is there when the stream (or an event recorded after it) completes.
 
 Names are imported lazily (PEP 562): ``import hccl.store`` (what npurun needs) does not pull in

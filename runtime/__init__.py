@@ -1,6 +1,6 @@
 """npusim runtime: one simulated Ascend NPU per process (pyACL semantics, Pythonic names).
 
-See SPEC §1: devices and contexts, streams and events, the caching memory pool, copies, kernels
+Devices and contexts, streams and events, the caching memory pool, copies, kernels
 and profiling. Every error is a ``runtime.errors.NpuError`` with an ACL ``code``.
 """
 from . import errors
