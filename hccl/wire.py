@@ -127,30 +127,24 @@ def _check_secret(secret: bytes) -> bytes:
     return bytes(secret)
 
 
-_BLOCK = 64   # SHA-256 block size
-_MACS: dict = {}   # secret -> (inner, outer) sha256 states keyed per RFC 2104
+_MACS: dict = {}   # secret -> its keyed HMAC-SHA256 object, copied per message
 
 
 def _mac(key: bytes, body: bytes) -> bytes:
-    """HMAC-SHA256(key, body), equal to ``hmac.digest(key, body, "sha256")``.
+    """HMAC-SHA256(key, body).
 
-    ``hmac.digest`` re-derives the keyed pads on every call (~5 us here); the two keyed SHA-256
-    states are computed once per secret and copied instead (~1.4 us).
+    ``hmac.digest`` re-derives the keyed pads on every call; an ``hmac`` object keyed once per
+    secret and ``copy()``'d per message saves ~40 % of that (measured here under load: 4.6 us
+    against 7.4 us; hand-keyed SHA-256 states were ~1.8 us faster still, not worth the code).
     """
-    pads = _MACS.get(key)
-    if pads is None:
-        k = hashlib.sha256(key).digest() if len(key) > _BLOCK else key
-        k = k.ljust(_BLOCK, b"\0")
-        pads = (hashlib.sha256(bytes(c ^ 0x36 for c in k)),
-                hashlib.sha256(bytes(c ^ 0x5C for c in k)))
+    keyed = _MACS.get(key)
+    if keyed is None:
         if len(_MACS) > 64:
             _MACS.clear()
-        _MACS[key] = pads
-    inner = pads[0].copy()
-    inner.update(body)
-    outer = pads[1].copy()
-    outer.update(inner.digest())
-    return outer.digest()
+        keyed = _MACS[key] = hmac.new(key, digestmod=hashlib.sha256)
+    h = keyed.copy()
+    h.update(body)
+    return h.digest()
 
 
 def pack(secret: bytes, kind: int, *, sender: int, dest: int, conn: int, serial: int,
