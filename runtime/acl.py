@@ -17,76 +17,26 @@ Built only on the public runtime API; see docs/acl.md for the table of calls and
 """
 from __future__ import annotations
 
-import bisect
 import itertools
-import logging
 import queue
 import threading
 import time
-import weakref
-
-import numpy as np
 
 from . import acl_codes as _c
+from . import acl_ptr as _p
 from .acl_codes import *  # noqa: F401,F403  (pyACL scripts use acl.ACL_* names)
-from .acl_codes import AclError, code_of
+from .acl_codes import (AclError, fail, get_recent_err_msg, int_arg, log, returns_ret,
+                        returns_values)
+from .acl_ptr import check_count, register_host, resolve, strong, util
 
 import runtime as _rt
 
-log = logging.getLogger("runtime.acl")
 
-_lock = threading.RLock()
+_lock = _p.lock      # one lock for handles and pointers
 _state = {"initialized": False}
 _handles: dict = {}                 # int handle -> _Context / Stream / Event
 _next_handle = itertools.count(0x1000)
 _devices_used: set = set()
-_errmsg = threading.local()
-
-
-# ---------------------------------------------------------------------- calling convention
-def _fail(api: str, exc: BaseException) -> int:
-    code = code_of(exc)
-    msg = f"{api} failed, ret={code} ({_c.NAMES.get(code, 'error')}): {exc}"
-    _errmsg.text = msg
-    if code == _c.ACL_ERROR_INTERNAL_ERROR:
-        log.error(msg, exc_info=exc)
-    else:
-        log.error(msg)
-    return code
-
-
-def _ret(api: str):
-    """Decorate a call that returns nothing: it returns ACL_SUCCESS or the error code."""
-    def deco(fn):
-        def call(*args, **kwargs):
-            try:
-                fn(*args, **kwargs)
-            except Exception as exc:
-                return _fail(api, exc)
-            return _c.ACL_SUCCESS
-        call.__name__, call.__doc__ = fn.__name__, fn.__doc__
-        return call
-    return deco
-
-
-def _val(api: str, *fail):
-    """Decorate a call that returns values: ``(*values, ret)``; ``(*fail, code)`` on failure."""
-    def deco(fn):
-        def call(*args, **kwargs):
-            try:
-                out = fn(*args, **kwargs)
-            except Exception as exc:
-                return (*fail, _fail(api, exc))
-            return (*out, _c.ACL_SUCCESS) if isinstance(out, tuple) else (out, _c.ACL_SUCCESS)
-        call.__name__, call.__doc__ = fn.__name__, fn.__doc__
-        return call
-    return deco
-
-
-def _int_arg(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise AclError(_c.ACL_ERROR_INVALID_PARAM, f"{name}={value!r} must be an int")
-    return int(value)
 
 
 def _new_handle(obj) -> int:
@@ -112,124 +62,13 @@ def _stream(handle):
     return s
 
 
-def get_recent_err_msg() -> str:
-    """The text of this thread's most recent failed acl call ('' if none)."""
-    return getattr(_errmsg, "text", "")
-
-
-# ---------------------------------------------------------------------- pointers
-class _Ranges:
-    """Known buffers by start address; finds the one that holds an address (``ptr + offset``)."""
-
-    def __init__(self):
-        self.items: dict = {}           # start -> (object getter, nbytes)
-        self.starts: list = []
-
-    def add(self, start: int, getter, nbytes: int) -> None:
-        if start not in self.items:
-            bisect.insort(self.starts, start)
-        self.items[start] = (getter, nbytes)
-
-    def pop(self, start: int):
-        item = self.items.pop(start, None)
-        if item is not None:
-            del self.starts[bisect.bisect_left(self.starts, start)]
-        return item
-
-    def find(self, addr: int):
-        """(start, object, nbytes) of the live buffer holding ``addr``, else None."""
-        i = bisect.bisect_right(self.starts, addr) - 1
-        if i < 0:
-            return None
-        start = self.starts[i]
-        getter, nbytes = self.items[start]
-        obj = getter()
-        if obj is None or addr >= start + max(nbytes, 1):
-            return None
-        return start, obj, nbytes
-
-    def clear(self) -> None:
-        self.items.clear()
-        self.starts.clear()
-
-
-_dev = _Ranges()        # device address -> DevicePtr from acl.rt.malloc
-_host = _Ranges()       # host address -> malloc_host buffer / registered numpy array / bytes
-
-
-def _strong(obj):
-    return lambda: obj
-
-
-def _register_host(obj, pinned: bool = False) -> int:
-    arr = obj if isinstance(obj, np.ndarray) else np.frombuffer(obj, np.uint8)
-    addr = int(arr.__array_interface__["data"][0])
-    try:
-        getter = _strong(obj) if pinned else weakref.ref(obj)
-    except TypeError:           # bytes cannot be weakly referenced: kept until acl.finalize
-        getter = _strong(obj)
-    with _lock:
-        _host.add(addr, getter, arr.nbytes)
-    return addr
-
-
-def _host_region(addr: int):
-    """A flat uint8 numpy view of the host buffer from ``addr`` to its end, or None."""
-    found = _host.find(addr)
-    if found is None:
-        return None
-    start, obj, nbytes = found
-    arr = obj if isinstance(obj, np.ndarray) else np.frombuffer(obj, np.uint8)
-    flat = arr.reshape(-1).view(np.uint8) if arr.flags.c_contiguous else None
-    if flat is None:
-        raise AclError(_c.ACL_ERROR_INVALID_PARAM, f"host buffer at 0x{start:x} is not C-contiguous")
-    return flat[addr - start:]
-
-
-def _device_ptr(addr: int):
-    """The DevicePtr for device address ``addr`` (the start or inside of an acl.rt.malloc)."""
-    found = _dev.find(addr)
-    if found is None:
-        return None
-    start, ptr, _ = found
-    return ptr if addr == start else ptr + (addr - start)
-
-
-def _resolve(ptr, name: str):
-    """A DevicePtr or a host buffer for a pyACL pointer argument."""
-    if isinstance(ptr, (_rt.DevicePtr, np.ndarray, bytes, bytearray, memoryview)):
-        return ptr          # npusim objects and host buffers passed directly are taken as is
-    addr = _int_arg(name, ptr)
-    with _lock:
-        p = _device_ptr(addr)
-        if p is not None:
-            return p
-        h = _host_region(addr)
-    if h is not None:
-        return h
-    raise AclError(_c.ACL_ERROR_RT_PARAM_INVALID,
-                   f"{name}=0x{addr:x} is not in any live buffer: device memory comes from "
-                   "acl.rt.malloc, host memory from acl.rt.malloc_host, acl.util.numpy_to_ptr or "
-                   "acl.util.bytes_to_ptr (a freed pointer is no longer valid)")
-
-
-def _check_count(count, limit, what: str) -> int:
-    n = _int_arg("count", count)
-    m = _int_arg(what, limit)
-    if n < 0 or n > m:
-        raise AclError(_c.ACL_ERROR_INVALID_PARAM,
-                       f"count={n} must be in [0, {what}={m}]: {what} is the destination's size")
-    return n
-
-
 # ---------------------------------------------------------------------- acl.*
 def init(config_path=None) -> int:
     """Initialize pyACL (aclInit); ``config_path`` is accepted and not read."""
     with _lock:
         if _state["initialized"]:
-            _errmsg.text = "acl.init: already initialized; call acl.finalize first"
-            log.error(_errmsg.text)
-            return _c.ACL_ERROR_REPEAT_INITIALIZE
+            return fail("aclInit", AclError(_c.ACL_ERROR_REPEAT_INITIALIZE,
+                                            "already initialized; call acl.finalize first"))
         _state["initialized"] = True
     return _c.ACL_SUCCESS
 
@@ -238,15 +77,14 @@ def finalize() -> int:
     """Release everything acl calls created (streams, events, memory) and reset their devices."""
     with _lock:
         if not _state["initialized"]:
-            _errmsg.text = "acl.finalize: not initialized (or finalized already)"
-            log.error(_errmsg.text)
-            return _c.ACL_ERROR_REPEAT_FINALIZE
+            return fail("aclFinalize", AclError(_c.ACL_ERROR_REPEAT_FINALIZE,
+                                                "not initialized, or finalized already"))
         _state["initialized"] = False
         streams = [o for o in _handles.values() if isinstance(o, _rt.Stream)]
-        ptrs = [g() for g, _ in _dev.items.values()]
+        ptrs = [g() for g, _ in _p.dev.items.values()]
         _handles.clear()
-        _dev.clear()
-        _host.clear()
+        _p.dev.clear()
+        _p.host.clear()
         devices = sorted(_devices_used)
         _devices_used.clear()
         _reports.clear()
@@ -277,7 +115,7 @@ class _Context:
 
 
 def _set_device(device_id) -> None:
-    d = _int_arg("device_id", device_id)
+    d = int_arg("device_id", device_id)
     if not 0 <= d < _rt.device_count():
         raise AclError(_c.ACL_ERROR_RT_INVALID_DEVICEID,
                        f"device_id={d} is out of range: valid ids are 0..{_rt.device_count() - 1}"
@@ -296,73 +134,64 @@ class _Rt:
     MemType = type("MemType", (), {"MEM_TYPE_HUGE_FIRST": 0, "MEM_TYPE_HUGE_ONLY": 1,
                                    "MEM_TYPE_NORMAL": 2})
 
-    @staticmethod
-    @_ret("aclrtSetDevice")
+    @returns_ret("aclrtSetDevice")
     def set_device(device_id):
         """Bind the calling thread to device ``device_id`` (creating its context on first use)."""
         _set_device(device_id)
 
-    @staticmethod
-    @_ret("aclrtResetDevice")
+    @returns_ret("aclrtResetDevice")
     def reset_device(device_id):
         """Wait for the device's work, destroy its streams and events, release its memory."""
-        d = _int_arg("device_id", device_id)
+        d = int_arg("device_id", device_id)
         with _lock:
             for h, o in list(_handles.items()):
                 if isinstance(o, _rt.Stream) and o.device_id == d:
                     del _handles[h]
-            for start, (g, _) in list(_dev.items.items()):
+            for start, (g, _) in list(_p.dev.items.items()):
                 if g().device_id == d:
-                    _dev.pop(start)
+                    _p.dev.pop(start)
             for s in [s for s in _reports if s.device_id == d]:
                 del _reports[s]
             _devices_used.discard(d)
         _rt.reset_device(d)
 
-    @staticmethod
-    @_val("aclrtGetDeviceCount", 0)
+    @returns_values("aclrtGetDeviceCount", 0)
     def get_device_count():
         """(number of simulated NPUs, ret)."""
         return _rt.device_count()
 
-    @staticmethod
-    @_val("aclrtGetDevice", -1)
+    @returns_values("aclrtGetDevice", -1)
     def get_device():
         """(the calling thread's device id, ret)."""
         return _rt.get_device()
 
-    @staticmethod
-    @_val("aclrtGetRunMode", -1)
+    @returns_values("aclrtGetRunMode", -1)
     def get_run_mode():
         """(ACL_HOST, ret): the script runs on the host, as with a real NPU card."""
         return _c.ACL_HOST
 
-    @staticmethod
-    @_val("aclrtCreateContext", 0)
+    @returns_values("aclrtCreateContext", 0)
     def create_context(device_id):
         """(context, ret): a context on ``device_id``, made current for the calling thread."""
         _set_device(device_id)
         with _lock:
             return _new_handle(_Context(int(device_id)))
 
-    @staticmethod
-    @_ret("aclrtDestroyContext")
+    @returns_ret("aclrtDestroyContext")
     def destroy_context(context):
         """Destroy a context handle (the device's memory stays until reset_device / finalize)."""
         with _lock:
             _lookup(context, _Context, "context")
             del _handles[context]
 
-    @staticmethod
-    @_ret("aclrtSetCurrentContext")
+    @returns_ret("aclrtSetCurrentContext")
     def set_context(context):
         """Make ``context`` (its device) current for the calling thread."""
         with _lock:
             ctx = _lookup(context, _Context, "context")
         _rt.set_device(ctx.device_id)
 
-    @staticmethod
-    @_val("aclrtGetCurrentContext", 0)
+    @returns_values("aclrtGetCurrentContext", 0)
     def get_context():
         """(a context handle of the calling thread's device, ret)."""
         d = _rt.get_device()
@@ -374,34 +203,30 @@ class _Rt:
                        f"device {d} is set but no acl context was created on it; "
                        "call acl.rt.create_context")
 
-    @staticmethod
-    @_ret("aclrtSynchronizeDevice")
+    @returns_ret("aclrtSynchronizeDevice")
     def synchronize_device():
         """Wait for every stream of the current device."""
         _rt.synchronize()
 
     synchronize = synchronize_device   # a seed article's spelling
 
-    @staticmethod
-    @_val("aclrtGetMemInfo", 0, 0)
+    @returns_values("aclrtGetMemInfo", 0, 0)
     def get_mem_info(attr=_c.ACL_HBM_MEM):
         """(free bytes, total bytes, ret) of the current device (pool-cached memory is used)."""
-        a = _int_arg("attr", attr)
+        a = int_arg("attr", attr)
         if not 0 <= a <= _c.ACL_HBM_MEM_NORMAL:
             raise AclError(_c.ACL_ERROR_INVALID_PARAM, f"attr={a} is not an aclrtMemAttr (0..5)")
         return tuple(_rt.get_mem_info())
 
     # ------------------------------------------------------------------ streams
-    @staticmethod
-    @_val("aclrtCreateStream", 0)
+    @returns_values("aclrtCreateStream", 0)
     def create_stream():
         """(stream, ret): a new stream on the current device."""
         s = _rt.Stream()
         with _lock:
             return _new_handle(s)
 
-    @staticmethod
-    @_ret("aclrtDestroyStream")
+    @returns_ret("aclrtDestroyStream")
     def destroy_stream(stream):
         """Finish the stream's work and destroy it; the handle is invalid afterwards."""
         with _lock:
@@ -409,43 +234,39 @@ class _Rt:
             del _handles[stream]
         s.destroy()
 
-    @staticmethod
-    @_ret("aclrtSynchronizeStream")
+    @returns_ret("aclrtSynchronizeStream")
     def synchronize_stream(stream):
         """Wait for the work enqueued on ``stream`` (a failed task returns its error code)."""
         _stream(stream).synchronize()
 
-    @staticmethod
-    @_ret("aclrtSynchronizeStreamWithTimeout")
+    @returns_ret("aclrtSynchronizeStreamWithTimeout")
     def synchronize_stream_with_timeout(stream, timeout):
         """Like synchronize_stream, giving up after ``timeout`` ms (-1: wait forever): 507046."""
-        t = _int_arg("timeout", timeout)
+        t = int_arg("timeout", timeout)
         _stream(stream).synchronize(None if t < 0 else t / 1000.0)
 
     # ------------------------------------------------------------------ memory
-    @staticmethod
-    @_val("aclrtMalloc", 0)
+    @returns_values("aclrtMalloc", 0)
     def malloc(size, policy=_c.ACL_MEM_MALLOC_HUGE_FIRST):
         """(device pointer, ret): ``size`` bytes from the device's caching pool."""
-        n = _int_arg("size", size)
-        pol = _int_arg("policy", policy)
+        n = int_arg("size", size)
+        pol = int_arg("policy", policy)
         if pol not in (0, 1, 2):
             raise AclError(_c.ACL_ERROR_INVALID_PARAM,
                            f"policy={pol} is not an aclrtMemMallocPolicy (0 HUGE_FIRST, "
                            "1 HUGE_ONLY, 2 NORMAL_ONLY)")
         p = _rt.malloc(n, _rt.MemMallocPolicy(pol))
         with _lock:
-            _dev.add(p.addr, _strong(p), n)
+            _p.dev.add(p.addr, strong(p), n)
             _devices_used.add(p.device_id)
         return p.addr
 
-    @staticmethod
-    @_ret("aclrtFree")
+    @returns_ret("aclrtFree")
     def free(dev_ptr):
         """Return ``dev_ptr`` (a pointer acl.rt.malloc returned) to the pool."""
-        addr = _int_arg("dev_ptr", dev_ptr)
+        addr = int_arg("dev_ptr", dev_ptr)
         with _lock:
-            found = _dev.find(addr)
+            found = _p.dev.find(addr)
             if found is None:
                 raise AclError(_c.ACL_ERROR_RT_PARAM_INVALID,
                                f"dev_ptr=0x{addr:x}: double free or invalid pointer: no live "
@@ -456,97 +277,86 @@ class _Rt:
                                f"dev_ptr=0x{addr:x} is {addr - start} bytes into its allocation; "
                                "free the pointer acl.rt.malloc returned")
             _rt.free(p)
-            _dev.pop(start)
+            _p.dev.pop(start)
 
-    @staticmethod
-    @_val("aclrtMallocHost", 0)
+    @returns_values("aclrtMallocHost", 0)
     def malloc_host(size):
         """(host pointer, ret): a pinned host buffer usable for async copies."""
-        buf = _rt.malloc_host(_int_arg("size", size))
-        return _register_host(buf, pinned=True)
+        buf = _rt.malloc_host(int_arg("size", size))
+        return register_host(buf, pinned=True)
 
-    @staticmethod
-    @_ret("aclrtFreeHost")
+    @returns_ret("aclrtFreeHost")
     def free_host(host_ptr):
         """Release a buffer acl.rt.malloc_host returned."""
-        addr = _int_arg("host_ptr", host_ptr)
+        addr = int_arg("host_ptr", host_ptr)
         with _lock:
-            item = _host.items.get(addr)
+            item = _p.host.items.get(addr)
             buf = item[0]() if item else None
             if not isinstance(buf, _rt.HostBuffer):
                 raise AclError(_c.ACL_ERROR_RT_PARAM_INVALID,
                                f"host_ptr=0x{addr:x}: double free or not a pointer "
                                "acl.rt.malloc_host returned")
-            _host.pop(addr)
+            _p.host.pop(addr)
         _rt.free_host(buf)
 
-    @staticmethod
-    @_ret("aclrtMemcpy")
+    @returns_ret("aclrtMemcpy")
     def memcpy(*args):
         """memcpy(dst, dest_max, src, count, kind): copy after the current stream's work.
 
         The 4-argument form ``memcpy(dst, src, count, kind)`` of a seed article is accepted too.
         """
         dst, dest_max, src, count, kind = _copy_args("memcpy", args, 5)
-        n = _check_count(count, dest_max, "dest_max")
-        _rt.memcpy(_resolve(dst, "dst"), _resolve(src, "src"), n, _kind(kind))
+        n = check_count(count, dest_max, "dest_max")
+        _rt.memcpy(resolve(dst, "dst"), resolve(src, "src"), n, _kind(kind))
 
-    @staticmethod
-    @_ret("aclrtMemcpyAsync")
+    @returns_ret("aclrtMemcpyAsync")
     def memcpy_async(*args):
         """memcpy_async(dst, dest_max, src, count, kind, stream): enqueue a copy; returns at once."""
         dst, dest_max, src, count, kind, stream = _copy_args("memcpy_async", args, 6)
-        n = _check_count(count, dest_max, "dest_max")
-        _rt.memcpy_async(_resolve(dst, "dst"), _resolve(src, "src"), n, _kind(kind),
+        n = check_count(count, dest_max, "dest_max")
+        _rt.memcpy_async(resolve(dst, "dst"), resolve(src, "src"), n, _kind(kind),
                          stream=_stream(stream))
 
-    @staticmethod
-    @_ret("aclrtMemset")
+    @returns_ret("aclrtMemset")
     def memset(dev_ptr, max_count, value, count):
         """Set ``count`` bytes at ``dev_ptr`` to ``value`` after the current stream's work."""
-        n = _check_count(count, max_count, "max_count")
-        _rt.memset(_resolve(dev_ptr, "dev_ptr"), _int_arg("value", value), n)
+        n = check_count(count, max_count, "max_count")
+        _rt.memset(resolve(dev_ptr, "dev_ptr"), int_arg("value", value), n)
 
-    @staticmethod
-    @_ret("aclrtMemsetAsync")
+    @returns_ret("aclrtMemsetAsync")
     def memset_async(dev_ptr, max_count, value, count, stream):
         """Enqueue a memset on ``stream``; returns at once."""
-        n = _check_count(count, max_count, "max_count")
-        _rt.memset_async(_resolve(dev_ptr, "dev_ptr"), _int_arg("value", value), n,
+        n = check_count(count, max_count, "max_count")
+        _rt.memset_async(resolve(dev_ptr, "dev_ptr"), int_arg("value", value), n,
                          stream=_stream(stream))
 
     # ------------------------------------------------------------------ events
-    @staticmethod
-    @_val("aclrtCreateEvent", 0)
+    @returns_values("aclrtCreateEvent", 0)
     def create_event():
         """(event, ret): an event that records timestamps (for event_elapsed_time)."""
         with _lock:
             return _new_handle(_rt.Event(enable_timing=True))
 
-    @staticmethod
-    @_val("aclrtCreateEventWithFlag", 0)
+    @returns_values("aclrtCreateEventWithFlag", 0)
     def create_event_with_flag(flag):
         """(event, ret): timestamps only with ACL_EVENT_TIME_LINE in ``flag``."""
-        f = _int_arg("flag", flag)
+        f = int_arg("flag", flag)
         with _lock:
             return _new_handle(_rt.Event(enable_timing=bool(f & _c.ACL_EVENT_TIME_LINE)))
 
-    @staticmethod
-    @_ret("aclrtDestroyEvent")
+    @returns_ret("aclrtDestroyEvent")
     def destroy_event(event):
         """Destroy an event handle."""
         with _lock:
             _lookup(event, _rt.Event, "event")
             del _handles[event]
 
-    @staticmethod
-    @_ret("aclrtRecordEvent")
+    @returns_ret("aclrtRecordEvent")
     def record_event(event, stream):
         """Capture the work enqueued on ``stream`` so far in ``event``."""
         _lookup(event, _rt.Event, "event").record(_stream(stream))
 
-    @staticmethod
-    @_ret("aclrtResetEvent")
+    @returns_ret("aclrtResetEvent")
     def reset_event(event, stream):
         """Return ``event`` to the never-recorded (complete) state."""
         ev = _lookup(event, _rt.Event, "event")
@@ -554,35 +364,30 @@ class _Rt:
         with _lock:
             _handles[event] = _rt.Event(enable_timing=ev.enable_timing)
 
-    @staticmethod
-    @_ret("aclrtStreamWaitEvent")
+    @returns_ret("aclrtStreamWaitEvent")
     def stream_wait_event(stream, event):
         """Make later work on ``stream`` wait until ``event`` completes."""
         _stream(stream).wait_event(_lookup(event, _rt.Event, "event"))
 
-    @staticmethod
-    @_ret("aclrtSynchronizeEvent")
+    @returns_ret("aclrtSynchronizeEvent")
     def synchronize_event(event):
         """Wait until the work captured by ``event`` has finished."""
         _lookup(event, _rt.Event, "event").synchronize()
 
-    @staticmethod
-    @_val("aclrtQueryEvent", _c.ACL_EVENT_STATUS_NOT_READY)
+    @returns_values("aclrtQueryEvent", _c.ACL_EVENT_STATUS_NOT_READY)
     def query_event(event):
         """(ACL_EVENT_STATUS_COMPLETE 0 / ACL_EVENT_STATUS_NOT_READY 1, ret)."""
         done = _lookup(event, _rt.Event, "event").query()
         return _c.ACL_EVENT_STATUS_COMPLETE if done else _c.ACL_EVENT_STATUS_NOT_READY
 
-    @staticmethod
-    @_val("aclrtQueryEventStatus", _c.ACL_EVENT_RECORDED_STATUS_NOT_READY)
+    @returns_values("aclrtQueryEventStatus", _c.ACL_EVENT_RECORDED_STATUS_NOT_READY)
     def query_event_status(event):
         """(ACL_EVENT_RECORDED_STATUS_COMPLETE 1 / ..._NOT_READY 0, ret)."""
         done = _lookup(event, _rt.Event, "event").query()
         return (_c.ACL_EVENT_RECORDED_STATUS_COMPLETE if done
                 else _c.ACL_EVENT_RECORDED_STATUS_NOT_READY)
 
-    @staticmethod
-    @_val("aclrtEventElapsedTime", 0.0)
+    @returns_values("aclrtEventElapsedTime", 0.0)
     def event_elapsed_time(start, end):
         """(milliseconds between two completed events, ret)."""
         s, e = _lookup(start, _rt.Event, "event"), _lookup(end, _rt.Event, "event")
@@ -594,11 +399,10 @@ class _Rt:
         return float(s.elapsed_time(e))
 
     # ------------------------------------------------------------------ callbacks
-    @staticmethod
-    @_ret("aclrtSubscribeReport")
+    @returns_ret("aclrtSubscribeReport")
     def subscribe_report(thread_id, stream):
         """Route ``stream``'s callbacks to thread ``thread_id``, which calls process_report."""
-        tid = _int_arg("thread_id", thread_id)
+        tid = int_arg("thread_id", thread_id)
         s = _stream(stream)
         with _lock:
             if s in _reports:
@@ -607,11 +411,10 @@ class _Rt:
             _reports[s] = tid
             _report_queues.setdefault(tid, queue.Queue())
 
-    @staticmethod
-    @_ret("aclrtUnSubscribeReport")
+    @returns_ret("aclrtUnSubscribeReport")
     def unsubscribe_report(thread_id, stream):
         """Stop routing ``stream``'s callbacks to ``thread_id``."""
-        tid = _int_arg("thread_id", thread_id)
+        tid = int_arg("thread_id", thread_id)
         s = _stream(stream)
         with _lock:
             if _reports.get(s) != tid:
@@ -619,8 +422,7 @@ class _Rt:
                                f"{s.name} is not subscribed to thread {tid}")
             del _reports[s]
 
-    @staticmethod
-    @_ret("aclrtLaunchCallback")
+    @returns_ret("aclrtLaunchCallback")
     def launch_callback(fn, user_data, block_type, stream):
         """Enqueue ``fn(user_data)`` on ``stream``; the subscribed thread runs it in process_report.
 
@@ -628,7 +430,7 @@ class _Rt:
         """
         if not callable(fn):
             raise AclError(_c.ACL_ERROR_INVALID_PARAM, f"fn={fn!r} is not callable")
-        block = _int_arg("block_type", block_type)
+        block = int_arg("block_type", block_type)
         s = _stream(stream)
         with _lock:
             tid = _reports.get(s)
@@ -647,14 +449,13 @@ class _Rt:
                                    f"callback {fn!r} on {s.name}: its report thread unsubscribed")
         _rt.launch_callback(deliver, stream=s)
 
-    @staticmethod
-    @_ret("aclrtProcessReport")
+    @returns_ret("aclrtProcessReport")
     def process_report(timeout):
         """Run one callback routed to the calling thread, waiting up to ``timeout`` ms (-1: forever).
 
         Returns ACL_ERROR_RT_REPORT_TIMEOUT (507012) when none arrived in time.
         """
-        t = _int_arg("timeout", timeout)
+        t = int_arg("timeout", timeout)
         with _lock:
             q = _report_queues.setdefault(threading.get_ident(), queue.Queue())
         deadline = None if t < 0 else time.monotonic() + t / 1000.0
@@ -688,7 +489,7 @@ def _copy_args(api: str, args: tuple, full: int) -> tuple:
 
 
 def _kind(kind) -> "_rt.MemcpyKind":
-    k = _int_arg("kind", kind)
+    k = int_arg("kind", kind)
     if not 0 <= k <= 4:
         raise AclError(_c.ACL_ERROR_INVALID_PARAM,
                        f"kind={k} is not an aclrtMemcpyKind (0 HOST_TO_HOST, 1 HOST_TO_DEVICE, "
@@ -696,85 +497,5 @@ def _kind(kind) -> "_rt.MemcpyKind":
     return _rt.MemcpyKind(k)
 
 
-# ---------------------------------------------------------------------- acl.util
-class _Util:
-    """``acl.util``: pointers to and from numpy arrays and bytes, report threads."""
+rt = _Rt        # namespaces: their functions are called through the class, unbound
 
-    @staticmethod
-    def numpy_to_ptr(array) -> int:
-        """The host address of ``array``'s data; valid while the array lives."""
-        if not isinstance(array, np.ndarray):
-            raise TypeError(f"numpy_to_ptr: expected a numpy array, got {type(array).__name__}")
-        return _register_host(array)
-
-    @staticmethod
-    def bytes_to_ptr(data) -> int:
-        """The host address of a bytes / bytearray object (kept alive until acl.finalize)."""
-        if not isinstance(data, (bytes, bytearray)):
-            raise TypeError(f"bytes_to_ptr: expected bytes or bytearray, got {type(data).__name__}")
-        return _register_host(data)
-
-    @staticmethod
-    def ptr_to_numpy(ptr, shape, np_type):
-        """A numpy array viewing the host buffer at ``ptr`` (``np_type``: dtype or NPY type number)."""
-        dtype = _dtype(np_type)
-        count = int(np.prod(shape, dtype=np.int64)) if len(tuple(shape)) else 1
-        view = _host_view(ptr, count * dtype.itemsize, "ptr_to_numpy")
-        return view[:count * dtype.itemsize].view(dtype).reshape(shape)
-
-    @staticmethod
-    def ptr_to_bytes(ptr, size) -> bytes:
-        """A copy of ``size`` bytes of the host buffer at ``ptr``."""
-        return bytes(_host_view(ptr, int(size), "ptr_to_bytes")[:int(size)])
-
-    @staticmethod
-    def start_thread(fn, args) -> tuple:
-        """(thread id, ret): run ``fn(args)`` on a new daemon thread (for process_report loops)."""
-        t = threading.Thread(target=fn, args=(args,), daemon=True, name="acl report thread")
-        t.start()
-        _threads[t.ident] = t
-        return t.ident, _c.ACL_SUCCESS
-
-    @staticmethod
-    def stop_thread(thread_id) -> int:
-        """Join a thread start_thread made (it must have left its loop): ret."""
-        t = _threads.pop(thread_id, None)
-        if t is None:
-            return _fail("acl.util.stop_thread", AclError(
-                _c.ACL_ERROR_INVALID_PARAM, f"thread_id={thread_id!r} was not started by start_thread"))
-        t.join(timeout=10)
-        if t.is_alive():
-            return _fail("acl.util.stop_thread", AclError(
-                _c.ACL_ERROR_RT_THREAD_SUBSCRIBE, f"thread {thread_id} is still running after 10 s"))
-        return _c.ACL_SUCCESS
-
-
-_threads: dict = {}
-
-
-def _dtype(np_type) -> np.dtype:
-    if isinstance(np_type, (int, np.integer)) and not isinstance(np_type, bool):
-        for t in np.sctypeDict.values():
-            if np.dtype(t).num == int(np_type):
-                return np.dtype(t)
-        raise ValueError(f"np_type={np_type} is not a numpy type number")
-    return np.dtype(np_type)
-
-
-def _host_view(ptr, nbytes: int, api: str):
-    addr = _int_arg("ptr", ptr)
-    with _lock:
-        view = _host_region(addr)
-        is_dev = view is None and _dev.find(addr) is not None
-    if view is None:
-        where = ("device memory: copy it to the host with acl.rt.memcpy first" if is_dev
-                 else "not in any live host buffer known to acl")
-        raise ValueError(f"{api}: ptr=0x{addr:x} is {where}")
-    if nbytes > view.nbytes:
-        raise ValueError(f"{api}: {nbytes} bytes requested but only {view.nbytes} are "
-                         f"available from 0x{addr:x}")
-    return view
-
-
-rt = _Rt()
-util = _Util()

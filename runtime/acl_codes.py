@@ -5,7 +5,15 @@ every name here, so a pyACL script finds ``acl.ACL_MEMCPY_HOST_TO_DEVICE`` where
 """
 from __future__ import annotations
 
+import logging
+import threading
+
+import numpy as np
+
 from .errors import NpuError
+
+log = logging.getLogger("runtime.acl")
+_errmsg = threading.local()
 
 ACL_SUCCESS = 0
 
@@ -73,6 +81,7 @@ ACL_DDR_MEM_NORMAL = 3
 ACL_HBM_MEM_HUGE = 4
 ACL_HBM_MEM_NORMAL = 5
 
+__all__ = [k for k in list(globals()) if k.startswith("ACL_")]  # what ``acl`` re-exports
 NAMES = {v: k for k, v in list(globals().items())
          if k.startswith("ACL_ERROR_") and isinstance(v, int)}
 NAMES[ACL_SUCCESS] = "ACL_SUCCESS"
@@ -99,3 +108,58 @@ def code_of(exc: BaseException) -> int:
     if isinstance(exc, MemoryError):
         return ACL_ERROR_BAD_ALLOC
     return ACL_ERROR_INTERNAL_ERROR
+
+
+# ---------------------------------------------------------------------- calling convention
+def fail(api: str, exc: BaseException) -> int:
+    """Log why ``api`` failed (the text also kept for get_recent_err_msg); return its code."""
+    code = code_of(exc)
+    msg = f"{api} failed, ret={code} ({NAMES.get(code, 'error')}): {exc}"
+    _errmsg.text = msg
+    if code == ACL_ERROR_INTERNAL_ERROR:
+        log.error(msg, exc_info=exc)
+    else:
+        log.error(msg)
+    return code
+
+
+def returns_ret(api: str):
+    """Decorate a call that returns nothing: it returns ACL_SUCCESS or the error code."""
+    def deco(fn):
+        def call(*args, **kwargs):
+            try:
+                fn(*args, **kwargs)
+            except Exception as exc:
+                return fail(api, exc)
+            return ACL_SUCCESS
+        call.__name__, call.__doc__ = fn.__name__, fn.__doc__
+        return call
+    return deco
+
+
+def returns_values(api: str, *on_fail):
+    """Decorate a call that returns values: ``(*values, ret)``; ``(*fail, code)`` on failure."""
+    def deco(fn):
+        def call(*args, **kwargs):
+            try:
+                out = fn(*args, **kwargs)
+            except Exception as exc:
+                return (*on_fail, fail(api, exc))
+            return (*out, ACL_SUCCESS) if isinstance(out, tuple) else (out, ACL_SUCCESS)
+        call.__name__, call.__doc__ = fn.__name__, fn.__doc__
+        return call
+    return deco
+
+
+def int_arg(name: str, value) -> int:
+    """``value`` as an int, or a parameter error naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise AclError(ACL_ERROR_INVALID_PARAM, f"{name}={value!r} must be an int")
+    return int(value)
+
+
+def get_recent_err_msg() -> str:
+    """The text of this thread's most recent failed acl call ('' if none)."""
+    return getattr(_errmsg, "text", "")
+
+
