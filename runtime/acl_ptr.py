@@ -100,6 +100,10 @@ def device_ptr(addr: int):
 
 def resolve(ptr, name: str):
     """A DevicePtr or a host buffer for a pyACL pointer argument."""
+    if name == "dst" and isinstance(ptr, bytes):
+        raise AclError(_c.ACL_ERROR_RT_PARAM_INVALID,
+                       "dst is a bytes object: read-only, and a copy (array.tobytes() is one), so "
+                       "the data could never reach your array; pass acl.util.numpy_to_ptr(array)")
     if isinstance(ptr, (_rt.DevicePtr, np.ndarray, bytes, bytearray, memoryview)):
         return ptr          # npusim objects and host buffers passed directly are taken as is
     addr = int_arg(name, ptr)
