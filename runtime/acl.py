@@ -444,9 +444,11 @@ class _Rt:
             done = threading.Event()
             q.put((fn, user_data, done))
             while block == _c.ACL_CALLBACK_BLOCK and not done.wait(0.5):
-                if _reports.get(s) != tid:     # unsubscribed: nobody will run it
+                alive = any(t.ident == tid for t in threading.enumerate())
+                if _reports.get(s) != tid or not alive:     # nobody will ever run it
                     raise AclError(_c.ACL_ERROR_RT_STREAM_NO_CB_REG,
-                                   f"callback {fn!r} on {s.name}: its report thread unsubscribed")
+                                   f"callback {fn!r} on {s.name}: its report thread "
+                                   f"{tid} unsubscribed or exited before running it")
         _rt.launch_callback(deliver, stream=s)
 
     @returns_ret("aclrtProcessReport")
@@ -459,7 +461,7 @@ class _Rt:
         with _lock:
             q = _report_queues.setdefault(threading.get_ident(), queue.Queue())
         deadline = None if t < 0 else time.monotonic() + t / 1000.0
-        while True:     # wait in slices so even timeout=-1 notices nothing hangs unnoticed
+        while True:     # 1 s slices: a -1 (forever) wait stays interruptible
             left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
             try:
                 fn, user_data, done = q.get(timeout=max(left, 0))
