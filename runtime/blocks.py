@@ -11,6 +11,7 @@ SMALL, LARGE_HUGE, LARGE_NORMAL = 0, 1, 2
 KIND_POOL = (1, 2, 2)          # statistics pool of each kind: 1 small_pool, 2 large_pool
 _KIND_HUGE = (False, True, False)
 _POOL_NAMES = ("all", "small_pool", "large_pool")
+READY_ONLY = object()          # merge(): a stream no pending block belongs to
 
 
 class Segment:
@@ -132,18 +133,20 @@ def replace(old: Block) -> Block:
     return b
 
 
-def merge(b: Block, joins, take) -> tuple[int, int]:
-    """Grow the free block ``b`` over the free neighbours ``joins(nb)`` accepts, on both sides.
+def merge(b: Block, stream, free_lists) -> tuple[int, int]:
+    """Grow the free block ``b`` over its free neighbours on both sides, as far as they qualify.
 
-    Each absorbed neighbour goes through ``take(nb)`` first (off its free list). Merged memory
-    keeps the latest marker: a later marker of a stream covers that stream's earlier work.
+    A neighbour qualifies when it is ready, or pending on ``stream`` (``READY_ONLY``: none is);
+    each absorbed neighbour is taken off ``free_lists`` first. Merged memory keeps the latest
+    marker: a later marker of a stream covers that stream's earlier work.
     Returns ``(bytes, blocks)`` absorbed.
     """
     absorbed = count = 0
     for backwards in (True, False):
         nb = b.prev if backwards else b.next
-        while nb is not None and not nb.allocated and joins(nb):
-            take(nb)
+        while nb is not None and not nb.allocated and (
+                nb.pending is None or nb.stream == stream):
+            free_lists.remove(nb)
             if nb.pending is not None and (b.pending is None or nb.seq > b.seq):
                 b.pending, b.seq = nb.pending, nb.seq
             absorbed += nb.size

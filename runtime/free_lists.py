@@ -14,10 +14,6 @@ from .blocks import Block
 ADDR_BITS = 64
 
 
-def _key(b: Block) -> int:
-    return (b.size << ADDR_BITS) | b.addr
-
-
 class FreeLists:
     """The free blocks of one allocator. A block must not change size or address while listed."""
 
@@ -29,7 +25,7 @@ class FreeLists:
 
     def insert(self, b: Block) -> None:
         """List the free block ``b`` (ready, or pending on ``b.stream``)."""
-        key = _key(b)
+        key = (b.size << ADDR_BITS) | b.addr
         if b.pending is None:
             insort(self._ready[b.segment.kind], key)
         else:
@@ -44,7 +40,7 @@ class FreeLists:
 
     def remove(self, b: Block) -> None:
         """Take the listed block ``b`` off its list."""
-        key = _key(b)
+        key = (b.size << ADDR_BITS) | b.addr
         if b.pending is None:
             lst = self._ready[b.segment.kind]
             del lst[bisect_left(lst, key)]
@@ -63,29 +59,21 @@ class FreeLists:
         Earlier kinds win (huge before normal pages); within a kind, the smallest key among the
         ready blocks and the stream's own pending blocks. None when nothing fits.
         """
-        b = self._best(size << ADDR_BITS, stream, kinds)
-        if b is not None:
-            self.remove(b)
-        return b
-
-    def fits(self, size: int, stream, kinds) -> bool:
-        """Whether ``take`` would find a block."""
-        return self._best(size << ADDR_BITS, stream, kinds) is not None
-
-    def _best(self, key: int, stream, kinds) -> Block | None:
+        key = size << ADDR_BITS
         for kind in kinds:
-            best = None
-            lst = self._ready[kind]
-            i = bisect_left(lst, key)
-            if i < len(lst):
-                best = lst[i]
+            ready = self._ready[kind]
+            i = bisect_left(ready, key)
             own = self._pending[kind].get(stream)
             if own is not None:
                 j = bisect_left(own, key)
-                if j < len(own) and (best is None or own[j] < best):
-                    best = own[j]
-            if best is not None:
-                return self._blocks[best]
+                if j < len(own) and (i == len(ready) or own[j] < ready[i]):
+                    b = self._blocks.pop(own.pop(j))
+                    if not own:
+                        del self._pending[kind][stream]
+                    self.n_pending -= 1
+                    return b
+            if i < len(ready):
+                return self._blocks.pop(ready.pop(i))
         return None
 
     def largest(self) -> int:

@@ -243,24 +243,27 @@ class CachingAllocator:
         if b is None:
             b = self._grow(size, nbytes, stream, kinds, policy)
         seg = b.segment
-        before = self._inactive(b)
-        after = (0, 0)
+        pool = KIND_POOL[seg.kind]
+        was_split = b.size != seg.size
         rest = b.size - size
         if rest > LARGE_SPLIT_MIN or (rest and seg.kind == SMALL):
-            r = blocks.split(b, size)
-            self._lists.insert(r)
-            after = self._inactive(r)
-        self._count_inactive(seg, before, after)
+            self._lists.insert(blocks.split(b, size))
+            if not was_split:                        # a whole segment got split: rest inactive
+                self._count_inactive(pool, rest, 1)
+            else:                                    # an inactive block shrank
+                self._count_inactive(pool, -size, 0)
+        elif was_split:                              # an inactive block, taken whole
+            self._count_inactive(pool, -b.size, -1)
         b.allocated = True
         b.requested = nbytes
         b.stream = stream
         b.site = site
         self._gen = b.gen = self._gen + 1
         self._live[b.addr] = b
-        st, pool = self._stats, KIND_POOL[seg.kind]
-        st.inc(st.allocated_bytes, pool, b.size)
-        st.inc(st.requested_bytes, pool, nbytes)
-        st.inc(st.allocation, pool, 1)
+        st = self._stats
+        st.allocated_bytes[pool].inc(b.size)
+        st.requested_bytes[pool].inc(nbytes)
+        st.allocation[pool].inc(1)
         return b
 
     def free(self, block: Block, ready=None, gen: int | None = None) -> None:
@@ -282,31 +285,40 @@ class CachingAllocator:
         del self._live[block.addr]
         block.allocated = False
         block.gen = 0
-        seg = block.segment
-        st, pool = self._stats, KIND_POOL[seg.kind]
-        st.dec(st.allocated_bytes, pool, block.size)
-        st.dec(st.requested_bytes, pool, block.requested)
-        st.dec(st.allocation, pool, 1)
+        pool = KIND_POOL[block.segment.kind]
+        st = self._stats
+        st.allocated_bytes[pool].dec(block.size)
+        st.requested_bytes[pool].dec(block.requested)
+        st.allocation[pool].dec(1)
         b = blocks.replace(block)                # the handle is retired, its memory goes on
         if ready is not None:
             self._seq += 1
             b.pending, b.seq = ready, self._seq
-        stream = b.stream
-        absorbed = blocks.merge(b, lambda nb: nb.pending is None or nb.stream == stream,
-                                self._lists.remove)
+        self._merge_and_list(b, b.stream, 0, 0)
+
+    def _merge_and_list(self, b: Block, stream, was_bytes: int, was_count: int) -> None:
+        """Merge the free block ``b`` with its neighbours (those pending on ``stream`` too) and
+        list it; inactive_split moves by the net change, from ``was_*`` counted for ``b``."""
+        merged_bytes, merged = blocks.merge(b, stream, self._lists)
         self._lists.insert(b)
-        self._count_inactive(seg, absorbed, self._inactive(b))
+        if b.size == b.segment.size:                 # the whole segment is free again
+            now_bytes = now_count = 0
+        else:
+            now_bytes, now_count = b.size, 1
+        self._count_inactive(KIND_POOL[b.segment.kind], now_bytes - merged_bytes - was_bytes,
+                             now_count - merged - was_count)
 
-    @staticmethod
-    def _inactive(b: Block) -> tuple[int, int]:
-        """(bytes, blocks) ``b`` adds to inactive_split when free: non-releasable memory."""
-        return (0, 0) if b.size == b.segment.size else (b.size, 1)
-
-    def _count_inactive(self, seg: Segment, before: tuple, after: tuple) -> None:
-        """inactive_split moves by the net change (torch's rule): totals count net moves."""
-        st, pool = self._stats, KIND_POOL[seg.kind]
-        st.move(st.inactive_split_bytes, pool, after[0] - before[0])
-        st.move(st.inactive_split, pool, after[1] - before[1])
+    def _count_inactive(self, pool: int, nbytes: int, count: int) -> None:
+        """inactive_split (non-releasable free blocks) moves by a net change, as in torch."""
+        st = self._stats
+        if nbytes > 0:
+            st.inactive_split_bytes[pool].inc(nbytes)
+        elif nbytes < 0:
+            st.inactive_split_bytes[pool].dec(-nbytes)
+        if count > 0:
+            st.inactive_split[pool].inc(count)
+        elif count < 0:
+            st.inactive_split[pool].dec(-count)
 
     def _bad_free(self, block, gen=None) -> Exception:
         if not isinstance(block, Block):
@@ -362,8 +374,8 @@ class CachingAllocator:
             self._segs[addr] = seg
             self.num_device_alloc += 1
             st, pool = self._stats, KIND_POOL[kind]
-            st.inc(st.reserved_bytes, pool, seg_size)
-            st.inc(st.segment, pool, 1)
+            st.reserved_bytes[pool].inc(seg_size)
+            st.segment[pool].inc(1)
             return seg.head
         return None
 
@@ -388,12 +400,11 @@ class CachingAllocator:
         A pending neighbour is left alone: merging would lock ready memory to its stream.
         """
         self._lists.remove(b)
-        before = self._inactive(b)
         b.pending = None
-        absorbed = blocks.merge(b, lambda nb: nb.pending is None, self._lists.remove)
-        self._lists.insert(b)
-        self._count_inactive(b.segment, (before[0] + absorbed[0], before[1] + absorbed[1]),
-                             self._inactive(b))
+        if b.size == b.segment.size:
+            self._merge_and_list(b, blocks.READY_ONLY, 0, 0)
+        else:
+            self._merge_and_list(b, blocks.READY_ONLY, b.size, 1)
 
     def _release_cached(self) -> int:
         """Release every whole free segment without a pending marker; return the bytes freed."""
@@ -417,8 +428,8 @@ class CachingAllocator:
         self._raw.release(seg.addr, seg.size)
         self.num_device_free += 1
         st, pool = self._stats, KIND_POOL[seg.kind]
-        st.dec(st.reserved_bytes, pool, seg.size)
-        st.dec(st.segment, pool, 1)
+        st.reserved_bytes[pool].dec(seg.size)
+        st.segment[pool].dec(1)
         return seg.size
 
     def empty_cache(self) -> None:

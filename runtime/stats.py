@@ -16,29 +16,38 @@ FIELDS = ("current", "peak", "allocated", "freed")
 
 
 class Stat:
-    """One statistic: ``current`` value, its ``peak``, and the totals ``allocated`` / ``freed``."""
+    """One statistic: ``current`` value, its ``peak``, and the totals ``allocated`` / ``freed``.
 
-    __slots__ = FIELDS
+    A pool's record also moves ``total``, the record of all pools, when it has one.
+    """
 
-    def __init__(self):
+    __slots__ = FIELDS + ("total",)
+
+    def __init__(self, total: "Stat | None" = None):
         self.current = self.peak = self.allocated = self.freed = 0
+        self.total = total
 
     def inc(self, n: int) -> None:
-        self.current += n
+        # ``total`` is moved here rather than by a second call: the cached malloc + free moves
+        # ten statistics, and a call each doubles the pool's cost.
+        self.current = c = self.current + n
         self.allocated += n
-        if self.current > self.peak:
-            self.peak = self.current
+        if c > self.peak:
+            self.peak = c
+        t = self.total
+        if t is not None:
+            t.current = c = t.current + n
+            t.allocated += n
+            if c > t.peak:
+                t.peak = c
 
     def dec(self, n: int) -> None:
         self.current -= n
         self.freed += n
-
-    def move(self, n: int) -> None:
-        """``inc(n)`` or ``dec(-n)``: a net change counts once in the totals."""
-        if n > 0:
-            self.inc(n)
-        elif n < 0:
-            self.dec(-n)
+        t = self.total
+        if t is not None:
+            t.current -= n
+            t.freed += n
 
     def reset_peak(self) -> None:
         self.peak = self.current
@@ -50,25 +59,13 @@ class Stat:
 class MemoryStats:
     """Every statistic of one allocator: ``stats.allocated_bytes[pool]`` is a ``Stat``.
 
-    ``pool`` is 0 (all), 1 (small) or 2 (large); ``inc`` / ``dec`` / ``move`` change a pool's
-    record and the ``all`` record together.
+    ``pool`` is 0 (all), 1 (small) or 2 (large); a pool's record moves the ``all`` record too.
     """
 
     def __init__(self):
         for name in STAT_NAMES:
-            setattr(self, name, (Stat(), Stat(), Stat()))
-
-    def inc(self, stat: tuple, pool: int, n: int) -> None:
-        stat[0].inc(n)
-        stat[pool].inc(n)
-
-    def dec(self, stat: tuple, pool: int, n: int) -> None:
-        stat[0].dec(n)
-        stat[pool].dec(n)
-
-    def move(self, stat: tuple, pool: int, n: int) -> None:
-        stat[0].move(n)
-        stat[pool].move(n)
+            total = Stat()
+            setattr(self, name, (total, Stat(total), Stat(total)))
 
     def records(self):
         """(name, pool name, Stat) of every statistic, mirrors included."""
