@@ -194,25 +194,15 @@ class CachingAllocator:
         """The most the pool may reserve: ``int(capacity * fraction)``."""
         return self._limit
 
-    @property
-    def allocated(self) -> int:
-        """Bytes in allocated blocks (torch ``memory_allocated``)."""
-        return self._stats.allocated_bytes[0].current
-
-    @property
-    def reserved(self) -> int:
-        """Bytes in segments (torch ``memory_reserved``)."""
-        return self._stats.reserved_bytes[0].current
-
-    @property
-    def max_allocated(self) -> int:
-        """Peak of ``allocated`` since the last ``reset_peak_stats``."""
-        return self._stats.allocated_bytes[0].peak
-
-    @property
-    def max_reserved(self) -> int:
-        """Peak of ``reserved`` since the last ``reset_peak_stats``."""
-        return self._stats.reserved_bytes[0].peak
+    # torch's memory_allocated / memory_reserved and their peaks since reset_peak_stats
+    allocated = property(lambda self: self._stats.allocated_bytes[0].current,
+                         doc="Bytes in allocated blocks.")
+    reserved = property(lambda self: self._stats.reserved_bytes[0].current,
+                        doc="Bytes in segments.")
+    max_allocated = property(lambda self: self._stats.allocated_bytes[0].peak,
+                             doc="Peak of ``allocated`` since the last ``reset_peak_stats``.")
+    max_reserved = property(lambda self: self._stats.reserved_bytes[0].peak,
+                            doc="Peak of ``reserved`` since the last ``reset_peak_stats``.")
 
     def largest_free_block(self) -> int:
         """Size of the largest cached free block (ready or pending), 0 if none."""

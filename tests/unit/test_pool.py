@@ -861,9 +861,13 @@ class RefPool:
 
     def _release_cached(self):
         self._poll()
-        self.segs = [s for s in self.segs if not (len(s[3]) == 1 and not s[3][0].allocated and
-                                                  s[3][0].pending is None)
-                     or self.raw.release(s[1], s[2])]
+        keep = []
+        for s in self.segs:
+            if len(s[3]) == 1 and not s[3][0].allocated and s[3][0].pending is None:
+                self.raw.release(s[1], s[2])
+            else:
+                keep.append(s)
+        self.segs = keep
 
     def malloc(self, n, stream, policy):
         size = -(-n // 512) * 512
