@@ -207,7 +207,7 @@ class Comm:
                 "bytes": count * dtype.itemsize}
         if peer is not None:
             meta["peer"] = peer
-        s._enqueue(task, name=f"Hccl{_API_NAMES[op]}", category="collective", meta=meta, site=site)
+        s.enqueue(task, name=f"Hccl{_API_NAMES[op]}", category="collective", meta=meta, site=site)
 
     def _describe(self, op, seq, fp) -> str:
         parts = [f"comm={self.name}", f"seq={seq}"]

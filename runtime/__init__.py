@@ -1,7 +1,8 @@
 """npusim runtime: one simulated Ascend NPU per process (pyACL semantics, Pythonic names).
 
-Devices and contexts, streams and events, the caching memory pool, copies, kernels
-and profiling. Every error is a ``runtime.errors.NpuError`` with an ACL ``code``.
+Devices and contexts, streams and events, the caching memory pool, copies, kernels and
+profiling (docs/runtime.md, docs/memory.md). Every error is a ``runtime.errors.NpuError`` with
+an ACL ``code``.
 """
 from . import errors
 from .log import setup as _setup_log

@@ -6,7 +6,8 @@ import numpy as np
 from .callsite import callsite
 from .context import current_context, resolve_stream
 from .errors import InvalidParamError, MemoryAccessError
-from .memory import DevicePtr, HostBuffer, _malloc, _run_sync, free, free_from_gc, host_view
+from .memory import (DeviceBuffer, DevicePtr, HostBuffer, _malloc, _run_sync, free, free_from_gc,
+                     host_view)
 from .pool import MemMallocPolicy
 
 try:  # bfloat16 is a first-class dtype
@@ -41,7 +42,7 @@ def _shape(shape) -> tuple:
     return shape
 
 
-class DeviceArray:
+class DeviceArray(DeviceBuffer):
     """An array in simulated device memory: ``shape``, ``dtype``, ``nbytes``, ``ptr``.
 
     Zero-size arrays are legal and take no device memory (``ptr`` is None). The memory goes back
@@ -61,6 +62,15 @@ class DeviceArray:
         self._site = _site
         if ptr is not None and self.nbytes:
             host_view(ptr, self.nbytes, name="ptr")  # validates liveness and size
+
+    def device_ptr(self, name: str) -> DevicePtr | None:
+        """The pointer to the first byte (None when empty); MemoryAccessError once freed."""
+        if self.nbytes == 0:
+            return None
+        if self._freed:
+            raise MemoryAccessError(f"{name}: use after free: {self!r} was freed (allocated at "
+                                    f"{self._site})")
+        return self.ptr
 
     @property
     def size(self) -> int:
@@ -138,7 +148,7 @@ class DeviceArray:
         else:
             s = resolve_stream(stream)
             src = x if isinstance(x, HostBuffer) else x.copy()
-            s._enqueue(lambda: np.copyto(dst, src), "copy_from_host", "copy", {"bytes": self.nbytes}, site)
+            s.enqueue(lambda: np.copyto(dst, src), "copy_from_host", "copy", {"bytes": self.nbytes}, site)
 
     def free(self) -> None:
         """Return the memory to the pool now. Freeing twice raises MemoryAccessError."""
@@ -185,7 +195,7 @@ def zeros(shape, dtype=np.float32, stream=None) -> DeviceArray:
         if stream is None:
             _run_sync(resolve_stream(None), lambda: v.fill(0), "zeros", "copy", a._site, {"bytes": a.nbytes})
         else:
-            resolve_stream(stream)._enqueue(lambda: v.fill(0), "zeros", "copy", {"bytes": a.nbytes}, a._site)
+            resolve_stream(stream).enqueue(lambda: v.fill(0), "zeros", "copy", {"bytes": a.nbytes}, a._site)
     return a
 
 
@@ -195,7 +205,3 @@ def to_device(x, stream=None) -> DeviceArray:
     a = _empty(x.shape, x.dtype, MemMallocPolicy.HUGE_FIRST, callsite(2))
     a.copy_from_host(x, stream=stream)
     return a
-
-
-_memory_module = __import__("runtime.memory", fromlist=["_DEVICE_TYPES"])
-_memory_module._DEVICE_TYPES = (DevicePtr, DeviceArray)

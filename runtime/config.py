@@ -36,6 +36,11 @@ def log_level() -> int:
     return _int("ASCEND_GLOBAL_LOG_LEVEL", 3)
 
 
+def rank() -> str | None:
+    """RANK: this process's global rank when a launcher started it (labels logs and traces)."""
+    return os.environ.get("RANK")
+
+
 def job_id() -> str:
     """NPUSIM_JOB_ID: names the job's shared-memory segments (set by npurun)."""
     return os.environ.get("NPUSIM_JOB_ID") or f"p{os.getpid()}"

@@ -38,7 +38,7 @@ class _Ready:
         self.stream, self.value = stream, value
 
     def query(self) -> bool:
-        return self.stream._done >= self.value
+        return self.stream.reached(self.value)
 
 
 class Context:
@@ -67,9 +67,10 @@ class Context:
                 self.streams.remove(s)
 
     def ready_marker(self, stream):
-        if stream._done >= stream._issued:
+        """The pool's marker for memory last used on ``stream``: None when it is idle."""
+        if stream.query():
             return None
-        return _Ready(stream, stream._issued)
+        return _Ready(stream, stream.issued)
 
     def synchronize(self, timeout=None) -> None:
         first = None

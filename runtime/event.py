@@ -22,7 +22,9 @@ class Event:
         self._time: float | None = None
         self._gen = 0
 
-    def _target(self):
+    @property
+    def point(self):
+        """``(stream, timeline value)`` the event captured, or None before ``record``."""
         if self._stream is None:
             return None
         return self._stream, self._value
@@ -38,15 +40,15 @@ class Event:
             def stamp():
                 if self._gen == gen:
                     self._time = time.perf_counter()
-            value = s._enqueue(stamp, name="event_record", category="event", site=callsite(2))
+            value = s.enqueue(stamp, name="event_record", category="event", site=callsite(2))
         else:
-            value = s._issued
+            value = s.issued
         self._stream, self._value = s, value
 
     def query(self) -> bool:
         """True once the captured work has finished (or the event was never recorded)."""
-        t = self._target()
-        return t is None or t[0]._done >= t[1]
+        t = self.point
+        return t is None or t[0].reached(t[1])
 
     def synchronize(self, timeout: float | None = None) -> None:
         """Block until the captured work has finished.
@@ -55,9 +57,9 @@ class Event:
             TaskError: a task captured by this event failed (raised once per failure).
             SyncTimeoutError: ``timeout`` passed first (code 507046); nothing changes.
         """
-        t = self._target()
+        t = self.point
         if t is not None:
-            t[0]._wait_value(t[1], timeout, "Event.synchronize")
+            t[0].wait_value(t[1], timeout, "Event.synchronize")
 
     def wait(self, stream=None) -> None:
         """Make ``stream`` (the current stream when None) wait for this event."""

@@ -24,7 +24,7 @@ def launch(kernel, *args, stream=None, name: str | None = None) -> None:
     else:
         def task():
             kernel(*args)
-    s._enqueue(task, name or getattr(kernel, "__name__", "kernel"), "kernel", None, callsite(2))
+    s.enqueue(task, name or getattr(kernel, "__name__", "kernel"), "kernel", None, callsite(2))
 
 
 def launch_callback(fn, stream=None) -> None:
@@ -32,4 +32,4 @@ def launch_callback(fn, stream=None) -> None:
     if not callable(fn):
         raise InvalidParamError(f"launch_callback(fn={fn!r}): fn must be callable")
     s = resolve_stream(stream)
-    s._enqueue(fn, getattr(fn, "__name__", "callback"), "callback", None, callsite(2))
+    s.enqueue(fn, getattr(fn, "__name__", "callback"), "callback", None, callsite(2))

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import os
 
 from . import config
 
@@ -20,7 +19,7 @@ def setup(name: str) -> logging.Logger:
     if not any(getattr(h, "_npusim", False) for h in logger.handlers):
         h = logging.StreamHandler()
         h._npusim = True
-        rank = os.environ.get("RANK")
+        rank = config.rank()
         tag = f"rank {rank} " if rank is not None else ""
         h.setFormatter(logging.Formatter(f"[npusim {tag}%(levelname)s %(name)s] %(message)s"))
         logger.addHandler(h)

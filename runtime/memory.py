@@ -11,12 +11,9 @@ import numpy as np
 
 from . import profiler
 from .callsite import callsite
-from .context import _contexts, _tls, current_context, resolve_stream
+from .context import _contexts, current_context, current_stream_of, resolve_stream
 from .errors import InvalidParamError, MemoryAccessError
 from .pool import MemMallocPolicy
-
-_new_object = object.__new__
-
 
 
 class MemcpyKind(enum.IntEnum):
@@ -78,9 +75,25 @@ class HostBuffer(np.ndarray):
     """A page-locked ("pinned") host buffer from ``malloc_host``; async copies use it directly."""
 
 
-_DEVICE_TYPES: tuple = (DevicePtr,)   # array.py adds DeviceArray (it imports this module)
+class DeviceBuffer:
+    """Base of the device-memory objects other than DevicePtr (``DeviceArray``).
+
+    The memory calls accept any DeviceBuffer where they accept a DevicePtr; a subclass says
+    where its memory starts through ``device_ptr``.
+    """
+
+    __slots__ = ()
+
+    def device_ptr(self, name: str) -> DevicePtr | None:
+        """The pointer to the object's first byte, None when it has no bytes.
+
+        Raises MemoryAccessError (naming the argument ``name``) when the object was freed.
+        """
+        raise NotImplementedError
+
+
+_DEVICE_TYPES = (DevicePtr, DeviceBuffer)
 _KINDS = tuple(MemcpyKind)
-_COPY_NAMES = [f"memcpy {k.name}" for k in MemcpyKind]
 
 
 def _is_device(obj) -> bool:
@@ -88,15 +101,13 @@ def _is_device(obj) -> bool:
 
 
 def _device_region(obj, name: str):
-    """(ctx, addr, available bytes) of a DevicePtr / DeviceArray, after validating it is live."""
+    """(ctx, addr, available bytes) of a DevicePtr / DeviceBuffer, after validating it is live."""
     if type(obj) is not DevicePtr:
         if not isinstance(obj, _DEVICE_TYPES):
             raise InvalidParamError(f"{name}={obj!r}: expected a DevicePtr or DeviceArray")
-        if obj.nbytes == 0:
+        obj = obj.device_ptr(name)
+        if obj is None:
             return None, 0, 0
-        if obj._freed:
-            raise MemoryAccessError(f"{name}: use after free: {obj!r} was freed (allocated at {obj._site})")
-        obj = obj.ptr
     ctx, block = obj._ctx, obj._block
     if block.gen != obj._gen or _contexts.get(obj.device_id) is not ctx:
         raise MemoryAccessError(
@@ -113,12 +124,9 @@ def _device_region(obj, name: str):
 
 def _gone(ptr) -> str:
     """Why a pointer's allocation is gone, for error messages."""
-    block = ptr._block
     if _contexts.get(ptr.device_id) is not ptr._ctx:
         return f"device {ptr.device_id} was reset since it was allocated"
-    if block.allocated:
-        return f"it was freed; its memory now belongs to an allocation made at {block.site}"
-    return f"it was allocated at {block.site} and freed"
+    return f"it was allocated at {ptr._block.site} and freed"
 
 
 def host_view(buf, nbytes: int | None = None, *, name: str = "buf") -> np.ndarray:
@@ -178,31 +186,16 @@ def malloc(nbytes: int, policy: MemMallocPolicy = MemMallocPolicy.HUGE_FIRST) ->
     return _malloc(nbytes, policy, callsite(2))
 
 
-def _malloc(nbytes, policy, site, stream=None) -> DevicePtr:
-    # written flat: a cached malloc + free is a hot loop in training steps
-    dev = _tls.device
-    ctx = _contexts.get(dev) if dev is not None else None
-    if ctx is None:
-        ctx = current_context()     # the process's device, or ContextError
-    if stream is None:
-        stacks = _tls.streams
-        st = stacks.get(ctx.device_id) if stacks else None
-        stream = st[-1] if st else ctx.default_stream
-    lock = ctx.lock
-    lock.acquire()                  # acquire / release: a third cheaper than ``with`` here
-    try:
+def _malloc(nbytes, policy, site: str) -> DevicePtr:
+    """``malloc`` with the caller's ``site`` (file:line) given: the one path of every allocation
+    (runtime.malloc and the arrays'), on the current stream of the current device."""
+    ctx = current_context()
+    stream = current_stream_of(ctx)
+    with ctx.lock:
         if ctx.deferred:
             _drain(ctx)
         block = ctx.pool.malloc(nbytes, stream, policy, site)
-    finally:
-        lock.release()
-    p = _new_object(DevicePtr)
-    p._ctx = ctx
-    p._block = block
-    p._gen = block.gen
-    p.device_id = ctx.device_id
-    p.addr = block.addr
-    return p
+    return DevicePtr(ctx, block.addr, block, block.gen)
 
 
 def free(ptr: DevicePtr) -> None:
@@ -211,28 +204,21 @@ def free(ptr: DevicePtr) -> None:
     Raises:
         MemoryAccessError: double free, or a pointer that is not the start of a live allocation.
     """
-    if type(ptr) is not DevicePtr and not isinstance(ptr, DevicePtr):
+    if not isinstance(ptr, DevicePtr):
         raise InvalidParamError(f"free(ptr={ptr!r}): expected a DevicePtr from runtime.malloc")
     ctx = ptr._ctx
     if _contexts.get(ptr.device_id) is not ctx:
         raise MemoryAccessError(f"free({ptr!r}): device {ptr.device_id} was reset since this "
                                 "pointer was allocated; its memory is already gone")
-    block = ptr._block
-    lock = ctx.lock
-    lock.acquire()
-    try:
+    with ctx.lock:
         if ctx.deferred:
             _drain(ctx)
-        if block.gen == ptr._gen and ptr.addr == block.addr:  # _free_locked's checks, passed
-            s = block.stream
-            ctx.pool._free_checked(block, None if s._done >= s._issued else ctx.ready_marker(s))
-        else:
-            _free_locked(ctx, ptr)
-    finally:
-        lock.release()
+        _free_locked(ctx, ptr)
 
 
 def _free_locked(ctx, ptr: DevicePtr) -> None:
+    """Free ``ptr`` into ``ctx``'s pool (the caller holds the device lock): the checks, then a
+    marker for the work still pending on the stream that last used the memory."""
     block = ptr._block
     if block.gen != ptr._gen:
         raise MemoryAccessError(
@@ -241,8 +227,7 @@ def _free_locked(ctx, ptr: DevicePtr) -> None:
     if ptr.addr != block.addr:
         raise MemoryAccessError(f"free({ptr!r}): pointer is {ptr.addr - block.addr} bytes into "
                                 "its allocation; free the pointer malloc returned")
-    s = block.stream
-    ctx.pool.free(block, None if s._done >= s._issued else ctx.ready_marker(s), ptr._gen)
+    ctx.pool.free(block, ctx.ready_marker(block.stream), ptr._gen)
 
 
 def _drain(ctx) -> None:
@@ -318,9 +303,13 @@ def _resolve_copy(dst, src, nbytes, kind, name="memcpy"):
 
 
 def _run_sync(s, fn, name: str, category: str, site: str | None = None, meta=None) -> None:
-    """Run ``fn`` after the work enqueued on ``s``; return when it is done."""
+    """Run ``fn`` after the work enqueued on ``s``; return when it is done.
+
+    On an idle stream ``fn`` runs inline (after raising the stream's pending task error, as
+    synchronize would); otherwise it is enqueued and waited for.
+    """
     if s.query():
-        s._raise_error_upto(s._issued)
+        s.synchronize()
         if profiler.active():
             t0 = profiler.now_us()
             fn()
@@ -328,47 +317,15 @@ def _run_sync(s, fn, name: str, category: str, site: str | None = None, meta=Non
         else:
             fn()
         return
-    s._enqueue(fn, name, category, meta, site or callsite(3))
+    s.enqueue(fn, name, category, meta, site or callsite(3))
     s.synchronize()
 
 
 def memcpy(dst, src, nbytes: int, kind: MemcpyKind = MemcpyKind.DEFAULT) -> None:
     """Copy ``nbytes`` from ``src`` to ``dst`` after the current stream's work; return when done."""
-    fast = _fast_region(dst, src, nbytes, kind)
-    if fast is not None:        # the common case, checked in a few attribute reads
-        d, s_, k = fast
-    else:
-        d, s_, k = _resolve_copy(dst, src, nbytes, kind)
-    s = resolve_stream(None)
-    if s._done >= s._issued and s._error is None and not profiler._sinks:
-        np.copyto(d, s_)        # idle stream, nothing to report: run inline
-        return
-    _run_sync(s, lambda: np.copyto(d, s_), _COPY_NAMES[k], "copy", None, {"bytes": d.nbytes})
-
-
-def _fast_region(dst, src, nbytes, kind):
-    """(dst view, src view, kind) for a DevicePtr <-> 1-D uint8 ndarray copy that is plainly
-    valid, else None (the full checks then run and raise the precise error)."""
-    if type(nbytes) is not int or nbytes <= 0 or kind != 4:
-        return None
-    if type(dst) is DevicePtr and type(src) is np.ndarray:
-        ptr, host, k = dst, src, 1
-    elif type(src) is DevicePtr and type(dst) is np.ndarray:
-        ptr, host, k = src, dst, 2
-    else:
-        return None
-    if host.dtype != np.uint8 or host.ndim != 1 or host.nbytes < nbytes or \
-            not host.flags.c_contiguous or (k == 2 and not host.flags.writeable):
-        return None
-    ctx, block = ptr._ctx, ptr._block
-    if block.gen != ptr._gen or _contexts.get(ptr.device_id) is not ctx:
-        return None
-    off = ptr.addr - block.addr
-    if off < 0 or block.requested - off < nbytes:
-        return None
-    dev = ctx.memory.view(ptr.addr, nbytes)
-    h = host if host.nbytes == nbytes else host[:nbytes]
-    return (dev, h, _KINDS[1]) if k == 1 else (h, dev, _KINDS[2])
+    d, s_, k = _resolve_copy(dst, src, nbytes, kind)
+    _run_sync(resolve_stream(None), lambda: np.copyto(d, s_), "memcpy " + k.name, "copy", None,
+              {"bytes": d.nbytes})
 
 
 def memcpy_async(dst, src, nbytes: int, kind: MemcpyKind = MemcpyKind.DEFAULT, stream=None) -> None:
@@ -381,7 +338,7 @@ def memcpy_async(dst, src, nbytes: int, kind: MemcpyKind = MemcpyKind.DEFAULT, s
     d, s_, k = _resolve_copy(dst, src, nbytes, kind, "memcpy_async")
     if not _is_device(src) and not isinstance(src, HostBuffer):
         s_ = s_.copy()
-    s._enqueue(lambda: np.copyto(d, s_), "memcpy_async " + MemcpyKind(k).name, "copy",
+    s.enqueue(lambda: np.copyto(d, s_), "memcpy_async " + MemcpyKind(k).name, "copy",
                {"bytes": int(d.nbytes)}, callsite(2))
 
 
@@ -408,7 +365,7 @@ def memset_async(ptr, value: int, nbytes: int, stream=None) -> None:
     """Enqueue a memset on ``stream``; returns at once."""
     s = resolve_stream(stream)
     v, val = _memset_region(ptr, value, nbytes, "memset_async")
-    s._enqueue(lambda: v.fill(val), "memset_async", "copy", {"bytes": int(v.nbytes)}, callsite(2))
+    s.enqueue(lambda: v.fill(val), "memset_async", "copy", {"bytes": int(v.nbytes)}, callsite(2))
 
 
 # ---------------------------------------------------------------------- statistics

@@ -41,7 +41,7 @@ def record(track: int, name: str, cat: str, start_us: float, end_us: float, args
 
 
 def _process_label() -> tuple[int, str]:
-    rank = os.environ.get("RANK")
+    rank = config.rank()
     if rank is not None and rank.isdigit():
         return int(rank), f"rank {rank}"
     return os.getpid(), f"pid {os.getpid()}"
@@ -108,7 +108,7 @@ def _env_profile() -> None:
         return
     sink = start()
     pid, _ = _process_label()
-    path = os.path.join(d, f"trace_{'rank' + str(pid) if 'RANK' in os.environ else 'pid' + str(pid)}.json")
+    path = os.path.join(d, f"trace_{'rank' if config.rank() is not None else 'pid'}{pid}.json")
 
     def _write():
         try:

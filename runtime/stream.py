@@ -75,9 +75,37 @@ class Stream:
         profiler.register_track(self.id, f"NPU{self.device_id} {self.name}")
         self._ctx._add_stream(self)
 
+    # ------------------------------------------------------------------ timeline
+    @property
+    def issued(self) -> int:
+        """The timeline value of the last task enqueued (0 before any)."""
+        return self._issued
+
+    @property
+    def completed(self) -> int:
+        """The timeline value the stream has reached: tasks up to it have finished (or were
+        skipped after a failure)."""
+        return self._done
+
+    def reached(self, value: int) -> bool:
+        """True once the task with timeline value ``value`` has finished (an event's query)."""
+        return self._done >= value
+
+    def query(self) -> bool:
+        """True when every task enqueued so far has finished (the stream is idle)."""
+        return self._done >= self._issued
+
     # ------------------------------------------------------------------ enqueue
-    def _enqueue(self, fn, name: str, category: str = "kernel", meta=None, site: str | None = None) -> int:
-        """Queue ``fn()`` to run in order on this stream; returns its sequence value."""
+    def enqueue(self, fn, name: str, category: str = "kernel", meta=None,
+                site: str | None = None) -> int:
+        """Queue ``fn()`` to run in order on this stream's worker; returns at once.
+
+        Returns the task's timeline value (``reached(value)`` tells when it is done). An
+        exception from ``fn`` becomes the stream's sticky ``TaskError``, raised by the next
+        synchronize. ``category`` and ``meta`` (a small dict of JSON-able values) go into the
+        profile trace; ``site`` (file:line, the caller's when None) into errors.
+        Raises InvalidParamError on a destroyed stream.
+        """
         if self._destroyed:
             raise InvalidParamError(f"{self.name} was destroyed; create a new Stream")
         if site is None:
@@ -155,8 +183,14 @@ class Stream:
                   str(exc).splitlines()[0] if str(exc) else repr(exc), task.site)
 
     # ------------------------------------------------------------------ waiting
-    def _wait_value(self, value: int, timeout: float | None, what: str) -> None:
-        """Wait until the timeline reaches ``value``, raising the pending error once."""
+    def wait_value(self, value: int, timeout: float | None = None,
+                   what: str = "Stream.wait_value") -> None:
+        """Block until the timeline reaches ``value``; raise a pending task error up to it, once.
+
+        Raises:
+            TaskError: a task up to ``value`` failed since the last synchronize.
+            SyncTimeoutError: ``timeout`` seconds passed first (``what`` names the call).
+        """
         if self._done < value and timeout is None:
             self._steal(value)
         if self._done < value:
@@ -210,24 +244,20 @@ class Stream:
             TaskError: a task failed since the last synchronize (raised once).
             SyncTimeoutError: ``timeout`` seconds passed first (code 507046); nothing changes.
         """
-        self._wait_value(self._issued, timeout, "Stream.synchronize")
-
-    def query(self) -> bool:
-        """True when every task enqueued so far has finished."""
-        return self._done >= self._issued
+        self.wait_value(self._issued, timeout, "Stream.synchronize")
 
     def wait_event(self, event) -> None:
         """Make later work on this stream wait until ``event`` completes (aclrtStreamWaitEvent)."""
         from .event import Event
         if not isinstance(event, Event):
             raise InvalidParamError(f"wait_event(event={event!r}): expected a runtime.Event")
-        target = event._target()
-        if target is None:
+        point = event.point
+        if point is None:
             return
-        src, value = target
+        src, value = point
         if src is self:
             return  # already ordered by the stream itself
-        self._enqueue(lambda: src._block_until(value), name="wait_event", category="event",
+        self.enqueue(lambda: src._block_until(value), name="wait_event", category="event",
                       site=callsite(2))
 
     def wait_stream(self, other: "Stream") -> None:
@@ -237,7 +267,7 @@ class Stream:
         if other is self:
             return
         value = other._issued
-        self._enqueue(lambda: other._block_until(value), name="wait_stream", category="event",
+        self.enqueue(lambda: other._block_until(value), name="wait_stream", category="event",
                       site=callsite(2))
 
     def _block_until(self, value: int) -> None:

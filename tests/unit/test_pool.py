@@ -582,22 +582,6 @@ def test_release_all_reports_leaks_and_returns_everything():
 
 
 # ---------------------------------------------------------------------- cached malloc + free
-class EagerAllocator(CachingAllocator):
-    """The reference for held frees: every free is completed at once (see the design note)."""
-
-    def free(self, block, ready=None, gen=None):
-        super().free(block, ready, gen)
-        self._flush()
-
-
-def _observe(p: CachingAllocator):
-    """Everything a caller can see of a pool, held frees completed."""
-    return (p.stats(), p.snapshot(), p.largest_free_block(), p.summary(),
-            [(b.addr, b.size, b.requested, b.stream, b.site) for b in p.live_blocks()],
-            [[(b.addr, b.size, b.allocated, b.pending, b.stream, b.seq) for b in seg.blocks()]
-             for seg in p.segments()])                  # internal fields too: the same blocks
-
-
 def _block(b: Block):
     return (b.addr, b.size, b.requested, b.stream, b.site, b.allocated, b.pending, b.huge,
             b.segment.addr, b.gen)
@@ -613,138 +597,55 @@ def _block(b: Block):
 ])
 @pytest.mark.parametrize("around", ["nothing", "before", "after"])
 def test_cached_malloc_free_takes_the_memory_back(first, then, around):
-    fast, _ = make()
-    ref = EagerAllocator(FakeRaw(), 64 * MiB)
-    retired = []
-    fast._retire = lambda *args: retired.append(args)          # the held free is never completed
-    got = []
-    for p in (fast, ref):
-        if around == "before":
-            p.malloc(4096, S1)
-        a = p.malloc(first, S1, site="first")
-        if around == "after":                   # the next block is in use: nothing to merge
-            p.malloc(first, S1)
-        p.reset_peak_stats()                    # so that the pair's passing values are new peaks
-        blocks = [_block(a)]
-        gens = [a.gen]
-        for i in range(4):
-            p.free(a)
-            assert a.gen == 0 and not a.allocated
-            b = p.malloc(then, S2 if i == 2 else S1, site=f"then{i}")   # any stream: it is ready
-            assert b.allocated and b.gen > max(gens)        # a new handle (the Block may be a)
-            with pytest.raises(MemoryAccessError, match="double free"):
-                p.free(a, gen=gens[-1])                     # the old handle, even if a is b
-            gens.append(b.gen)
-            blocks.append(_block(b))
-            a = b
-        assert len({x[0] for x in blocks}) == 1                # the same memory every time
-        got.append(blocks)
-    assert retired == []
-    del fast._retire
-    assert got[0] == got[1]
-    assert _observe(fast) == _observe(ref)
-
-
-@pytest.mark.parametrize("query", [
-    lambda p, seg: p.stats(),
-    lambda p, seg: p.snapshot(),
-    lambda p, seg: p.summary(),
-    lambda p, seg: p.largest_free_block(),
-    lambda p, seg: [(b.addr, b.size, b.allocated) for s in p.segments() for b in s.blocks()],
-    lambda p, seg: [(b.addr, b.size, b.allocated) for b in seg.blocks()],
-    lambda p, seg: (p.empty_cache(), p.reserved),
-    lambda p, seg: (p.reset_peak_stats(), p.stats()),
-    lambda p, seg: (p.reset_accumulated_stats(), p.stats()),
-    lambda p, seg: (p.set_memory_fraction(0.5), p.stats()),
-    lambda p, seg: [(b.addr, b.size) for b in p.release_all()] + [p.stats()],
-])
-def test_a_held_free_is_complete_for_every_query(query):
-    got = []
-    for p in (make()[0], EagerAllocator(FakeRaw(), 64 * MiB)):
-        keep = p.malloc(4096, S1)
-        a = p.malloc(8 * KiB, S1, site="a.py:1")
-        big = p.malloc(8 * MiB, S1)
-        p.free(big)                                            # the whole segment is releasable
-        p.free(a)                                              # a cannot merge backwards: held
-        assert (p.allocated, p.max_allocated) == (4096, 4096 + 8 * KiB + 8 * MiB)
-        assert p.find(a.addr) is None and p.live_blocks() == [keep]
+    p, raw = make()
+    if around == "before":
+        p.malloc(4096, S1)
+    a = p.malloc(first, S1, site="first")
+    if around == "after":                       # the next block is in use: nothing to merge
+        p.malloc(first, S1)
+    before = (p.snapshot(), p.reserved, raw.reserves)
+    gens = [a.gen]
+    for i in range(4):
+        p.free(a)
+        assert a.gen == 0 and not a.allocated
+        b = p.malloc(then, S2 if i == 2 else S1, site=f"then{i}")   # any stream: it is ready
+        assert b.allocated and b.gen > max(gens) and b is not a and b.addr == a.addr
         with pytest.raises(MemoryAccessError, match="double free"):
-            p.free(a)
-        got.append(query(p, keep.segment))
-    assert got[0] == got[1]
+            p.free(a)                                   # the old handle is retired for good
+        gens.append(b.gen)
+        a = b
+    layout = [[(x["address"], x["size"], x["state"]) for x in seg["blocks"]] for seg in p.snapshot()]
+    assert layout == [[(x["address"], x["size"], x["state"]) for x in seg["blocks"]]
+                      for seg in before[0]]             # the same tiling as after the first malloc
+    assert (p.reserved, raw.reserves) == before[1:]
+    st_ = p.stats()
+    assert (st_["allocation.all.allocated"], st_["allocation.all.freed"]) == \
+        (5 + (around != "nothing"), 4)
 
 
-def _next_to_pending(p, m, stream):
-    """The held block's next block is pending on its stream: the free merges it, pending."""
-    a, b, _g = (p.malloc(n, S1) for n in (4096, 512, 512))
-    p.free(b, m)
-    p.free(a)
-    return p.malloc(4096, stream)
-
-
-def _ready_then_pending(p, m, stream):
-    """Next a ready block, then one pending on the held block's stream: the free merges both."""
-    a, x, y, _g = p.malloc(4096, S1), p.malloc(4096, S2), p.malloc(4096, S1), p.malloc(512, S1)
-    p.free(y, m)
-    p.free(x)                                   # ready, next to y: S2 may not merge with S1's work
-    p.free(a)
-    return p.malloc(4096, stream)
-
-
-def _merging_backwards(p, m, stream):
-    """A free that merges with its previous block is not held; the malloc starts below it."""
-    _g0, hole, a, _g = (p.malloc(n, S1) for n in (512, 512, 4096, 512))
-    p.free(hole)
-    p.free(a)
-    return p.malloc(4096, stream)
-
-
-def _whole_large_segment_other_kind(p, m, stream):
-    """A normal-page segment back under HUGE_FIRST, with and without a huge-page fit."""
-    n = p.malloc(4 * MiB, S1, NO)
-    p.free(n)
-    x = p.malloc(4 * MiB, S1)                   # no huge block fits: the normal one comes back
-    h = p.malloc(4 * MiB, S1, HO)
-    p.free(h)
-    p.free(x)
-    return p.malloc(4 * MiB, stream)            # the huge block fits: it wins
-
-
-@pytest.mark.parametrize("scenario", [_next_to_pending, _ready_then_pending, _merging_backwards,
-                                      _whole_large_segment_other_kind])
-@pytest.mark.parametrize("stream", [S1, S2])
-def test_held_frees_match_eager_frees(scenario, stream):
-    got = []
-    m = Marker()                                # shared: the blocks carry it
-    for p in (make()[0], EagerAllocator(FakeRaw(), 64 * MiB)):
-        b = scenario(p, m, stream)
-        got.append((_block(b), _observe(p)))
-    assert got[0] == got[1]
-
-
-def test_held_memory_yields_to_a_better_fit():
+def test_a_free_block_of_the_same_size_and_lower_address_wins():
     p, _ = make()
     lo, _g1, hi, _g2 = (p.malloc(n, S1) for n in (4096, 512, 4096, 512))
     p.free(lo)
-    p.free(hi)                                  # two free 4 KiB blocks; hi is the held one
+    p.free(hi)                                  # two free 4 KiB blocks
     assert p.malloc(4096, S1).addr == lo.addr   # best fit: same size, lower address
     assert p.malloc(4096, S1).addr == hi.addr
 
 
-def test_held_memory_yields_to_the_streams_pending_block():
+def test_the_streams_pending_block_is_a_fit_like_a_ready_one():
     p, _ = make()
     a, _g1, b, _g2 = (p.malloc(n, S1) for n in (4096, 512, 4096, 512))
     p.free(a, Marker())                         # pending on S1, lower address
-    p.free(b)                                   # held
+    p.free(b)                                   # ready
     assert p.malloc(4096, S1).addr == a.addr    # S1 may reuse its pending block, a better fit
     assert p.malloc(4096, S2).addr == b.addr
 
 
-def test_peaks_after_a_held_free():
+def test_peaks_across_a_cached_malloc_free():
     p, _ = make()
     a = p.malloc(8 * MiB, S1)
     p.free(a)
-    p.reset_peak_stats()                        # completes the free: the peaks drop to 0
+    p.reset_peak_stats()                        # the peaks drop to 0
     assert p.max_allocated == 0 and p.stats()["requested_bytes.all.peak"] == 0
     b = p.malloc(8 * MiB, S1)
     assert b.addr == a.addr and p.max_allocated == 8 * MiB
@@ -754,50 +655,6 @@ def test_peaks_after_a_held_free():
     assert c.addr == a.addr and (st_["requested_bytes.all.current"],
                                  st_["requested_bytes.all.peak"]) == (8 * MiB - 512, 8 * MiB)
     assert st_["allocation.all.allocated"] == 3 and st_["allocation.all.freed"] == 2
-
-
-_SHARED_MARKER = Marker()          # never done: the blocks freed with it stay pending
-
-# A repeated round trip reuses the verdict of the last verified one (``_rt``): every call in
-# between must void it. Each interleaved call runs between repeats of a steady loop.
-_BETWEEN = {
-    "nothing": lambda p, k: None,
-    "malloc": lambda p, k: k.append(p.malloc(4096, S1)),
-    "malloc next to it": lambda p, k: k.append(p.malloc(MiB, S1)),
-    "free": lambda p, k: k and p.free(k.pop()),
-    "free pending": lambda p, k: k and p.free(k.pop(), _SHARED_MARKER),
-    "stats": lambda p, k: p.stats(),
-    "reset_peak_stats": lambda p, k: p.reset_peak_stats(),
-    "reset_accumulated_stats": lambda p, k: p.reset_accumulated_stats(),
-    "empty_cache": lambda p, k: p.empty_cache(),
-    "fraction": lambda p, k: p.set_memory_fraction(0.5),
-    "snapshot": lambda p, k: p.snapshot(),
-    "largest_free_block": lambda p, k: p.largest_free_block(),
-    "pure reads": lambda p, k: (p.allocated, p.live_blocks(), p.find(0)),
-}
-
-
-@pytest.mark.parametrize("between", sorted(_BETWEEN))
-@pytest.mark.parametrize("size", [4096, MiB, 5 * MiB // 2, 3 * MiB])
-def test_repeated_round_trips_match_eager_frees(between, size):
-    got = []
-    for p in (make()[0], EagerAllocator(FakeRaw(), 64 * MiB)):
-        keep = [p.malloc(4096, S1), p.malloc(2 * MiB, S1)]
-        a = p.malloc(size, S1, site="a")
-        out = []
-        for i in range(12):
-            p.free(a)
-            n = size + 4096 if i == 9 else size - 100 if i % 4 == 3 else size
-            a = p.malloc(n, S2 if i == 6 else S1, site=f"rt{i}")
-            out.append(_block(a))
-            if i % 4 == 2:                      # the round trip after the call: its peaks
-                out.append(p.stats())
-            if i % 4 == 1:
-                _BETWEEN[between](p, keep)
-                out.append((p.allocated, p.max_allocated, p.reserved))
-        out.append(_observe(p))
-        got.append(out)
-    assert got[0] == got[1]
 
 
 # ---------------------------------------------------------------------- property test
@@ -937,82 +794,208 @@ def test_random_sequences_keep_invariants(ops):
     _check(p, raw, guards)
 
 
-# Held frees against eager ones: malloc results, and every query at random points. Unlike
-# test_random_sequences_keep_invariants, nothing is observed between most calls, so a malloc can
-# take a held free's memory back.
-_diff_sizes = st.one_of(st.sampled_from([512, 4096, MiB, MiB - 100, 2 * MiB, 5 * MiB // 2, 3 * MiB,
-                                         4 * MiB]),
-                        st.integers(1, 8 * KiB), st.integers(1, 8 * MiB))
-_diff_ops = st.lists(st.one_of(
-    st.tuples(st.just("alloc"), _diff_sizes, st.integers(0, 2),
-              st.sampled_from([HF, HF, HO, NO, 0])),
+
+# ---------------------------------------------------------------------- reference model
+class _RefBlock:
+    def __init__(self, addr, size, seg, stream, pending=None, seq=0):
+        self.addr, self.size, self.seg, self.stream = addr, size, seg, stream
+        self.pending, self.seq, self.allocated, self.requested = pending, seq, False, 0
+
+
+class RefPool:
+    """The pool's policy written naively: every block in a per-segment list, every fit a scan.
+
+    Segments are ``[kind, addr, size, blocks]``; kinds 0 small, 1 large huge, 2 large normal.
+    """
+
+    KINDS = {HF: (1, 2), HO: (1,), NO: (2,)}
+
+    def __init__(self, capacity: int):
+        self.raw, self.capacity, self.limit, self.segs, self.seq = FakeRaw(), capacity, capacity, [], 0
+        self.peaks = [0, 0]                                   # allocated, reserved
+
+    reserved = property(lambda self: sum(s[2] for s in self.segs))
+    allocated = property(lambda self: sum(b.size for s in self.segs for b in s[3] if b.allocated))
+
+    def _fit(self, size, stream, kinds):
+        for kind in kinds:
+            fits = [b for s in self.segs if s[0] == kind for b in s[3] if not b.allocated and
+                    b.size >= size and (b.pending is None or b.stream == stream)]
+            if fits:
+                return min(fits, key=lambda b: (b.size, b.addr))
+        return None
+
+    def _merge(self, b, stream):
+        blocks = b.seg[3]
+        i = blocks.index(b)
+        lo = hi = i
+        ok = lambda x: not x.allocated and (x.pending is None or x.stream == stream)  # noqa: E731
+        while lo > 0 and ok(blocks[lo - 1]):
+            lo -= 1
+        while hi + 1 < len(blocks) and ok(blocks[hi + 1]):
+            hi += 1
+        for x in blocks[lo:hi + 1]:
+            if x.pending is not None and (b.pending is None or x.seq > b.seq):
+                b.pending, b.seq = x.pending, x.seq
+        b.addr, b.size = blocks[lo].addr, sum(x.size for x in blocks[lo:hi + 1])
+        blocks[lo:hi + 1] = [b]
+
+    def _poll(self):
+        done = [b for s in self.segs for b in s[3]
+                if not b.allocated and b.pending is not None and b.pending.query()]
+        for b in done:
+            b.pending = None
+            self._merge(b, object())
+        return done
+
+    def _new_segment(self, size, stream, kinds):
+        for kind in kinds:
+            page = 2 * MiB if kind == 1 else 4096
+            seg_size = 2 * MiB if kind == 0 else -(-size // page) * page
+            if self.reserved + seg_size <= self.limit:
+                seg = [kind, self.raw.reserve(seg_size), seg_size, []]
+                seg[3].append(_RefBlock(seg[1], seg_size, seg, stream))
+                self.segs.append(seg)
+                return seg[3][0]
+        return None
+
+    def _release_cached(self):
+        self._poll()
+        keep = []
+        for s in self.segs:
+            if len(s[3]) == 1 and not s[3][0].allocated and s[3][0].pending is None:
+                self.raw.release(s[1], s[2])
+            else:
+                keep.append(s)
+        self.segs = keep
+
+    def malloc(self, n, stream, policy):
+        size = -(-n // 512) * 512
+        kinds = (0,) if size <= MiB else self.KINDS[policy]
+        b = self._fit(size, stream, kinds)
+        if b is None and self._poll():
+            b = self._fit(size, stream, kinds)
+        b = b or self._new_segment(size, stream, kinds)
+        if b is None:
+            self._release_cached()
+            b = self._new_segment(size, stream, kinds)
+            if b is None:
+                raise OutOfMemoryError("capacity")
+        rest = b.size - size
+        if rest > MiB or (rest and b.seg[0] == 0):
+            blocks = b.seg[3]
+            blocks.insert(blocks.index(b) + 1, _RefBlock(b.addr + size, rest, b.seg, b.stream,
+                                                         b.pending, b.seq))
+            b.size = size
+        b.allocated, b.requested, b.stream = True, n, stream
+        self._peaks()
+        return b
+
+    def free(self, b, ready):
+        b.allocated = False
+        if ready is not None:
+            self.seq += 1
+            b.pending, b.seq = ready, self.seq
+        self._merge(b, b.stream)
+
+    def set_memory_fraction(self, fraction):
+        limit = int(self.capacity * fraction)
+        if self.reserved > limit:
+            self._poll()
+            whole = sum(s[2] for s in self.segs if len(s[3]) == 1 and not s[3][0].allocated and
+                        s[3][0].pending is None)
+            if self.reserved - whole > limit:
+                raise InvalidParamError("fraction")
+            self._release_cached()
+        self.limit = limit
+
+    def _peaks(self):
+        self.peaks = [max(self.peaks[0], self.allocated), max(self.peaks[1], self.reserved)]
+
+    def layout(self):
+        return [(s[1], s[2], s[0], [(b.addr, b.size, b.allocated, b.requested if b.allocated else 0,
+                                     b.pending is not None and not b.allocated,
+                                     b.stream if b.allocated or b.pending is not None else None)
+                                    for b in s[3]]) for s in sorted(self.segs, key=lambda s: s[1])]
+
+
+def _layout(p: CachingAllocator):
+    kinds = {(True, False): 0, (False, True): 1, (False, False): 2}
+    return [(s.addr, s.size, kinds[s.kind == 0, s.huge],
+             [(b.addr, b.size, b.allocated, b.requested if b.allocated else 0,
+               b.pending is not None and not b.allocated,
+               b.stream if b.allocated or b.pending is not None else None) for b in s.blocks()])
+            for s in p.segments()]
+
+
+_ref_sizes = st.one_of(st.sampled_from([512, 4096, MiB, MiB - 100, 2 * MiB, 5 * MiB // 2,
+                                        3 * MiB, 4 * MiB]),
+                       st.integers(1, 8 * KiB), st.integers(1, 8 * MiB))
+_ref_ops = st.lists(st.one_of(
+    st.tuples(st.just("alloc"), _ref_sizes, st.integers(0, 2), st.sampled_from([HF, HF, HO, NO])),
     st.tuples(st.just("free"), st.integers(0, 10 ** 6),
               st.sampled_from([None, None, "new", "done"])),
     st.tuples(st.just("again"), st.integers(0, 10 ** 6), st.integers(-600, 600), st.integers(0, 3)),
     st.tuples(st.just("progress"), st.integers(0, 2), st.integers(1, 3)),
-    st.tuples(st.just("observe"),),
-    st.tuples(st.just("peek"), st.integers(0, 10 ** 6)),
     st.tuples(st.just("empty_cache"),),
     st.tuples(st.just("fraction"), st.sampled_from([0.5, 1.0])),
     st.tuples(st.just("reset_peak"),),
 ), max_size=60)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_diff_ops)
-def test_random_sequences_match_eager_frees(ops):
-    pools = [(make(capacity=40 * MiB)[0], []), (EagerAllocator(FakeRaw(), 40 * MiB), [])]
+def _malloc_both(p, ref, live, n, stream, policy):
+    got = []
+    for pool in (p, ref):
+        try:
+            got.append(pool.malloc(n, stream, policy))
+        except OutOfMemoryError:
+            got.append(None)
+    assert (got[0] is None) == (got[1] is None), (n, stream, policy)
+    if got[0] is not None:
+        assert (got[0].addr, got[0].size) == (got[1].addr, got[1].size), (n, stream, policy)
+        live.append(tuple(got))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_ref_ops)
+def test_random_sequences_match_the_reference_model(ops):
+    """The pool against ``RefPool``: every malloc's memory, the block layout, the peaks."""
+    p, ref = CachingAllocator(FakeRaw(), 40 * MiB), RefPool(40 * MiB)
+    live: list[tuple[Block, _RefBlock]] = []
     streams = [_StreamState() for _ in range(3)]
     for op in ops:
         if op[0] == "progress":
             s = streams[op[1]]
             s.done = min(s.issued, s.done + op[2])
-            continue
-        marker = []                                   # one marker per op, shared by the pools
-
-        def ready(b, how):
-            if how is None:
-                return None
-            if not marker:
+        elif op[0] in ("free", "again") and live:
+            b, r = live.pop(op[1] % len(live))
+            how, m = (op[2] if op[0] == "free" else None), None
+            if how is not None:                       # one marker, shared by both pools
                 s = streams[b.stream]
-                if how == "new":
-                    s.issued += 1
-                marker.append(_OrderedMarker(s, s.issued if how == "new" else s.done))
-            return marker[0]
-
-        got = []
-        for p, live in pools:
-            out = []
-            try:
-                if op[0] == "alloc":
-                    b = p.malloc(op[1], op[2], op[3], f"site{len(live)}")
-                    live.append(b)
-                    out.append(_block(b))
-                elif op[0] in ("free", "again") and live:
-                    b = live.pop(op[1] % len(live))
-                    p.free(b, ready(b, op[2] if op[0] == "free" else None))
-                    if op[0] == "again":                  # a cached malloc + free, roughly
-                        n = max(1, b.requested + op[2])
-                        c = p.malloc(n, b.stream if op[3] == 3 else op[3])
-                        live.append(c)
-                        out.append(_block(c))
-                elif op[0] == "observe":
-                    out.append(_observe(p))
-                elif op[0] == "peek":                     # the pure reads
-                    out.append((p.allocated, p.reserved, p.max_allocated, p.max_reserved,
-                                [_block(b) for b in p.live_blocks()]))
-                    if live:
-                        b = live[op[1] % len(live)]
-                        out.append((p.find(b.addr) is b, p.find(b.addr + b.size - 1) is b,
-                                    p.find(b.addr + b.size) is None))
-                elif op[0] == "empty_cache":
-                    p.empty_cache()
-                elif op[0] == "fraction":
-                    p.set_memory_fraction(op[1])
-                elif op[0] == "reset_peak":
-                    p.reset_peak_stats()
-            except (OutOfMemoryError, InvalidParamError) as e:
-                out.append((type(e), str(e)))
-            got.append(out)
-        assert got[0] == got[1], op
-    assert _observe(pools[0][0]) == _observe(pools[1][0])
+                s.issued += how == "new"
+                m = _OrderedMarker(s, s.issued if how == "new" else s.done)
+            p.free(b, m)
+            ref.free(r, m)
+            if op[0] == "again":                      # a cached malloc + free, roughly
+                _malloc_both(p, ref, live, max(1, b.requested + op[2]),
+                             b.stream if op[3] == 3 else op[3], HF)
+        elif op[0] == "alloc":
+            _malloc_both(p, ref, live, *op[1:])
+        elif op[0] == "empty_cache":
+            p.empty_cache()
+            ref._release_cached()
+        elif op[0] == "fraction":
+            refused = []
+            for pool in (p, ref):
+                try:
+                    pool.set_memory_fraction(op[1])
+                except InvalidParamError:
+                    refused.append(pool)
+            assert len(refused) in (0, 2), op
+        elif op[0] == "reset_peak":
+            p.reset_peak_stats()
+            ref.peaks = [ref.allocated, ref.reserved]
+        ref._peaks()
+        assert _layout(p) == ref.layout(), op
+        assert (p.allocated, p.reserved, p.max_allocated, p.max_reserved) == (
+            ref.allocated, ref.reserved, *ref.peaks), op

@@ -1,0 +1,166 @@
+"""Segments and blocks: a segment is one raw reservation, its blocks tile it in address order.
+
+A block is split when malloc needs less than it holds (``split``) and a freed block grows over its
+free neighbours (``merge``); those are the only two places that change the tiling. Which
+neighbours may merge, and the free lists and statistics around it, are the allocator's business.
+"""
+from __future__ import annotations
+
+# Free-list kinds; a segment has exactly one.
+SMALL, LARGE_HUGE, LARGE_NORMAL = 0, 1, 2
+KIND_POOL = (1, 2, 2)          # statistics pool of each kind: 1 small_pool, 2 large_pool
+_KIND_HUGE = (False, True, False)
+_POOL_NAMES = ("all", "small_pool", "large_pool")
+READY_ONLY = object()          # merge(): a stream no pending block belongs to
+
+
+class Segment:
+    """One raw reservation; its blocks form a doubly linked list from ``head``, in address order."""
+
+    __slots__ = ("addr", "size", "kind", "stream", "head")
+
+    def __init__(self, addr: int, size: int, kind: int, stream):
+        self.addr = addr
+        self.size = size
+        self.kind = kind
+        self.stream = stream        # the stream whose malloc reserved it
+        self.head = Block(addr, size, self, stream)
+
+    @property
+    def huge(self) -> bool:
+        return _KIND_HUGE[self.kind]
+
+    @property
+    def pool(self) -> str:
+        return _POOL_NAMES[KIND_POOL[self.kind]]
+
+    def blocks(self):
+        """Yield the segment's blocks in address order."""
+        b = self.head
+        while b is not None:
+            yield b
+            b = b.next
+
+    @property
+    def allocated(self) -> int:
+        """Bytes of the segment's allocated blocks (walks the blocks)."""
+        return sum(b.size for b in self.blocks() if b.allocated)
+
+    def __repr__(self):
+        return (f"Segment(addr=0x{self.addr:x}, size={self.size}, pool={self.pool}, "
+                f"huge={self.huge})")
+
+
+class Block:
+    """A slice of a segment. ``malloc`` returns one; it is the caller's handle until ``free``.
+
+    Fields: ``addr``, ``size`` (bytes of the block, a multiple of 512, at least the rounded
+    request), ``requested`` (bytes asked for), ``stream`` (of the last malloc), ``segment``,
+    ``allocated``, ``site`` (file:line of the malloc), ``huge`` (huge pages), ``pending`` (the
+    marker that must complete before another stream may reuse this memory, or None), ``gen``
+    (the allocation's generation, unique per malloc, 0 once freed). A freed handle is retired:
+    its memory goes on in a new free block, so the handle keeps its address, size and site for
+    error messages and never goes out again.
+    """
+
+    __slots__ = ("addr", "size", "requested", "stream", "segment", "allocated", "site",
+                 "prev", "next", "pending", "seq", "gen")
+
+    def __init__(self, addr: int, size: int, segment: Segment, stream=None):
+        self.addr = addr
+        self.size = size
+        self.segment = segment
+        self.stream = stream
+        self.requested = 0
+        self.allocated = False
+        self.site = ""
+        self.prev: Block | None = None
+        self.next: Block | None = None
+        self.pending = None         # marker object with .query(), None when ready
+        self.seq = 0                # when the marker was attached; the later marker wins a merge
+        self.gen = 0                # the allocation's generation; 0 when free
+
+    @property
+    def huge(self) -> bool:
+        return _KIND_HUGE[self.segment.kind]
+
+    @property
+    def pool(self) -> str:
+        return _POOL_NAMES[KIND_POOL[self.segment.kind]]
+
+    @property
+    def end(self) -> int:
+        return self.addr + self.size
+
+    @property
+    def releasable(self) -> bool:
+        """Whether the block spans its whole segment (free, it could go back to the device)."""
+        return self.size == self.segment.size
+
+    def __repr__(self):
+        state = "allocated" if self.allocated else "free"
+        return (f"Block(addr=0x{self.addr:x}, size={self.size}, requested={self.requested}, "
+                f"{state}, huge={self.huge}, site={self.site!r})")
+
+
+def split(b: Block, size: int) -> Block:
+    """Cut the free block ``b`` to its first ``size`` bytes; return the rest, a new free block.
+
+    The rest keeps ``b``'s stream and marker: memory pending on a stream stays pending.
+    """
+    rest = Block(b.addr + size, b.size - size, b.segment, b.stream)
+    rest.pending, rest.seq = b.pending, b.seq
+    rest.prev, rest.next = b, b.next
+    if b.next is not None:
+        b.next.prev = rest
+    b.next = rest
+    b.size = size
+    return rest
+
+
+def replace(old: Block) -> Block:
+    """A new free block in ``old``'s place (same memory, stream and marker); ``old`` is unlinked."""
+    b = Block(old.addr, old.size, old.segment, old.stream)
+    b.pending, b.seq = old.pending, old.seq
+    b.prev, b.next = old.prev, old.next
+    if b.prev is None:
+        b.segment.head = b
+    else:
+        b.prev.next = b
+    if b.next is not None:
+        b.next.prev = b
+    old.prev = old.next = None
+    return b
+
+
+def merge(b: Block, stream, free_lists) -> tuple[int, int]:
+    """Grow the free block ``b`` over its free neighbours on both sides, as far as they qualify.
+
+    A neighbour qualifies when it is ready, or pending on ``stream`` (``READY_ONLY``: none is);
+    each absorbed neighbour is taken off ``free_lists`` first. Merged memory keeps the latest
+    marker: a later marker of a stream covers that stream's earlier work.
+    Returns ``(bytes, blocks)`` absorbed.
+    """
+    absorbed = count = 0
+    for backwards in (True, False):
+        nb = b.prev if backwards else b.next
+        while nb is not None and not nb.allocated and (
+                nb.pending is None or nb.stream == stream):
+            free_lists.remove(nb)
+            if nb.pending is not None and (b.pending is None or nb.seq > b.seq):
+                b.pending, b.seq = nb.pending, nb.seq
+            absorbed += nb.size
+            count += 1
+            b.size += nb.size
+            if backwards:
+                b.addr = nb.addr
+                b.prev = nb = nb.prev
+                if nb is None:
+                    b.segment.head = b
+                else:
+                    nb.next = b
+            else:
+                b.next = nb = nb.next
+                if nb is not None:
+                    nb.prev = b
+    return absorbed, count

@@ -1,0 +1,151 @@
+"""Memory statistics as torch.cuda.memory_stats keeps them: ``Stat`` records with flat dotted keys.
+
+Each statistic (``allocated_bytes``, ``segment``, ...) is three ``Stat`` records: one per pool
+(small, large) and one for all pools. ``all``'s totals equal the sums of the pools'; its peak is
+its own (the pools need not peak at the same moment).
+"""
+from __future__ import annotations
+
+STAT_NAMES = ("allocated_bytes", "reserved_bytes", "inactive_split_bytes", "requested_bytes",
+              "allocation", "segment", "inactive_split")
+POOL_NAMES = ("all", "small_pool", "large_pool")
+# ``active`` equals ``allocation`` here: a block freed with a pending marker is already reusable
+# by its stream, so it counts as cached (see the pool's design note).
+MIRRORS = {"active_bytes": "allocated_bytes", "active": "allocation"}
+FIELDS = ("current", "peak", "allocated", "freed")
+
+
+class Stat:
+    """One statistic: ``current`` value, its ``peak``, and the totals ``allocated`` / ``freed``.
+
+    A pool's record also moves ``total``, the record of all pools, when it has one.
+    """
+
+    __slots__ = FIELDS + ("total",)
+
+    def __init__(self, total: "Stat | None" = None):
+        self.current = self.peak = self.allocated = self.freed = 0
+        self.total = total
+
+    def inc(self, n: int) -> None:
+        # ``total`` is moved here rather than by a second call: the cached malloc + free moves
+        # ten statistics, and a call each doubles the pool's cost.
+        self.current = c = self.current + n
+        self.allocated += n
+        if c > self.peak:
+            self.peak = c
+        t = self.total
+        if t is not None:
+            t.current = c = t.current + n
+            t.allocated += n
+            if c > t.peak:
+                t.peak = c
+
+    def dec(self, n: int) -> None:
+        self.current -= n
+        self.freed += n
+        t = self.total
+        if t is not None:
+            t.current -= n
+            t.freed += n
+
+    def reset_peak(self) -> None:
+        self.peak = self.current
+
+    def reset_accumulated(self) -> None:
+        self.allocated = self.freed = 0
+
+
+class MemoryStats:
+    """Every statistic of one allocator: ``stats.allocated_bytes[pool]`` is a ``Stat``.
+
+    ``pool`` is 0 (all), 1 (small) or 2 (large); a pool's record moves the ``all`` record too.
+    """
+
+    def __init__(self):
+        for name in STAT_NAMES:
+            total = Stat()
+            setattr(self, name, (total, Stat(total), Stat(total)))
+
+    def records(self):
+        """(name, pool name, Stat) of every statistic, mirrors included."""
+        for name in STAT_NAMES + tuple(MIRRORS):
+            stat = getattr(self, MIRRORS.get(name, name))
+            for pool, pname in enumerate(POOL_NAMES):
+                yield name, pname, stat[pool]
+
+    def as_dict(self) -> dict:
+        """Flat dotted keys: ``allocated_bytes.all.current`` ... (unsorted)."""
+        return {f"{name}.{pname}.{field}": getattr(st, field)
+                for name, pname, st in self.records() for field in FIELDS}
+
+    def reset_peak(self) -> None:
+        for name in STAT_NAMES:
+            for st in getattr(self, name):
+                st.reset_peak()
+
+    def reset_accumulated(self) -> None:
+        for name in STAT_NAMES:
+            for st in getattr(self, name):
+                st.reset_accumulated()
+
+
+_SUMMARY_METRICS = (
+    ("allocated_bytes", "Allocated memory", True),
+    ("active_bytes", "Active memory", True),
+    ("requested_bytes", "Requested memory", True),
+    ("reserved_bytes", "Device reserved memory", True),
+    ("inactive_split_bytes", "Non-releasable memory", True),
+    ("allocation", "Allocations", False),
+    ("active", "Active allocs", False),
+    ("segment", "Device reserved segments", False),
+    ("inactive_split", "Non-releasable allocs", False),
+)
+
+
+def summary_table(stats: dict, header: list[str], abbreviated: bool = False) -> str:
+    """A torch.cuda.memory_summary()-style table of ``stats`` (flat dotted keys).
+
+    ``header`` is the lines under the title (device, OOMs, capacity ...), each at most 76 wide.
+    """
+    rule = "=" * 78
+    lines = [rule, *header, rule,
+             "          Metric          | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  "]
+    for key, name, is_bytes in _SUMMARY_METRICS:
+        fmt = _fmt_size if is_bytes else _fmt_count
+        lines.append("-" * 78)
+        subs = [("all", name)]
+        if not abbreviated:
+            subs += [("large_pool", "      from large pool"), ("small_pool", "      from small pool")]
+        pref = None
+        for pool, label in subs:
+            vals = [stats[f"{key}.{pool}.{f}"] for f in FIELDS]
+            if pref is None:
+                pref = vals
+            lines.append(" {:<24} | {} | {} | {} | {} ".format(
+                label, *(fmt(v, p) for v, p in zip(vals, pref))))
+    lines.append(rule)
+    return "|" + "|\n|".join(lines) + "|\n"
+
+
+def _fmt_size(n: int, pref: int) -> str:
+    """Fixed-width size for the summary table; the unit follows ``pref`` (torch's rule)."""
+    unit = "B  "
+    for new in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        if pref < 768 * 1024:
+            break
+        unit = new
+        n //= 1024
+        pref /= 1024
+    return f"{n:6d} {unit}"
+
+
+def _fmt_count(n: int, pref: int) -> str:
+    unit = " "
+    for new in ("K", "M"):
+        if pref < 750 * 1000:
+            break
+        unit = new
+        n //= 1000
+        pref /= 1000
+    return f"{n:7d} {unit} "
