@@ -14,7 +14,7 @@ from hccl.wire import Kind
 pytestmark = pytest.mark.timeout(120)
 
 SECRET = secrets.token_bytes(32)
-FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 u8, u16 = st.integers(0, 0xFF), st.integers(0, 0xFFFF)
 u32, u64 = st.integers(0, 0xFFFFFFFF), st.integers(0, (1 << 64) - 1)
@@ -100,7 +100,7 @@ def test_payload_frames_lost_added_or_resized_are_a_members_error(data):
     assert ei.value.sender == 3 and ei.value.conn == 0x1234 and ei.value.serial == 9
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(version=u8, kind=u8, sender=u32, dest=u32, conn=u64, serial=u64, nframes=u16,
        comm_id=u64, seq=u64, step=u32, fp=st.tuples(i64, i64, i64, i64, i64), value=i64,
        text=st.one_of(st.text(max_size=40).map(lambda t: t.encode()), st.binary(max_size=40)),
