@@ -2,10 +2,12 @@
 
 Names follow HCCL (``HcclAllReduce(sendBuf, recvBuf, count, dataType, op, comm, stream)`` is
 ``all_reduce(send, recv, count, dtype, op, comm, stream)``); ``count`` is the per-rank element
-count. Buffers are ``runtime.DevicePtr`` or ``runtime.DeviceArray``; ``recv`` may be ``send``
-(in place). ``stream=None`` means the current stream. Bad arguments raise
-``InvalidArgumentError`` (E_PARA) naming the argument and the sizes, before anything is
-enqueued, so the communicator still works afterwards.
+count. Buffers are ``runtime.DevicePtr`` or ``runtime.DeviceArray``; a DeviceArray must be of
+the call's dtype and bounds the call by its own extent. ``recv`` may be ``send`` (in place), or,
+as in HCCL, ``send`` may be block ``rank`` of AllGather's ``recv`` and ``recv`` block ``rank`` of
+ReduceScatter's ``send``; any other overlap is refused. ``stream=None`` means the current
+stream. Bad arguments raise ``InvalidArgumentError`` (E_PARA) naming the argument and the
+sizes, before anything is enqueued, so the communicator still works afterwards.
 """
 from __future__ import annotations
 
