@@ -2,10 +2,12 @@
 
 Names follow HCCL (``HcclAllReduce(sendBuf, recvBuf, count, dataType, op, comm, stream)`` is
 ``all_reduce(send, recv, count, dtype, op, comm, stream)``); ``count`` is the per-rank element
-count. Buffers are ``runtime.DevicePtr`` or ``runtime.DeviceArray``; ``recv`` may be ``send``
-(in place). ``stream=None`` means the current stream. Bad arguments raise
-``InvalidArgumentError`` (E_PARA) naming the argument and the sizes, before anything is
-enqueued, so the communicator still works afterwards.
+count. Buffers are ``runtime.DevicePtr`` or ``runtime.DeviceArray``; a DeviceArray must be of
+the call's dtype and bounds the call by its own extent. ``recv`` may be ``send`` (in place), or,
+as in HCCL, ``send`` may be block ``rank`` of AllGather's ``recv`` and ``recv`` block ``rank`` of
+ReduceScatter's ``send``; any other overlap is refused. ``stream=None`` means the current
+stream. Bad arguments raise ``InvalidArgumentError`` (E_PARA) naming the argument and the
+sizes, before anything is enqueued, so the communicator still works afterwards.
 """
 from __future__ import annotations
 
@@ -56,9 +58,18 @@ def _rank(value, size, api, name) -> int:
 
 
 def _buf(b, need: int, api: str, name: str, dtype: DataType, count_desc: str):
-    """Check that ``b`` is device memory holding at least ``need`` bytes."""
+    """Check that ``b`` is live device memory of ``dtype`` holding at least ``need`` bytes.
+
+    A DeviceArray bounds the call by its own extent (not the rest of its allocation) and by its
+    dtype: a float64 array passed as FP32 would otherwise be reduced as garbage.
+    """
     if not isinstance(b, (runtime.DevicePtr, runtime.DeviceArray)):
         raise InvalidArgumentError(f"{api}: {name}={b!r} must be a runtime.DevicePtr or DeviceArray")
+    if isinstance(b, runtime.DeviceArray):
+        if b.dtype != dtype.numpy:
+            raise InvalidArgumentError(
+                f"{api}: {name} is a DeviceArray of {b.dtype} but dtype={dtype.name} "
+                f"({dtype.numpy}); pass dtype={_name_of(b.dtype)} or an array of {dtype.numpy}")
     if isinstance(b, runtime.DeviceArray) and b.nbytes == 0:
         have = 0
     else:
@@ -66,11 +77,46 @@ def _buf(b, need: int, api: str, name: str, dtype: DataType, count_desc: str):
             have = runtime.buffer_nbytes(b)
         except NpuError as e:
             raise InvalidArgumentError(f"{api}: {name}: {e}") from None
+        if isinstance(b, runtime.DeviceArray):
+            have = min(have, b.nbytes)
     if need > have:
         raise InvalidArgumentError(
             f"{api}: {name} holds {have} bytes but {count_desc} of {dtype.name} "
             f"({dtype.itemsize} bytes each) need {need} bytes")
     return b
+
+
+def _name_of(np_dtype) -> str:
+    try:
+        return DataType.of(np_dtype).name
+    except InvalidArgumentError:
+        return f"<none: {np_dtype} is not an HCCL data type>"
+
+
+def _extent(b, nbytes: int):
+    """(device, first address, end address) of the ``nbytes`` a call touches at ``b``, or None."""
+    ptr = b.ptr if isinstance(b, runtime.DeviceArray) else b
+    if ptr is None or nbytes == 0:
+        return None
+    return ptr.device_id, ptr.addr, ptr.addr + nbytes
+
+
+def _no_overlap(api: str, send, send_bytes: int, recv, recv_bytes: int, in_place_at=(0,)):
+    """Refuse send and recv ranges that overlap other than in place.
+
+    In place means recv starts where send starts, or, where HCCL defines it (``in_place_at``),
+    at one of the other listed byte offsets of recv from send. Any other overlap makes the result
+    depend on the order of the copies inside the schedule.
+    """
+    s, r = _extent(send, send_bytes), _extent(recv, recv_bytes)
+    if s is None or r is None or s[0] != r[0] or s[2] <= r[1] or r[2] <= s[1]:
+        return
+    if r[1] - s[1] in in_place_at:
+        return
+    raise InvalidArgumentError(
+        f"{api}: send [0x{s[1]:x}, 0x{s[2]:x}) ({send_bytes} bytes) and recv [0x{r[1]:x}, "
+        f"0x{r[2]:x}) ({recv_bytes} bytes) overlap with recv {r[1] - s[1]:+d} bytes from send; "
+        "use the same buffer for both (in place) or separate buffers")
 
 
 def all_reduce(send, recv, count, dtype, op, comm, stream=None, *, _site=None):
@@ -80,6 +126,7 @@ def all_reduce(send, recv, count, dtype, op, comm, stream=None, *, _site=None):
     need = n * dt.itemsize
     _buf(send, need, api, "send", dt, f"count={n} elements")
     _buf(recv, need, api, "recv", dt, f"count={n} elements")
+    _no_overlap(api, send, need, recv, need)
     comm._enqueue(OpType.ALLREDUCE, api, bufs={"send": send, "recv": recv}, count=n, dtype=dt,
                   redop=rop, stream=stream, site=_site or callsite(2))
 
@@ -91,6 +138,8 @@ def all_gather(send, recv, send_count, dtype, comm, stream=None, *, _site=None):
     _buf(send, n * dt.itemsize, api, "send", dt, f"send_count={n} elements")
     _buf(recv, n * comm.size * dt.itemsize, api, "recv", dt,
          f"send_count={n} x {comm.size} ranks = {n * comm.size} elements")
+    cb = n * dt.itemsize
+    _no_overlap(api, send, cb, recv, cb * comm.size, (0, -comm.rank * cb))
     comm._enqueue(OpType.ALLGATHER, api, bufs={"send": send, "recv": recv}, count=n, dtype=dt,
                   stream=stream, site=_site or callsite(2))
 
@@ -103,6 +152,8 @@ def reduce_scatter(send, recv, recv_count, dtype, op, comm, stream=None, *, _sit
     _buf(send, n * comm.size * dt.itemsize, api, "send", dt,
          f"recv_count={n} x {comm.size} ranks = {n * comm.size} elements")
     _buf(recv, n * dt.itemsize, api, "recv", dt, f"recv_count={n} elements")
+    cb = n * dt.itemsize
+    _no_overlap(api, send, cb * comm.size, recv, cb, (0, comm.rank * cb))
     comm._enqueue(OpType.REDUCE_SCATTER, api, bufs={"send": send, "recv": recv}, count=n, dtype=dt,
                   redop=rop, stream=stream, site=_site or callsite(2))
 
@@ -125,6 +176,7 @@ def reduce(send, recv, count, dtype, op, root, comm, stream=None, *, _site=None)
     _buf(send, n * dt.itemsize, api, "send", dt, f"count={n} elements")
     if comm.rank == r or recv is not None:
         _buf(recv, n * dt.itemsize, api, "recv", dt, f"count={n} elements")
+        _no_overlap(api, send, n * dt.itemsize, recv, n * dt.itemsize)
     comm._enqueue(OpType.REDUCE, api, bufs={"send": send, "recv": recv}, count=n, dtype=dt,
                   redop=rop, root=r, stream=stream, site=_site or callsite(2))
 
@@ -141,6 +193,7 @@ def all_to_all(send, send_count, recv, recv_count, dtype, comm, stream=None, *, 
          f"send_count={sc} x {comm.size} ranks = {sc * comm.size} elements")
     _buf(recv, rc * comm.size * dt.itemsize, api, "recv", dt,
          f"recv_count={rc} x {comm.size} ranks = {rc * comm.size} elements")
+    _no_overlap(api, send, sc * comm.size * dt.itemsize, recv, rc * comm.size * dt.itemsize)
     comm._enqueue(OpType.ALLTOALL, api, bufs={"send": send, "recv": recv}, count=sc, dtype=dt,
                   stream=stream, site=_site or callsite(2))
 

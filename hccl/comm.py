@@ -131,13 +131,25 @@ class Comm:
         """A communicator of the ranks ``rank_ids`` of this one (called by each of them, in the
         same order on every member). The caller's rank in the new comm is its index there."""
         self._check_alive("create_sub_comm")
-        try:
-            ids = [int(r) for r in rank_ids]
-        except (TypeError, ValueError):
-            raise InvalidArgumentError(f"create_sub_comm(rank_ids={rank_ids!r}): expected a list of ints") from None
-        if not ids or len(set(ids)) != len(ids) or any(not 0 <= r < self.size for r in ids):
+        if isinstance(rank_ids, (str, bytes)) or not hasattr(rank_ids, "__iter__"):
+            raise InvalidArgumentError(f"create_sub_comm(rank_ids={rank_ids!r}): expected a list of ints")
+        rank_ids = list(rank_ids)
+        bad = [r for r in rank_ids if isinstance(r, bool) or not isinstance(r, (int, np.integer))]
+        if bad:
+            # int() would silently turn 1.5 into 1 and True into 1: a different communicator
             raise InvalidArgumentError(
-                f"create_sub_comm(rank_ids={ids}): ranks must be distinct, non-empty and in [0, {self.size})")
+                f"create_sub_comm(rank_ids={rank_ids!r}): {bad[0]!r} is not an int rank")
+        ids = [int(r) for r in rank_ids]
+        if not ids:
+            raise InvalidArgumentError("create_sub_comm(rank_ids=[]): a communicator needs at least one rank")
+        dup = sorted({r for r in ids if ids.count(r) > 1})
+        if dup:
+            raise InvalidArgumentError(f"create_sub_comm(rank_ids={ids}): rank(s) {dup} listed more than once")
+        out = [r for r in ids if not 0 <= r < self.size]
+        if out:
+            raise InvalidArgumentError(
+                f"create_sub_comm(rank_ids={ids}): rank(s) {out} out of range for a communicator of "
+                f"{self.size} ranks (valid: 0..{self.size - 1})")
         if self.rank not in ids:
             raise InvalidArgumentError(
                 f"create_sub_comm(rank_ids={ids}): rank {self.rank} is not a member; only members call it")

@@ -10,7 +10,9 @@ so an idle store costs no CPU; on close it answers parked waiters with an error.
 Every message is a ``hccl.wire`` message signed with the job secret. A message that fails
 ``wire.unpack``, whose ZeroMQ identity does not match its signed ``(sender, conn)``, or that
 replays a serial, is dropped and logged (rate-limited) on ``hccl.store``: a stranger can neither
-crash, block nor slow the server. ``ZMQ_MAXMSGSIZE`` makes libzmq drop a connection that announces
+crash, block nor slow the server. An authenticated request the server cannot use (not a store
+kind, several keys where one is expected, a newer wire version) is a member's: it is answered
+with ERROR naming the reason, so the client raises ``StoreError`` instead of timing out. ``ZMQ_MAXMSGSIZE`` makes libzmq drop a connection that announces
 a frame larger than ``max_message`` before allocating it.
 
 ``StoreClient`` is thread-safe by giving each calling thread its own DEALER connection (one
@@ -36,6 +38,7 @@ from hccl.wire import Kind
 log = logging.getLogger("hccl.store")
 
 MAX_MESSAGE = 64 << 20
+_MAX_POLL_MS = 60_000
 _CLIENT_TAG = b"C"
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
@@ -215,7 +218,8 @@ class StoreServer:
             heapq.heappop(self._deadlines)
         if not self._deadlines:
             return None
-        return max(0, math.ceil((self._deadlines[0][0] - time.monotonic()) * 1000))
+        # capped: a request may ask to wait ~2^63 ms, more than poll() takes
+        return max(0, min(_MAX_POLL_MS, math.ceil((self._deadlines[0][0] - time.monotonic()) * 1000)))
 
     def _handle(self, frames) -> None:
         if len(frames) < 2:
@@ -223,14 +227,21 @@ class StoreServer:
             return
         ident = frames[0].bytes
         try:
-            h = wire.unpack(frames[1:], self._secret, dest=wire.STORE_ID)
+            try:
+                h = wire.unpack(frames[1:], self._secret, dest=wire.STORE_ID)
+            except wire.UnusableFrame as e:
+                h, refused = e, str(e)       # a member's: answered below, not dropped
+            else:
+                refused = _refusal(h)
             if ident != wire.routing_id(_CLIENT_TAG, h.sender, h.conn):
                 raise wire.BadFrame("socket identity does not match the signed sender")
             self._guard.accept(h.sender, h.conn, h.serial)
-            if h.kind not in _HANDLERS:
-                raise wire.BadFrame(f"{h.kind.name} is not a store request")
         except wire.BadFrame as e:
             self.drops(self.name, f"{e} (from {_peer(frames[-1])})")
+            return
+        if refused:
+            log.warning("%s: refused a request of sender %d: %s", self.name, h.sender, refused)
+            self._reply(ident, h, Kind.ERROR, text=f"{self.name} cannot use this request: {refused}")
             return
         _HANDLERS[h.kind](self, ident, h)
 
@@ -357,6 +368,16 @@ class StoreServer:
         self._reply(ident, h, Kind.OK, payloads=[cur])
 
 
+def _refusal(h: wire.Header) -> str:
+    """Why the store cannot serve an authenticated message, or "" if it can."""
+    if h.kind not in _HANDLERS:
+        return f"{h.kind.name} is not a store request kind"
+    if h.kind in _ONE_KEY and "\0" in h.text:
+        return f"{h.kind.name} takes one key, got {h.text.count(chr(0)) + 1} NUL-separated keys"
+    return ""
+
+
+_ONE_KEY = frozenset({Kind.SET, Kind.GET, Kind.ADD, Kind.DELETE, Kind.COMPARE_SET})
 _HANDLERS = {
     Kind.SET: StoreServer._on_set, Kind.GET: StoreServer._on_get, Kind.ADD: StoreServer._on_add,
     Kind.WAIT: StoreServer._on_wait, Kind.CHECK: StoreServer._on_check,
@@ -538,6 +559,9 @@ class StoreClient:
                 reply = c.sock.recv_multipart(copy=False)
                 try:
                     h = wire.unpack(reply, self._secret, dest=self._sender)
+                except wire.UnusableFrame as e:    # the job's store, so an error, not noise
+                    raise StoreError(f"rendezvous store at {self.address} sent a reply this "
+                                     f"client cannot use ({e}) to {kind.name} {keys}") from None
                 except wire.BadFrame as e:
                     self.drops(f"store client of {self.address}", e)
                     continue

@@ -77,11 +77,12 @@ class BadFrame(ValueError):
 
 class UnusableFrame(BadFrame):
     """An authenticated message, so a member's (``sender``), that this build cannot use: a
-    protocol error to report to every rank, never a silent drop."""
+    protocol error to report to every rank, never a silent drop. ``conn`` and ``serial`` (from
+    the signed header) let a server address its error reply to the request."""
 
-    def __init__(self, message: str, sender: int):
+    def __init__(self, message: str, sender: int, conn: int = 0, serial: int = 0):
         super().__init__(message)
-        self.sender = sender
+        self.sender, self.conn, self.serial = sender, conn, serial
 
 
 class Header(NamedTuple):
@@ -178,7 +179,8 @@ def _frame_bytes(frame: Any) -> bytes:
     b = getattr(frame, "bytes", None)   # zmq.Frame
     if isinstance(b, bytes):
         return b
-    return bytes(frame)
+    # via memoryview: bytes(n) of an int n would allocate n zero bytes
+    return memoryview(frame).tobytes()
 
 
 def unpack(frames: Sequence[Any], secret: bytes, *, guard: "ReplayGuard | None" = None,
@@ -215,22 +217,22 @@ def unpack(frames: Sequence[Any], secret: bytes, *, guard: "ReplayGuard | None" 
         raise BadFrame(f"message addressed to {dst}, this endpoint is {dest}")
     # authenticated: from here on the message is a member's, and what is wrong is its error
     if version != VERSION:
-        raise UnusableFrame(f"wire version {version}, this build speaks {VERSION}", sender)
+        raise UnusableFrame(f"wire version {version}, this build speaks {VERSION}", sender, conn, serial)
     if kind not in _KINDS:
-        raise UnusableFrame(f"unknown message kind {kind}", sender)
+        raise UnusableFrame(f"unknown message kind {kind}", sender, conn, serial)
     payloads = tuple(frames[1:])
     if len(payloads) != nframes:
-        raise UnusableFrame(f"{len(payloads)} payload frames, header announces {nframes}", sender)
+        raise UnusableFrame(f"{len(payloads)} payload frames, header announces {nframes}", sender, conn, serial)
     try:
         got = sum(map(nbytes, payloads))
     except TypeError as e:
-        raise UnusableFrame(f"payload frame is not bytes-like: {e}", sender) from None
+        raise UnusableFrame(f"payload frame is not bytes-like: {e}", sender, conn, serial) from None
     if got != payload_len:
-        raise UnusableFrame(f"payload is {got} bytes, header announces {payload_len}", sender)
+        raise UnusableFrame(f"payload is {got} bytes, header announces {payload_len}", sender, conn, serial)
     try:
         text = body[FIXED_SIZE:].decode("utf-8") if text_len else ""
     except UnicodeDecodeError:
-        raise UnusableFrame("header text is not utf-8", sender) from None
+        raise UnusableFrame("header text is not utf-8", sender, conn, serial) from None
     if guard is not None:
         guard.accept(sender, conn, serial)
     return Header(Kind(kind), sender, dst, conn, serial, comm_id, seq, step,

@@ -80,7 +80,7 @@ def test_spawn_raises_with_the_failing_ranks_traceback(tmp_path):
     assert "RuntimeError: rank 1 cannot go on" in err.traceback
     assert "deep_inside" in err.traceback
     assert "rank 1 failed" in str(err) and "deep_inside" in str(err)
-    assert elapsed < 20
+    assert elapsed < 45                  # not the ranks' 120 s sleep (load slack)
     clone = pickle.loads(pickle.dumps(err))
     assert (clone.rank, clone.exitcode, clone.traceback) == (1, 1, err.traceback)
 
@@ -109,4 +109,4 @@ def test_spawn_timeout_reports_every_live_ranks_stack():
     for rank in (0, 1):
         assert "stuck_in_user_code" in info.value.stacks[rank], info.value.stacks
     assert "stacks of rank 1" in str(info.value)
-    assert elapsed < 15
+    assert elapsed < 45                  # the 3 s timeout, not forever (load slack)

@@ -46,7 +46,7 @@ def test_a_rank_that_never_arrives_fails_init_naming_it():
         assert kind == "HcclTimeoutError" and result == "E_TIMEOUT", text
         assert "ranks [2] never arrived" in msg and "arrived: [0, 1]" in msg
         assert "HCCL_CONNECT_TIMEOUT=2" in msg
-        assert 1.5 < elapsed < 2 + 5, elapsed
+        assert 1.5 < elapsed < 2 + 20, elapsed      # the 2 s timeout; the rest is load slack
 
 
 def _job_with_strangers(rank, size, root_info, q, rounds, go):

@@ -62,7 +62,7 @@ def test_call_returns_before_the_collective_completes():
         return returned, before, pending, x.to_host(stream=s)
     outs = run_ranks(2, body)
     for returned, before, pending, after in outs:
-        assert returned < 0.05 and pending
+        assert returned < 5 and pending       # the gate holds the stream for 10 s: not waited
         np.testing.assert_array_equal(before, np.ones(10, np.int32))
         np.testing.assert_array_equal(after, np.full(10, 2, np.int32))
 
@@ -140,7 +140,7 @@ def test_bad_arguments_raise_at_the_call_and_comm_still_works():
     msgs, x = outs[0]
     np.testing.assert_array_equal(x, np.full(10, 2, np.float32))
     assert "40 bytes" in msgs["count"] and "44 bytes" in msgs["count"]
-    assert "20 bytes" in msgs["dtype"] and "FP32" in msgs["dtype"]
+    assert "float16" in msgs["dtype"] and "FP32" in msgs["dtype"]    # the array says otherwise
     assert "80 bytes" in msgs["gather"] and "recv" in msgs["gather"]
     assert "root=2" in msgs["root"] and "0..1" in msgs["root"]
     assert "dest=-1" in msgs["peer"]
@@ -162,7 +162,7 @@ def test_mismatched_collectives_fail_every_rank_fast():
         return str(ei.value), time.perf_counter() - t0, isinstance(ei.value, rt_errors.TaskError)
     outs = run_ranks(3, body)
     for rank, (msg, elapsed, is_task_error) in enumerate(outs):
-        assert elapsed < 5 and is_task_error
+        assert elapsed < 20 and is_task_error   # the mismatch, not the 30 s timeout (load slack)
         assert "seq 1" in msg or "seq=1" in msg, msg
     assert any("ALLREDUCE(count=1024, FP32, SUM)" in m and "ALLGATHER(count=512, FP32)" in m
                for m, _, _ in outs)
@@ -205,7 +205,7 @@ def test_stalled_peer_times_out_with_the_watchdog_line():
     assert first.startswith("[rank 0] ALLREDUCE(comm=world, seq=1, count=262144, FP32, SUM) timed out "
                             "after 0.5 s (comm.set_exec_timeout(0.5)); last enqueued seq 1, "
                             "last completed seq 0"), first
-    assert 0.4 < elapsed < 3
+    assert 0.45 < elapsed < 9            # the 0.5 s timeout, not rank 1's 10 s (load slack)
     assert err.result == Result.E_TIMEOUT and err.peer == 1
     late = outs[1]                       # the late rank finds the communicator aborted by rank 0
     assert isinstance(late, hccl.RemoteRankError) and late.rank == 0

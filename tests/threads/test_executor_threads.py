@@ -352,7 +352,7 @@ def test_timeout_names_the_peer_and_the_wait():
     t0 = time.monotonic()
     with pytest.raises(HcclTimeoutError) as ei:
         _allreduce(fab, 1, 3, comm_id, 4, timeout=0.2, on_wait=waits.append)
-    assert 0.2 <= time.monotonic() - t0 < 3
+    assert 0.2 <= time.monotonic() - t0 < 10      # at least the timeout; upper: load slack
     e = ei.value
     assert (e.peer, e.seq, e.rank, e.timeout) == (0, 4, 1, 0.2) and e.waited >= 0.2
     assert waits == [0] and isinstance(e, TimeoutError)

@@ -26,13 +26,18 @@ def test_tasks_run_in_order_and_enqueue_returns_at_once(device):
 
 def test_two_streams_run_concurrently(device):
     a, b = runtime.Stream(), runtime.Stream()
-    t0 = time.perf_counter()
-    runtime.launch(time.sleep, 0.3, stream=a)
-    runtime.launch(time.sleep, 0.3, stream=b)
+    ran_a, ran_b = threading.Event(), threading.Event()
+
+    def meet(mine, other):
+        # each kernel waits for the other to be running: only concurrent streams get past this
+        mine.set()
+        if not other.wait(30):
+            raise AssertionError("the other stream's kernel never ran while this one was running")
+    runtime.launch(meet, ran_a, ran_b, stream=a)
+    runtime.launch(meet, ran_b, ran_a, stream=b)
     a.synchronize()
     b.synchronize()
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 0.5, elapsed
+    assert ran_a.is_set() and ran_b.is_set()
 
 
 def test_event_orders_work_across_streams(device):
@@ -132,7 +137,7 @@ def test_elapsed_time(device):
     b.record(s)
     b.synchronize()
     ms = a.elapsed_time(b)
-    assert 45 <= ms < 500, ms
+    assert 45 <= ms < 5000, ms          # at least the sleep; the upper bound is load slack
     with pytest.raises(errors.InvalidParamError, match="enable_timing"):
         runtime.Event().elapsed_time(b)
 
