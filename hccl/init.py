@@ -140,9 +140,9 @@ def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: 
         keys = [f"{uid}/addr/{r}" for r in range(size)]
         _wait_all(store, keys, timeout, rank, "never arrived")
         found = {r: _peer_entry(store.get(keys[r]), r) for r in range(size) if r != rank}
+        transport.watch_processes({r: ident for r, (_, _, ident) in found.items()})
         transport.connect({r: a for r, (a, _, _) in found.items()},
-                          {r: node for r, (_, node, _) in found.items()},
-                          {r: ident for r, (_, _, ident) in found.items()})
+                          {r: node for r, (_, node, _) in found.items()})
         # The ordering that makes every first message usable: a rank returns its communicator
         # (and may send) only after every rank has connected, i.e. knows which peers share its
         # node. Without this barrier a fast rank's first SHM_DATA could reach a peer that had

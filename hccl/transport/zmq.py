@@ -182,6 +182,7 @@ class ZmqTransport(Transport):
         self._guard = wire.ReplayGuard()
         self.drops = wire.DropLog(log)
         self._closing = False
+        self._idents: dict[int, str] = {}                # peers' process identities
         self._procs: dict[int, PeerProcess] = {}        # peers of this node: their processes
         self._broken: dict[int, str] = {}               # peers whose connection broke: why
         self._monitors: list[threading.Thread] = []
@@ -189,15 +190,19 @@ class ZmqTransport(Transport):
         self._rx.start()
 
     # -- setup -----------------------------------------------------------------------------
-    def connect(self, addresses: dict[int, str], nodes: dict[int, str] | None = None,
-                pids: dict[int, str] | None = None) -> None:
+    def watch_processes(self, idents: dict[int, str]) -> None:
+        """Remember the peers' process identities (``{rank: liveness.identity()}``); ``connect``
+        watches those of the peers that share this node. Call it before ``connect``."""
+        self._idents.update(idents)
+
+    def connect(self, addresses: dict[int, str], nodes: dict[int, str] | None = None) -> None:
         """Open a link to every rank in ``addresses`` (``{rank: "tcp://host:port"}``; this rank
         and already linked ranks are skipped). Never blocks: ZeroMQ connects in the background
         and queues what is sent meanwhile. ``nodes`` (``{rank: node id}``) names the ranks of
         this node: large payloads to and from them take the shared-memory path.
 
-        Liveness (``_dead_peer``): a peer of this node is dead once its process (``pids``:
-        ``{rank: liveness.identity()}``) has exited; any peer is gone once the link to it, up
+        Liveness (``_dead_peer``): a peer of this node is dead once its process (given to
+        ``watch_processes``) has exited; any peer is gone once the link to it, up
         once, disconnects (ZeroMQ would reconnect and silently lose what was in flight). Links
         to other nodes (or of unknown node) carry ZeroMQ heartbeats, so a cut cable or a frozen
         host breaks them after NPUSIM_HEARTBEAT_TIMEOUT; links within the node do not, so a
@@ -206,7 +211,7 @@ class ZmqTransport(Transport):
         if self._shm_min is not None:
             self._shm_peers = self._shm_peers | {
                 p for p, n in nodes.items() if n == self.node and p != self.rank}
-        for p, ident in (pids or {}).items():
+        for p, ident in self._idents.items():
             if nodes.get(p) == self.node and p != self.rank:
                 self._procs[p] = PeerProcess(ident)
         hb_ms = max(100, int(config.heartbeat_timeout() * 1000))
