@@ -283,13 +283,8 @@ class ZmqTransport(Transport):
                 self._cond.notify_all()
 
     def _dead_peer(self, peer: int) -> str | None:
-        broken = self._broken.get(peer)
-        if broken is not None:
-            proc = self._procs.get(peer)
-            gone = proc.gone() if proc is not None else None
-            return gone or broken
-        proc = self._procs.get(peer)
-        return proc.gone() if proc is not None else None
+        proc = self._procs.get(peer)   # an exited process is the more precise reason
+        return (proc.gone() if proc is not None else None) or self._broken.get(peer)
 
     # -- data path -------------------------------------------------------------------------
     def send(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
