@@ -29,6 +29,11 @@ buffers. A SHM_DATA from a rank of another node is a protocol error. Every rank 
 share its node before its communicator is returned (``hccl.init`` waits until every rank has
 called ``connect``), so a correct peer never sends one too early.
 
+Liveness. A wait on a peer asks ``_dead_peer`` (``base.Transport``): a peer of this node is dead
+once its process exits (pid and start time from init, ``liveness``); any peer is gone once its
+link, connected once, disconnects (a socket monitor thread per ``connect``); links to other nodes
+carry ZeroMQ heartbeats (NPUSIM_HEARTBEAT_TIMEOUT) so a cut link or a frozen host breaks them too.
+
 Every socket has LINGER 0; ``close`` alone gives outbound links a bounded linger (1 s by default)
 so a last ABORT still leaves, then discards what a dead peer never took: it never hangs. It
 terminates the Context, which wakes the receiver thread with ETERM.
