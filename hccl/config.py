@@ -59,6 +59,18 @@ def exec_timeout() -> float:
     return _number("HCCL_EXEC_TIMEOUT", 1800, "seconds", "HCCL_EXEC_TIMEOUT=1800")
 
 
+def liveness_interval() -> float:
+    """NPUSIM_LIVENESS_INTERVAL: seconds between two checks, by a rank waiting for a peer, that the
+    peer is still alive (default 0.5). A dead peer is reported within about this plus 2 s."""
+    return _number("NPUSIM_LIVENESS_INTERVAL", 0.5, "seconds", "NPUSIM_LIVENESS_INTERVAL=0.5")
+
+
+def heartbeat_timeout() -> float:
+    """NPUSIM_HEARTBEAT_TIMEOUT: seconds without any answer from a peer of another node after
+    which its connection is declared broken (default 10; ZeroMQ heartbeats every fifth of it)."""
+    return _number("NPUSIM_HEARTBEAT_TIMEOUT", 10, "seconds", "NPUSIM_HEARTBEAT_TIMEOUT=10")
+
+
 def buffsize_mb() -> int:
     """HCCL_BUFFSIZE: staging/pipelining buffer size in MB (default 200, at least 1)."""
     return _int("HCCL_BUFFSIZE", 200, 1, "a size in MB")

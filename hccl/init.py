@@ -21,6 +21,7 @@ from . import config, diag
 from .comm import Comm, World, comm_id_of
 from .errors import HcclError, HcclTimeoutError, InvalidArgumentError
 from .store import StoreClient, StoreServer, StoreTimeout
+from .transport import liveness
 from .transport.zmq import ZmqTransport
 from .types import Result
 
@@ -132,12 +133,16 @@ def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: 
     transport = None
     try:
         transport = ZmqTransport(rank, size, secret, bind_host=_bind_host(host))
-        store.set(f"{uid}/addr/{rank}", f"{transport.address}\n{transport.node}".encode())
+        # address, node id and process identity (pid:start time): the peers of this node
+        # watch the process, so a dead rank is named without the launcher's help
+        store.set(f"{uid}/addr/{rank}",
+                  f"{transport.address}\n{transport.node}\n{liveness.identity()}".encode())
         keys = [f"{uid}/addr/{r}" for r in range(size)]
         _wait_all(store, keys, timeout, rank, "never arrived")
-        found = {r: store.get(keys[r]).decode().partition("\n") for r in range(size) if r != rank}
+        found = {r: _peer_entry(store.get(keys[r]), r) for r in range(size) if r != rank}
+        transport.watch_processes({r: ident for r, (_, _, ident) in found.items()})
         transport.connect({r: a for r, (a, _, _) in found.items()},
-                          {r: node for r, (_, _, node) in found.items()})
+                          {r: node for r, (_, node, _) in found.items()})
         # The ordering that makes every first message usable: a rank returns its communicator
         # (and may send) only after every rank has connected, i.e. knows which peers share its
         # node. Without this barrier a fast rank's first SHM_DATA could reach a peer that had
@@ -154,6 +159,16 @@ def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: 
     comm = Comm(world, list(range(size)), comm_id_of(uid), "world")
     diag.attach(world, store)
     return comm
+
+
+def _peer_entry(raw: bytes, peer: int) -> tuple[str, str, str]:
+    """(address, node id, process identity) that rank ``peer`` published at init."""
+    parts = raw.decode("utf-8", "replace").split("\n")
+    if len(parts) != 3:
+        raise HcclError(f"communicator init: rank {peer} published {len(parts)} fields "
+                        "(address, node, process) instead of 3; are all ranks running the "
+                        "same npusim version?")
+    return parts[0], parts[1], parts[2]
 
 
 def _wait_all(store: StoreClient, keys: list[str], timeout: float, rank: int, what: str) -> None:

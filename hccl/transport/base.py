@@ -14,7 +14,10 @@ the order they were sent) and every fingerprint that peer used for that ``(comm_
                                                    -> ``FingerprintMismatch`` (also when it arrived
                                                       before ``recv`` was called)
 4. the message for the exact tag is there           -> its payload (popped)
-5. ``timeout`` passed                               -> ``PeerTimeout``
+5. ``peer`` is dead (``_dead_peer``, checked every NPUSIM_LIVENESS_INTERVAL s; what it sent
+   before dying is still taken for DEAD_PEER_GRACE s) -> ``PeerGone``, and the comm_id is
+   aborted on every rank with a reason naming ``peer``
+6. ``timeout`` passed                               -> ``PeerTimeout``
 
 Memory: ``recv`` pops what it returns and drops emptied mailboxes; ``forget`` drops leftovers
 (e.g. after a mismatch); messages for an aborted comm_id are discarded on arrival.
@@ -29,8 +32,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from hccl import config
+from hccl.diag import DEAD
+
+
 Fingerprint = tuple[int, int, int, int, int]   # (op, count, dtype, redop, root) as ints
 ALL_COMMS = (1 << 64) - 1   # the comm_id of an abort that fails every communicator of the world
+DEAD_PEER_GRACE = 2.0       # s a wait still takes what a dead peer sent (in flight when it died)
 
 
 class TransportError(Exception):
@@ -169,9 +177,17 @@ class Transport:
                     timeout: float | None) -> Any:
         """Sleep on the Condition until ``ready()`` (called with it held) returns a value other
         than None, and return that; ``TransportClosed`` / ``Aborted`` (``comm_id``) take
-        precedence, ``PeerTimeout`` (naming ``peer``) after ``timeout`` seconds."""
+        precedence, ``PeerTimeout`` (naming ``peer``) after ``timeout`` seconds.
+
+        Every NPUSIM_LIVENESS_INTERVAL seconds the wait asks ``_dead_peer(peer)``. Once it names a
+        reason, what ``peer`` sent before dying still counts for ``DEAD_PEER_GRACE`` seconds (it
+        may be in flight); then ``comm_id`` is aborted on every rank with a reason naming ``peer``
+        and this wait raises ``PeerGone``.
+        """
         t0 = time.monotonic()
         deadline = math.inf if timeout is None else t0 + max(0.0, timeout)
+        tick = config.liveness_interval()
+        next_check, gone, gone_at = t0 + tick, None, math.inf
         with self._cond:
             while True:
                 if self._closed:
@@ -185,7 +201,23 @@ class Transport:
                 now = time.monotonic()
                 if now >= deadline:
                     raise PeerTimeout(peer, now - t0, self._timeout_note())
-                self._cond.wait(None if deadline == math.inf else deadline - now)
+                if gone is None and now >= next_check:
+                    gone = self._dead_peer(peer)
+                    next_check = now + tick
+                    if gone is not None:
+                        gone_at = now + DEAD_PEER_GRACE
+                if now >= gone_at:
+                    break
+                self._cond.wait(min(deadline, next_check if gone is None else gone_at) - now)
+        # outside the Condition: the broadcast takes the links' locks
+        self.abort(comm_id, f"{DEAD}rank {peer} is gone: {gone} (seen by rank {self.rank})")
+        raise PeerGone(peer, gone)
+
+    def _dead_peer(self, peer: int) -> str | None:
+        """Why rank ``peer`` can no longer send to this rank (its process exited, its connection
+        broke), or None while it may. Every wait on ``peer`` calls it periodically, with the
+        Condition held: it must be quick and must not block. This base knows nothing: None."""
+        return None
 
     def recv_into(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
                   timeout: float | None, consume: Callable[[memoryview], None]) -> None:

@@ -29,6 +29,11 @@ buffers. A SHM_DATA from a rank of another node is a protocol error. Every rank 
 share its node before its communicator is returned (``hccl.init`` waits until every rank has
 called ``connect``), so a correct peer never sends one too early.
 
+Liveness. A wait on a peer asks ``_dead_peer`` (``base.Transport``): a peer of this node is dead
+once its process exits (pid and start time from init, ``liveness``); any peer is gone once its
+link, connected once, disconnects (a socket monitor thread per ``connect``); links to other nodes
+carry ZeroMQ heartbeats (NPUSIM_HEARTBEAT_TIMEOUT) so a cut link or a frozen host breaks them too.
+
 Every socket has LINGER 0; ``close`` alone gives outbound links a bounded linger (1 s by default)
 so a last ABORT still leaves, then discards what a dead peer never took: it never hangs. It
 terminates the Context, which wakes the receiver thread with ETERM.
@@ -37,15 +42,18 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import numpy as np
 import zmq
+from zmq.utils import monitor as zmq_monitor
 
 from hccl import config, wire
 from hccl.transport.base import (DONE, Fingerprint, PeerGone, PeerTimeout, SendHandle,
                                  Transport, TransportClosed, TransportError, as_bytes_view,
                                  norm_fp)
+from hccl.transport.liveness import PeerProcess
 from runtime import ipc
 from runtime.errors import MemoryAccessError
 
@@ -57,16 +65,33 @@ _MAX_REASON = 4000
 
 
 class _TrackedHandle(SendHandle):
-    __slots__ = ("_tracker", "_peer")
+    __slots__ = ("_tracker", "_peer", "_t", "_comm")
 
-    def __init__(self, tracker: zmq.MessageTracker, peer: int):
-        self._tracker, self._peer = tracker, peer
+    def __init__(self, tracker: zmq.MessageTracker, peer: int, transport: "ZmqTransport",
+                 comm_id: int):
+        self._tracker, self._peer, self._t, self._comm = tracker, peer, transport, comm_id
 
     def wait(self, timeout: float | None = None) -> None:
-        try:
-            self._tracker.wait(-1 if timeout is None else max(0.0, timeout))
-        except zmq.NotDone:
-            raise PeerTimeout(self._peer, timeout) from None
+        # in ticks, so that a dead peer (whose link never drains) is noticed like in a recv
+        t0 = time.monotonic()
+        deadline = None if timeout is None else t0 + max(0.0, timeout)
+        tick = config.liveness_interval()
+        while True:
+            left = tick if deadline is None else min(tick, deadline - time.monotonic())
+            try:
+                self._tracker.wait(max(0.0, left))
+                return
+            except zmq.NotDone:
+                pass
+            if deadline is not None and time.monotonic() >= deadline:
+                raise PeerTimeout(self._peer, time.monotonic() - t0) from None
+            with self._t._cond:
+                gone = self._t._dead_peer(self._peer)
+            if gone is not None:   # the common wait: grace, abort naming the peer, PeerGone
+                self._t._wait_until(lambda: True if self._tracker.done else None, self._comm,
+                                    self._peer, None if deadline is None
+                                    else max(0.0, deadline - time.monotonic()))
+                return
 
     def done(self) -> bool:
         return self._tracker.done
@@ -112,12 +137,13 @@ class _AckHandle(SendHandle):
 class _Link:
     """The outbound DEALER to one peer."""
 
-    __slots__ = ("sock", "conn", "serial", "lock", "closed")
+    __slots__ = ("sock", "conn", "serial", "lock", "closed", "connected")
 
     def __init__(self, sock: zmq.Socket, conn: int):
         self.sock, self.conn, self.serial = sock, conn, 0
         self.lock = threading.Lock()
         self.closed = False
+        self.connected = False       # the TCP connection was up once (monitor thread)
 
 
 class ZmqTransport(Transport):
@@ -161,18 +187,40 @@ class ZmqTransport(Transport):
         self._guard = wire.ReplayGuard()
         self.drops = wire.DropLog(log)
         self._closing = False
+        self._idents: dict[int, str] = {}                # peers' process identities
+        self._procs: dict[int, PeerProcess] = {}        # peers of this node: their processes
+        self._broken: dict[int, str] = {}               # peers whose connection broke: why
+        self._monitors: list[threading.Thread] = []
         self._rx = threading.Thread(target=self._receive, name=f"hccl-rx-rank{rank}", daemon=True)
         self._rx.start()
 
     # -- setup -----------------------------------------------------------------------------
+    def watch_processes(self, idents: dict[int, str]) -> None:
+        """Remember the peers' process identities (``{rank: liveness.identity()}``); ``connect``
+        watches those of the peers that share this node. Call it before ``connect``."""
+        self._idents.update(idents)
+
     def connect(self, addresses: dict[int, str], nodes: dict[int, str] | None = None) -> None:
         """Open a link to every rank in ``addresses`` (``{rank: "tcp://host:port"}``; this rank
         and already linked ranks are skipped). Never blocks: ZeroMQ connects in the background
         and queues what is sent meanwhile. ``nodes`` (``{rank: node id}``) names the ranks of
-        this node: large payloads to and from them take the shared-memory path."""
-        if nodes and self._shm_min is not None:
+        this node: large payloads to and from them take the shared-memory path.
+
+        Liveness (``_dead_peer``): a peer of this node is dead once its process (given to
+        ``watch_processes``) has exited; any peer is gone once the link to it, up
+        once, disconnects (ZeroMQ would reconnect and silently lose what was in flight). Links
+        to other nodes (or of unknown node) carry ZeroMQ heartbeats, so a cut cable or a frozen
+        host breaks them after NPUSIM_HEARTBEAT_TIMEOUT; links within the node do not, so a
+        stopped (SIGSTOP) peer of this node is only a timeout (HCCL_EXEC_TIMEOUT)."""
+        nodes = nodes or {}
+        if self._shm_min is not None:
             self._shm_peers = self._shm_peers | {
                 p for p, n in nodes.items() if n == self.node and p != self.rank}
+        for p, ident in self._idents.items():
+            if nodes.get(p) == self.node and p != self.rank:
+                self._procs[p] = PeerProcess(ident)
+        hb_ms = max(100, int(config.heartbeat_timeout() * 1000))
+        monitors: dict[zmq.Socket, int] = {}
         with self._links_lock:
             if self._closing:
                 raise TransportClosed(f"rank {self.rank}: transport closed")
@@ -188,8 +236,60 @@ class ZmqTransport(Transport):
                 s.routing_id = wire.routing_id(_RANK_TAG, self.rank, conn)
                 if addr.startswith("tcp://["):
                     s.ipv6 = True
+                if nodes.get(peer) != self.node:
+                    s.setsockopt(zmq.HEARTBEAT_IVL, max(20, hb_ms // 5))
+                    s.setsockopt(zmq.HEARTBEAT_TIMEOUT, hb_ms)
+                monitors[s.get_monitor_socket(
+                    zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED)] = peer
                 s.connect(addr)
                 self._links[peer] = _Link(s, conn)
+            if monitors:
+                t = threading.Thread(target=self._monitor, args=(monitors,), daemon=True,
+                                     name=f"hccl-mon-rank{self.rank}")
+                self._monitors.append(t)
+                t.start()
+
+    def _monitor(self, socks: dict) -> None:
+        """Follow the links' connection events (see ``connect``) until every link is closed."""
+        poller = zmq.Poller()
+        for s in socks:
+            poller.register(s, zmq.POLLIN)
+        try:
+            while socks:
+                for s, _ in poller.poll():
+                    event = zmq_monitor.recv_monitor_message(s)["event"]
+                    if event == zmq.EVENT_MONITOR_STOPPED:
+                        poller.unregister(s)
+                        s.close(linger=0)
+                        del socks[s]
+                    else:
+                        self._link_event(socks[s], event)
+        except zmq.ContextTerminated:
+            pass
+        except Exception:   # a bug here must not leave the context unterminable
+            log.exception("rank %d: link monitor failed; dead peers of other nodes will only "
+                          "time out", self.rank)
+        finally:
+            for s in socks:
+                s.close(linger=0)
+
+    def _link_event(self, peer: int, event: int) -> None:
+        link = self._links.get(peer)
+        if link is None:
+            return
+        if event == zmq.EVENT_CONNECTED:
+            link.connected = True
+        elif event == zmq.EVENT_DISCONNECTED and link.connected and not self._closing:
+            with self._cond:
+                if peer not in self._broken:
+                    self._broken[peer] = "its connection to this rank broke (the peer closed it, "\
+                        "exited, or stopped answering heartbeats)"
+                    log.warning("rank %d: the connection to rank %d broke", self.rank, peer)
+                self._cond.notify_all()
+
+    def _dead_peer(self, peer: int) -> str | None:
+        proc = self._procs.get(peer)   # an exited process is the more precise reason
+        return (proc.gone() if proc is not None else None) or self._broken.get(peer)
 
     # -- data path -------------------------------------------------------------------------
     def send(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
@@ -220,7 +320,7 @@ class ZmqTransport(Transport):
                 return DONE
             link.sock.send(frames[0], zmq.SNDMORE)
             tracker = link.sock.send(mv, copy=False, track=True)
-        return _TrackedHandle(tracker, peer)
+        return _TrackedHandle(tracker, peer, self, comm_id)
 
     def _send_shm(self, link: _Link, peer: int, comm_id: int, seq: int, step: int, fp,
                   nbytes: int, handle: str, offset: int) -> _AckHandle:
@@ -408,6 +508,8 @@ class ZmqTransport(Transport):
                 link.sock.close(linger=max(0, int(linger * 1000)))
         self._ctx.term()   # waits out the lingers; the receiver's recv raises ETERM and exits
         self._rx.join()
+        for t in self._monitors:
+            t.join()
         self._peer_mem.close()
 
 
