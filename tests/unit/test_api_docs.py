@@ -21,9 +21,10 @@ CLASSES_WITH_METHODS = {"Stream": runtime.Stream, "Event": runtime.Event,
 
 
 def _documented(name: str) -> bool:
-    """``name`` appears in code style: `name`, `name(...)`, `name -> ...`, `Class.name...` or
-    (attributes) `.name`."""
-    return re.search(r"`\.?" + re.escape(name) + r"[`(\s\[]", API) is not None
+    """``name`` appears in code style: `name`, `name(...)`, `name -> ...`; a ``Class.attr`` also
+    as `.attr` (a row of the class's attributes)."""
+    forms = [name] + ([name[name.index("."):]] if "." in name else [])
+    return any(re.search(r"`" + re.escape(f) + r"[`(\s\[]", API) for f in forms)
 
 
 def _public_names():
@@ -39,7 +40,7 @@ def _public_names():
     for cname, cls in CLASSES_WITH_METHODS.items():
         for attr, value in vars(cls).items():
             if not attr.startswith("_") and (callable(value) or isinstance(value, property)):
-                yield f"{cls.__module__}.{cname}.{attr}", f"{cname}.{attr}" if callable(value) else attr
+                yield f"{cls.__module__}.{cname}.{attr}", f"{cname}.{attr}"
     for mod in (runtime.errors, hccl.errors, launcher.errors):
         for name, obj in vars(mod).items():
             if inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == mod.__name__:
