@@ -32,11 +32,10 @@ import datetime
 import importlib
 import itertools
 import os
+import sys
 import threading
 
-import ml_dtypes
-import numpy as np
-
+import typing_extensions
 import runtime
 from runtime.errors import NpuError
 
@@ -45,19 +44,11 @@ from .comm import Comm
 from .errors import InvalidArgumentError
 from .init import _env_secret, init_comm
 from .store import StoreClient, StoreTimeout
-from .torch_work import Completer, Work
-from .types import DataType, ReduceOp
+from .torch_work import (Completer, Staging, Work, check_list, check_numel, np_dtype, put,
+                         same_dtype, splits, take, view)
+from .types import ReduceOp
 
 BACKEND = "hccl"
-
-_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
-           torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
-           torch.int8: np.dtype(np.int8), torch.int16: np.dtype(np.int16),
-           torch.int32: np.dtype(np.int32), torch.int64: np.dtype(np.int64),
-           torch.uint8: np.dtype(np.uint8)}
-for _name in ("uint16", "uint32", "uint64"):
-    if hasattr(torch, _name):
-        _DTYPES[getattr(torch, _name)] = np.dtype(_name)
 
 _REDUCE = {dist.ReduceOp.SUM: ReduceOp.SUM, dist.ReduceOp.PRODUCT: ReduceOp.PROD,
            dist.ReduceOp.MIN: ReduceOp.MIN, dist.ReduceOp.MAX: ReduceOp.MAX,
@@ -67,78 +58,18 @@ _world_lock = threading.Lock()
 _world: Comm | None = None          # the default group's communicator (sub-groups derive from it)
 
 
-# ---------------------------------------------------------------------- tensors <-> device memory
-def _np_dtype(t: torch.Tensor, api: str) -> np.dtype:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{api}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
-        raise InvalidArgumentError(f"{api}: tensor is on {t.device}; the npusim hccl backend "
-                                   "takes CPU tensors")
-    dt = _DTYPES.get(t.dtype)
-    if dt is None:
-        raise InvalidArgumentError(f"{api}: dtype {t.dtype} is not supported by hccl "
-                                   f"(supported: {', '.join(str(d) for d in _DTYPES)})")
-    return dt
+# Call sites (flight recorder, errors) name the user's line: skip torch's frames, its
+# deprecation wrapper (typing_extensions) and npusim's own.
+_LIBRARY = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, runtime)) + \
+    (os.path.dirname(os.path.abspath(__file__)) + os.sep,
+     os.path.splitext(os.path.abspath(typing_extensions.__file__))[0])
 
 
-def _as_tensor(flat: np.ndarray, dtype: torch.dtype, shape) -> torch.Tensor:
-    """A torch tensor sharing ``flat``'s memory (bfloat16 goes through int16: numpy has none)."""
-    if dtype == torch.bfloat16:
-        return torch.from_numpy(flat.view(np.int16)).view(torch.bfloat16).view(shape)
-    return torch.from_numpy(flat).view(shape)
-
-
-class _Staging:
-    """The device buffers of one collective call; freed when the Work completes."""
-
-    def __init__(self):
-        self.arrays: list = []
-
-    def buffer(self, count: int, dtype: np.dtype):
-        a = runtime.empty(count, dtype)
-        self.arrays.append(a)
-        return a
-
-    def load(self, t: torch.Tensor, api: str, count: int | None = None):
-        """A device buffer of ``count`` (default t.numel()) elements starting with t's data."""
-        dt = _np_dtype(t, api)
-        a = self.buffer(t.numel() if count is None else count, dt)
-        put(a, 0, t)
-        return a
-
-    def free(self) -> None:
-        for a in self.arrays:
-            a.free()
-        self.arrays.clear()
-
-
-def view(a, start: int = 0, count: int | None = None) -> np.ndarray:
-    """Typed numpy view of ``count`` elements of device array ``a`` from element ``start``."""
-    count = a.size - start if count is None else count
-    if count == 0:
-        return np.empty(0, a.dtype)
-    item = a.dtype.itemsize
-    return runtime.host_view(a)[start * item:(start + count) * item].view(a.dtype)
-
-
-def put(a, start: int, t: torch.Tensor) -> None:
-    """Copy tensor ``t`` (any strides) into device array ``a`` at element ``start``."""
-    if t.numel():
-        _as_tensor(view(a, start, t.numel()), t.dtype, t.shape).copy_(t.detach())
-
-
-def take(a, start: int, t: torch.Tensor) -> None:
-    """Copy ``t.numel()`` elements of device array ``a`` from ``start`` into tensor ``t``."""
-    if t.numel():
-        with torch.no_grad():
-            t.copy_(_as_tensor(view(a, start, t.numel()), t.dtype, t.shape))
-
-
-def _same_dtype(tensors, api: str) -> np.dtype:
-    dts = {_np_dtype(t, api) for t in tensors}
-    if len(dts) != 1:
-        raise InvalidArgumentError(f"{api}: tensors have different dtypes {sorted(map(str, dts))}")
-    return dts.pop()
+def _user_site() -> str:
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_filename.startswith(_LIBRARY):
+        f = f.f_back
+    return "?" if f is None else f"{f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}"
 
 
 # ---------------------------------------------------------------------- the process group
@@ -163,7 +94,7 @@ class HcclProcessGroup(dist.ProcessGroup):
         return f"<HcclProcessGroup {self.comm.name} rank {self.comm.rank}/{self.comm.size}>"
 
     # -- plumbing
-    def _submit(self, name: str, outputs: list, staging: _Staging, finish=None) -> Work:
+    def _submit(self, name: str, outputs: list, staging: Staging, finish=None) -> Work:
         work = Work(name, outputs)
         self._completer.submit(work, self.stream.record_event(), finish or (lambda: None),
                                staging.free)
@@ -173,9 +104,9 @@ class HcclProcessGroup(dist.ProcessGroup):
         """Stage and enqueue with ``build(staging) -> finish``; free the staging on a bad call."""
         if self._closed:
             raise InvalidArgumentError(f"{name}: the process group was shut down")
-        staging = _Staging()
+        staging = Staging()
         try:
-            finish = build(staging)
+            finish = build(staging, _user_site())
         except BaseException:
             staging.free()
             raise
@@ -199,10 +130,10 @@ class HcclProcessGroup(dist.ProcessGroup):
         opts = opts or dist.AllreduceOptions()
         rop, avg = self._redop(opts.reduceOp, "allreduce", tensors)
 
-        def build(st):
+        def build(st, site):
             bufs = [st.load(t, "allreduce") for t in tensors]
             for a in bufs:
-                C.all_reduce(a, a, a.size, a.dtype, rop, self.comm, self.stream)
+                C.all_reduce(a, a, a.size, a.dtype, rop, self.comm, self.stream, _site=site)
 
             def finish():
                 for a, t in zip(bufs, tensors):
@@ -220,11 +151,11 @@ class HcclProcessGroup(dist.ProcessGroup):
         opts = opts or dist.BroadcastOptions()
         root = opts.rootRank
 
-        def build(st):
+        def build(st, site):
             bufs = [st.load(t, "broadcast") if self.comm.rank == root
-                    else st.buffer(t.numel(), _np_dtype(t, "broadcast")) for t in tensors]
+                    else st.buffer(t.numel(), np_dtype(t, "broadcast")) for t in tensors]
             for a in bufs:
-                C.broadcast(a, a.size, a.dtype, root, self.comm, self.stream)
+                C.broadcast(a, a.size, a.dtype, root, self.comm, self.stream, _site=site)
             return lambda: [take(a, 0, t) for a, t in zip(bufs, tensors)]
         return self._call("broadcast", list(tensors), build)
 
@@ -233,10 +164,10 @@ class HcclProcessGroup(dist.ProcessGroup):
         rop, avg = self._redop(opts.reduceOp, "reduce", tensors)
         root = opts.rootRank
 
-        def build(st):
+        def build(st, site):
             bufs = [st.load(t, "reduce") for t in tensors]
             for a in bufs:
-                C.reduce(a, a, a.size, a.dtype, rop, root, self.comm, self.stream)
+                C.reduce(a, a, a.size, a.dtype, rop, root, self.comm, self.stream, _site=site)
 
             def finish():
                 if self.comm.rank != root:
@@ -252,25 +183,25 @@ class HcclProcessGroup(dist.ProcessGroup):
     def allgather(self, output_tensors, input_tensors, opts=None):
         n, size = input_tensors[0].numel(), self.comm.size
         outs = output_tensors[0]
-        _check_list(outs, size, n, "allgather", "output_tensors[0]")
-        dt = _same_dtype([*outs, input_tensors[0]], "allgather")
+        check_list(outs, size, n, "allgather", "output_tensors[0]")
+        dt = same_dtype([*outs, input_tensors[0]], "allgather")
 
-        def build(st):
+        def build(st, site):
             src = st.load(input_tensors[0], "allgather")
             dst = st.buffer(n * size, dt)
-            C.all_gather(src, dst, n, dt, self.comm, self.stream)
+            C.all_gather(src, dst, n, dt, self.comm, self.stream, _site=site)
             return lambda: [take(dst, r * n, o) for r, o in enumerate(outs)]
         return self._call("allgather", outs, build)
 
     def all_gather_single(self, output, input, opts=None):
         n, size = input.numel(), self.comm.size
-        _check_numel(output, n * size, "all_gather_into_tensor", "output", f"{size} x input's {n}")
-        dt = _same_dtype([output, input], "all_gather_into_tensor")
+        check_numel(output, n * size, "all_gather_into_tensor", "output", f"{size} x input's {n}")
+        dt = same_dtype([output, input], "all_gather_into_tensor")
 
-        def build(st):
+        def build(st, site):
             src = st.load(input, "all_gather_into_tensor")
             dst = st.buffer(n * size, dt)
-            C.all_gather(src, dst, n, dt, self.comm, self.stream)
+            C.all_gather(src, dst, n, dt, self.comm, self.stream, _site=site)
             return lambda: take(dst, 0, output)
         return self._call("all_gather_into_tensor", [output], build)
 
@@ -286,27 +217,27 @@ class HcclProcessGroup(dist.ProcessGroup):
         opts = opts or dist.ReduceScatterOptions()
         out, ins, size = output_tensors[0], input_tensors[0], self.comm.size
         n = out.numel()
-        _check_list(ins, size, n, "reduce_scatter", "input_list")
+        check_list(ins, size, n, "reduce_scatter", "input_list")
         rop, avg = self._redop(opts.reduceOp, "reduce_scatter", [out])
-        dt = _same_dtype([out, *ins], "reduce_scatter")
+        dt = same_dtype([out, *ins], "reduce_scatter")
 
-        def build(st):
+        def build(st, site):
             src = st.buffer(n * size, dt)
             for r, t in enumerate(ins):
                 put(src, r * n, t)
-            return self._reduce_scatter(st, src, out, n, dt, rop, avg)
+            return self._reduce_scatter(st, site, src, out, n, dt, rop, avg)
         return self._call("reduce_scatter", [out], build)
 
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts or dist.ReduceScatterOptions()
         n, size = output.numel(), self.comm.size
-        _check_numel(input, n * size, "reduce_scatter_tensor", "input", f"{size} x output's {n}")
+        check_numel(input, n * size, "reduce_scatter_tensor", "input", f"{size} x output's {n}")
         rop, avg = self._redop(opts.reduceOp, "reduce_scatter_tensor", [output])
-        dt = _same_dtype([output, input], "reduce_scatter_tensor")
+        dt = same_dtype([output, input], "reduce_scatter_tensor")
 
-        def build(st):
-            return self._reduce_scatter(st, st.load(input, "reduce_scatter_tensor"), output, n,
-                                        dt, rop, avg)
+        def build(st, site):
+            return self._reduce_scatter(st, site, st.load(input, "reduce_scatter_tensor"), output,
+                                        n, dt, rop, avg)
         return self._call("reduce_scatter_tensor", [output], build)
 
     _reduce_scatter_base = reduce_scatter_single
@@ -317,9 +248,9 @@ class HcclProcessGroup(dist.ProcessGroup):
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
-    def _reduce_scatter(self, st, src, out, n, dt, rop, avg):
+    def _reduce_scatter(self, st, site, src, out, n, dt, rop, avg):
         dst = st.buffer(n, dt)
-        C.reduce_scatter(src, dst, n, dt, rop, self.comm, self.stream)
+        C.reduce_scatter(src, dst, n, dt, rop, self.comm, self.stream, _site=site)
 
         def finish():
             if avg:
@@ -330,9 +261,9 @@ class HcclProcessGroup(dist.ProcessGroup):
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         api, size = "all_to_all_single", self.comm.size
-        dt = _same_dtype([output, input], api)
-        in_rows = _splits(input, input_split_sizes, size, api, "input")
-        out_rows = _splits(output, output_split_sizes, size, api, "output")
+        dt = same_dtype([output, input], api)
+        in_rows = splits(input, input_split_sizes, size, api, "input")
+        out_rows = splits(output, output_split_sizes, size, api, "output")
         in_row = input.numel() // max(input.shape[0], 1) if input.dim() else 1
         out_row = output.numel() // max(output.shape[0], 1) if output.dim() else 1
         if in_row != out_row:
@@ -362,7 +293,7 @@ class HcclProcessGroup(dist.ProcessGroup):
         if len(output_tensors) != size or len(input_tensors) != size:
             raise InvalidArgumentError(f"{api}: expected {size} input and output tensors, got "
                                        f"{len(input_tensors)} and {len(output_tensors)}")
-        dt = _same_dtype([*output_tensors, *input_tensors], api)
+        dt = same_dtype([*output_tensors, *input_tensors], api)
         flat_in = torch.cat([t.detach().reshape(-1) for t in input_tensors])
 
         def write(recv, offsets, chunk):
@@ -387,36 +318,36 @@ class HcclProcessGroup(dist.ProcessGroup):
         chunk = int(matrix.max())
         offsets_out = list(itertools.accumulate([0, *out_counts[:-1]]))
 
-        def build(st):
+        def build(st, site):
             send = st.buffer(chunk * size, dt)
             recv = st.buffer(chunk * size, dt)
             off = 0
             for dst, c in enumerate(in_counts):
                 put(send, dst * chunk, flat_in[off:off + c])
                 off += c
-            C.all_to_all(send, chunk, recv, chunk, dt, self.comm, self.stream)
+            C.all_to_all(send, chunk, recv, chunk, dt, self.comm, self.stream, _site=site)
             return lambda: write(recv, offsets_out, chunk)
         return self._call(api, outputs, build)
 
     def barrier(self, opts=None):
-        def build(st):
-            C.barrier(self.comm, self.stream)
+        def build(st, site):
+            C.barrier(self.comm, self.stream, _site=site)
             return None
         return self._call("barrier", [], build)
 
     def send(self, tensors, dstRank, tag=0):
-        def build(st):
+        def build(st, site):
             for t in tensors:
                 a = st.load(t, "send")
-                C.send(a, a.size, a.dtype, dstRank, self.comm, self.stream)
+                C.send(a, a.size, a.dtype, dstRank, self.comm, self.stream, _site=site)
             return None
         return self._call("send", list(tensors), build)
 
     def recv(self, tensors, srcRank, tag=0):
-        def build(st):
-            bufs = [st.buffer(t.numel(), _np_dtype(t, "recv")) for t in tensors]
+        def build(st, site):
+            bufs = [st.buffer(t.numel(), np_dtype(t, "recv")) for t in tensors]
             for a in bufs:
-                C.recv(a, a.size, a.dtype, srcRank, self.comm, self.stream)
+                C.recv(a, a.size, a.dtype, srcRank, self.comm, self.stream, _site=site)
             return lambda: [take(a, 0, t) for a, t in zip(bufs, tensors)]
         return self._call("recv", list(tensors), build)
 
@@ -442,36 +373,6 @@ class HcclProcessGroup(dist.ProcessGroup):
         self.comm.destroy()
 
     abort = shutdown
-
-
-def _check_numel(t, want: int, api: str, name: str, what: str) -> None:
-    if t.numel() != want:
-        raise InvalidArgumentError(f"{api}: {name} has {t.numel()} elements but needs {want} "
-                                   f"({what})")
-
-
-def _check_list(tensors, size: int, n: int, api: str, name: str) -> None:
-    if len(tensors) != size:
-        raise InvalidArgumentError(f"{api}: {name} holds {len(tensors)} tensors but the group "
-                                   f"has {size} ranks")
-    bad = [i for i, t in enumerate(tensors) if t.numel() != n]
-    if bad:
-        raise InvalidArgumentError(f"{api}: {name}[{bad[0]}] has {tensors[bad[0]].numel()} "
-                                   f"elements but the input has {n}; hccl needs equal sizes")
-
-
-def _splits(t, splits, size: int, api: str, name: str) -> list[int]:
-    rows = t.shape[0] if t.dim() else t.numel()
-    if not splits:
-        if rows % size:
-            raise InvalidArgumentError(f"{api}: {name} has {rows} rows, not divisible by the "
-                                       f"{size} ranks; pass {name}_split_sizes")
-        return [rows // size] * size
-    splits = [int(s) for s in splits]
-    if len(splits) != size or any(s < 0 for s in splits) or sum(splits) != rows:
-        raise InvalidArgumentError(f"{api}: {name}_split_sizes={splits} must be {size} "
-                                   f"non-negative row counts summing to {name}'s {rows} rows")
-    return splits
 
 
 # ---------------------------------------------------------------------- creation

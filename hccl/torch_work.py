@@ -1,4 +1,5 @@
-"""The Work objects the "hccl" torch backend returns, and the thread that completes them.
+"""The "hccl" torch backend's Work objects, the thread that completes them, and the staging of
+tensors in device memory.
 
 Design note. A torch collective on this backend is: stage the tensors into device memory (on
 the calling thread), enqueue the hccl collective on the process group's stream, record an event.
@@ -17,8 +18,25 @@ from __future__ import annotations
 import queue
 import threading
 
+import ml_dtypes
+import numpy as np
+import torch
 import torch.distributed as dist
 from torch.futures import Future
+
+import runtime
+
+from .errors import InvalidArgumentError
+
+_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
+           torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
+           torch.int8: np.dtype(np.int8), torch.int16: np.dtype(np.int16),
+           torch.int32: np.dtype(np.int32), torch.int64: np.dtype(np.int64),
+           torch.uint8: np.dtype(np.uint8)}
+for _name in ("uint16", "uint32", "uint64"):
+    if hasattr(torch, _name):
+        _DTYPES[getattr(torch, _name)] = np.dtype(_name)
+
 
 
 class Work(dist._Work):
@@ -114,3 +132,107 @@ def _unwrap(e: BaseException) -> BaseException:
     if not isinstance(e, HcclError) and isinstance(cause, HcclError):
         return cause
     return e
+
+
+# ---------------------------------------------------------------------- tensors <-> device memory
+def np_dtype(t: torch.Tensor, api: str) -> np.dtype:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{api}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise InvalidArgumentError(f"{api}: tensor is on {t.device}; the npusim hccl backend "
+                                   "takes CPU tensors")
+    dt = _DTYPES.get(t.dtype)
+    if dt is None:
+        raise InvalidArgumentError(f"{api}: dtype {t.dtype} is not supported by hccl "
+                                   f"(supported: {', '.join(str(d) for d in _DTYPES)})")
+    return dt
+
+
+def _as_tensor(flat: np.ndarray, dtype: torch.dtype, shape) -> torch.Tensor:
+    """A torch tensor sharing ``flat``'s memory (bfloat16 goes through int16: numpy has none)."""
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(flat.view(np.int16)).view(torch.bfloat16).view(shape)
+    return torch.from_numpy(flat).view(shape)
+
+
+class Staging:
+    """The device buffers of one collective call; freed when the Work completes."""
+
+    def __init__(self):
+        self.arrays: list = []
+
+    def buffer(self, count: int, dtype: np.dtype):
+        a = runtime.empty(count, dtype)
+        self.arrays.append(a)
+        return a
+
+    def load(self, t: torch.Tensor, api: str, count: int | None = None):
+        """A device buffer of ``count`` (default t.numel()) elements starting with t's data."""
+        dt = np_dtype(t, api)
+        a = self.buffer(t.numel() if count is None else count, dt)
+        put(a, 0, t)
+        return a
+
+    def free(self) -> None:
+        for a in self.arrays:
+            a.free()
+        self.arrays.clear()
+
+
+def view(a, start: int = 0, count: int | None = None) -> np.ndarray:
+    """Typed numpy view of ``count`` elements of device array ``a`` from element ``start``."""
+    count = a.size - start if count is None else count
+    if count == 0:
+        return np.empty(0, a.dtype)
+    item = a.dtype.itemsize
+    return runtime.host_view(a)[start * item:(start + count) * item].view(a.dtype)
+
+
+def put(a, start: int, t: torch.Tensor) -> None:
+    """Copy tensor ``t`` (any strides) into device array ``a`` at element ``start``."""
+    if t.numel():
+        _as_tensor(view(a, start, t.numel()), t.dtype, t.shape).copy_(t.detach())
+
+
+def take(a, start: int, t: torch.Tensor) -> None:
+    """Copy ``t.numel()`` elements of device array ``a`` from ``start`` into tensor ``t``."""
+    if t.numel():
+        with torch.no_grad():
+            t.copy_(_as_tensor(view(a, start, t.numel()), t.dtype, t.shape))
+
+
+def same_dtype(tensors, api: str) -> np.dtype:
+    dts = {np_dtype(t, api) for t in tensors}
+    if len(dts) != 1:
+        raise InvalidArgumentError(f"{api}: tensors have different dtypes {sorted(map(str, dts))}")
+    return dts.pop()
+
+
+def check_numel(t, want: int, api: str, name: str, what: str) -> None:
+    if t.numel() != want:
+        raise InvalidArgumentError(f"{api}: {name} has {t.numel()} elements but needs {want} "
+                                   f"({what})")
+
+
+def check_list(tensors, size: int, n: int, api: str, name: str) -> None:
+    if len(tensors) != size:
+        raise InvalidArgumentError(f"{api}: {name} holds {len(tensors)} tensors but the group "
+                                   f"has {size} ranks")
+    bad = [i for i, t in enumerate(tensors) if t.numel() != n]
+    if bad:
+        raise InvalidArgumentError(f"{api}: {name}[{bad[0]}] has {tensors[bad[0]].numel()} "
+                                   f"elements but the input has {n}; hccl needs equal sizes")
+
+
+def splits(t, splits, size: int, api: str, name: str) -> list[int]:
+    rows = t.shape[0] if t.dim() else t.numel()
+    if not splits:
+        if rows % size:
+            raise InvalidArgumentError(f"{api}: {name} has {rows} rows, not divisible by the "
+                                       f"{size} ranks; pass {name}_split_sizes")
+        return [rows // size] * size
+    splits = [int(s) for s in splits]
+    if len(splits) != size or any(s < 0 for s in splits) or sum(splits) != rows:
+        raise InvalidArgumentError(f"{api}: {name}_split_sizes={splits} must be {size} "
+                                   f"non-negative row counts summing to {name}'s {rows} rows")
+    return splits
