@@ -45,7 +45,7 @@ def make_dataset(seed: int):
     g = torch.Generator().manual_seed(seed)
     centers = torch.randn(CLASSES, DIM, generator=g, dtype=torch.float64) * 2.0
     y = torch.randint(0, CLASSES, (N_TRAIN,), generator=g)
-    x = centers[y] + torch.randn(N_TRAIN, DIM, generator=g, dtype=torch.float64) * 1.5
+    x = centers[y] + torch.randn(N_TRAIN, DIM, generator=g, dtype=torch.float64) * 3.0
     return x, y
 
 
