@@ -91,7 +91,7 @@ class HcclProcessGroup(dist.ProcessGroup):
         return BACKEND
 
     def __repr__(self):
-        return f"<HcclProcessGroup {self.comm.name} rank {self.comm.rank}/{self.comm.size}>"
+        return f"<HcclProcessGroup {self.comm.name} rank {self.rank()}/{self.size()}>"
 
     # -- plumbing
     def _submit(self, name: str, outputs: list, staging: Staging, finish=None) -> Work:
@@ -101,14 +101,15 @@ class HcclProcessGroup(dist.ProcessGroup):
         return work
 
     def _call(self, name: str, outputs: list, build) -> Work:
-        """Stage and enqueue with ``build(staging) -> finish``; free the staging on a bad call."""
+        """Stage and enqueue with ``build(staging, site) -> finish`` (run once the results are in)."""
         if self._closed:
             raise InvalidArgumentError(f"{name}: the process group was shut down")
         staging = Staging()
         try:
             finish = build(staging, _user_site())
         except BaseException:
-            staging.free()
+            # a multi-tensor call may have enqueued some collectives: free after the stream
+            self._submit(name, [], staging)
             raise
         return self._submit(name, outputs, staging, finish)
 
@@ -272,18 +273,15 @@ class HcclProcessGroup(dist.ProcessGroup):
         flat_in = input.detach().reshape(-1)
         in_counts = [r * in_row for r in in_rows]
         out_counts = [r * out_row for r in out_rows]
-        out_flat = output.reshape(-1) if output.is_contiguous() else None
+        dense = output.is_contiguous()
 
         def write(recv, offsets, chunk):
-            if out_flat is not None:
-                for src, (off, c) in enumerate(zip(offsets, out_counts)):
-                    take(recv, src * chunk, out_flat[off:off + c])
-            else:
-                tmp = torch.empty(output.numel(), dtype=output.dtype)
-                for src, (off, c) in enumerate(zip(offsets, out_counts)):
-                    take(recv, src * chunk, tmp[off:off + c])
+            flat = output.view(-1) if dense else torch.empty(output.numel(), dtype=output.dtype)
+            for src, (off, c) in enumerate(zip(offsets, out_counts)):
+                take(recv, src * chunk, flat[off:off + c])
+            if not dense:
                 with torch.no_grad():
-                    output.copy_(tmp.view(output.shape))
+                    output.copy_(flat.view(output.shape))
         return self._alltoall(api, flat_in, in_counts, out_counts, dt, write, [output])
 
     alltoall_base = all_to_all_single
@@ -332,7 +330,6 @@ class HcclProcessGroup(dist.ProcessGroup):
     def barrier(self, opts=None):
         def build(st, site):
             C.barrier(self.comm, self.stream, _site=site)
-            return None
         return self._call("barrier", [], build)
 
     def send(self, tensors, dstRank, tag=0):
@@ -340,7 +337,6 @@ class HcclProcessGroup(dist.ProcessGroup):
             for t in tensors:
                 a = st.load(t, "send")
                 C.send(a, a.size, a.dtype, dstRank, self.comm, self.stream, _site=site)
-            return None
         return self._call("send", list(tensors), build)
 
     def recv(self, tensors, srcRank, tag=0):
@@ -365,6 +361,7 @@ class HcclProcessGroup(dist.ProcessGroup):
         self._completer.close()
         try:
             self.stream.synchronize()
+            self.stream.destroy()
         except NpuError:
             pass          # the error was (or will be) delivered to its Work
         with _world_lock:
@@ -386,10 +383,13 @@ def _create(dist_opts, backend_opts=None) -> HcclProcessGroup:
     ranks = list(dist_opts.global_ranks_in_group)
     with _world_lock:
         world = _world
-    if world is None or not ranks:
+    if not ranks:
         comm = init_comm()
         with _world_lock:
             _world = comm
+    elif world is None:
+        raise InvalidArgumentError("new_group(backend='hccl'): the default group must be on "
+                                   "hccl too (dist.init_process_group(backend='hccl'))")
     else:
         comm = world.create_sub_comm(ranks)
     if (comm.rank, comm.size) != (dist_opts.group_rank, dist_opts.group_size):
@@ -460,19 +460,6 @@ class JobStore(dist.Store):
 
     def delete_key(self, key):
         return self._c.delete(self._k(key))
-
-    def has_extended_api(self):
-        return False
-
-    def multi_get(self, keys):
-        return [self.get(k) for k in keys]
-
-    def multi_set(self, keys, values):
-        for k, v in zip(keys, values):
-            self.set(k, v)
-
-    def num_keys(self):
-        raise NotImplementedError("the npusim job store does not count keys")
 
 
 _rdzv = importlib.import_module("torch.distributed.rendezvous")

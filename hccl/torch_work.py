@@ -26,7 +26,7 @@ from torch.futures import Future
 
 import runtime
 
-from .errors import InvalidArgumentError
+from .errors import HcclError, InvalidArgumentError
 
 _DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
            torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
@@ -36,7 +36,6 @@ _DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float
 for _name in ("uint16", "uint32", "uint64"):
     if hasattr(torch, _name):
         _DTYPES[getattr(torch, _name)] = np.dtype(_name)
-
 
 
 class Work(dist._Work):
@@ -128,7 +127,6 @@ class Completer:
 def _unwrap(e: BaseException) -> BaseException:
     """npusim's collective error rather than the stream's TaskError wrapper around it."""
     cause = e.__cause__
-    from .errors import HcclError
     if not isinstance(e, HcclError) and isinstance(cause, HcclError):
         return cause
     return e
@@ -166,10 +164,9 @@ class Staging:
         self.arrays.append(a)
         return a
 
-    def load(self, t: torch.Tensor, api: str, count: int | None = None):
-        """A device buffer of ``count`` (default t.numel()) elements starting with t's data."""
-        dt = np_dtype(t, api)
-        a = self.buffer(t.numel() if count is None else count, dt)
+    def load(self, t: torch.Tensor, api: str):
+        """A device buffer holding a copy of ``t``'s elements."""
+        a = self.buffer(t.numel(), np_dtype(t, api))
         put(a, 0, t)
         return a
 
@@ -224,15 +221,16 @@ def check_list(tensors, size: int, n: int, api: str, name: str) -> None:
                                    f"elements but the input has {n}; hccl needs equal sizes")
 
 
-def splits(t, splits, size: int, api: str, name: str) -> list[int]:
+def splits(t, sizes, size: int, api: str, name: str) -> list[int]:
+    """Rows of ``t`` per rank: ``sizes`` checked, or an even split when it is empty."""
     rows = t.shape[0] if t.dim() else t.numel()
-    if not splits:
+    if not sizes:
         if rows % size:
             raise InvalidArgumentError(f"{api}: {name} has {rows} rows, not divisible by the "
                                        f"{size} ranks; pass {name}_split_sizes")
         return [rows // size] * size
-    splits = [int(s) for s in splits]
-    if len(splits) != size or any(s < 0 for s in splits) or sum(splits) != rows:
-        raise InvalidArgumentError(f"{api}: {name}_split_sizes={splits} must be {size} "
+    sizes = [int(s) for s in sizes]
+    if len(sizes) != size or any(s < 0 for s in sizes) or sum(sizes) != rows:
+        raise InvalidArgumentError(f"{api}: {name}_split_sizes={sizes} must be {size} "
                                    f"non-negative row counts summing to {name}'s {rows} rows")
-    return splits
+    return sizes
