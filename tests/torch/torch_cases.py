@@ -279,5 +279,37 @@ def async_mismatch(rank: int) -> dict:
     return out
 
 
+def bad_calls(rank: int) -> dict:
+    """Bad arguments raise InvalidArgumentError at the call; the group keeps working."""
+    import torch
+    import torch.distributed as dist
+
+    import hccl
+    import hccl.torch_backend  # noqa: F401
+    dist.init_process_group(backend="hccl")
+    world = dist.get_world_size()
+    calls = {
+        "band": lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND),
+        "int_avg": lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32),
+                                           op=dist.ReduceOp.AVG),
+        "gather_size": lambda: dist.all_gather_into_tensor(torch.empty(3), torch.ones(2)),
+        "bool": lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool)),
+        "splits": lambda: dist.all_to_all_single(torch.empty(4), torch.ones(4), [1] * world,
+                                                 [5] + [0] * (world - 1)),
+    }
+    out = {}
+    for name, call in calls.items():
+        try:
+            call()
+            out[name] = None
+        except hccl.InvalidArgumentError as e:
+            out[name] = str(e)
+    t = torch.full((3,), float(rank + 1))
+    dist.all_reduce(t)
+    out["after"] = t.tolist()
+    dist.destroy_process_group()
+    return out
+
+
 def ddp_and_mismatch(rank: int) -> dict:
-    return {"ddp": ddp_replica(rank), "mismatch": async_mismatch(rank)}
+    return {"ddp": ddp_replica(rank), "bad": bad_calls(rank), "mismatch": async_mismatch(rank)}
