@@ -52,4 +52,11 @@ def test_torch_desync_is_a_mismatch_naming_both_calls(tmp_path):
     assert rep["ranks"]["1"]["op"] == "ALLGATHER(count=1024, FP32)"
     assert "ALLREDUCE(count=1024, FP32, SUM)" in rep["verdict"]
     assert "CollectiveMismatchError" in res.stderr
-    assert "torch_hang_job.py" in rep["ranks"]["1"].get("site", "") + json.dumps(rep["ranks"]["1"])
+    # the flight recorders hold the torch collectives with the script's lines as call sites
+    dumps = list((tmp_path / "logs").glob("*/attempt_0/*/flight_recorder.json"))
+    assert dumps
+    for path in dumps:
+        recs = json.loads(path.read_text())["records"]
+        assert [r["seq"] for r in recs] == [1, 2] and recs[0]["state"] == "completed"
+        assert recs[1]["state"] == "failed"
+        assert all("torch_hang_job.py" in r["site"] for r in recs), [r["site"] for r in recs]
