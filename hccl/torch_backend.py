@@ -1,0 +1,493 @@
+"""torch.distributed's "hccl" backend (torch_npu's name) for CPU tensors, on npusim communicators.
+
+Importing this module registers the backend, so a torch_npu training script runs unchanged
+under npurun (or launcher.spawn)::
+
+    import hccl.torch_backend  # noqa: F401   (torch_npu's ``import torch_npu``)
+    dist.init_process_group(backend="hccl")
+    model = DistributedDataParallel(model)
+
+Every torch collective becomes an hccl collective on the process group's own runtime stream:
+the tensors are copied into device memory on the calling thread, the collective is enqueued,
+and a completer thread copies the results back and completes the Work (docs/torch.md). The
+collectives carry hccl's sequence numbers, so a torch job that desyncs or hangs gets the same
+CollectiveMismatchError, flight recorder and npurun verdict as a native one.
+
+Under npurun, MASTER_ADDR:MASTER_PORT is npusim's authenticated store, not a torch TCPStore;
+this module therefore routes torch's ``env://`` rendezvous to that store (any backend, gloo
+included) when the job secret is in the environment. Outside npusim jobs ``env://`` is torch's.
+
+torch is an optional dependency: ``pip install -e '.[torch]'``.
+"""
+from __future__ import annotations
+
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError as _e:  # pragma: no cover - exercised only without torch
+    raise ImportError("hccl.torch_backend needs torch, an optional extra of npusim: "
+                      "pip install -e '.[torch]' (the CPU wheel is enough)") from _e
+
+import datetime
+import importlib
+import itertools
+import os
+import sys
+import threading
+
+import typing_extensions
+import runtime
+from runtime.errors import NpuError
+
+from . import collectives as C
+from .comm import Comm
+from .errors import InvalidArgumentError
+from .init import _env_secret, init_comm
+from .store import StoreClient, StoreTimeout
+from .torch_work import (Completer, Staging, Work, check_list, check_numel, np_dtype, put,
+                         same_dtype, splits, take, view)
+from .types import ReduceOp
+
+BACKEND = "hccl"
+
+_REDUCE = {dist.ReduceOp.SUM: ReduceOp.SUM, dist.ReduceOp.PRODUCT: ReduceOp.PROD,
+           dist.ReduceOp.MIN: ReduceOp.MIN, dist.ReduceOp.MAX: ReduceOp.MAX,
+           dist.ReduceOp.AVG: ReduceOp.SUM}
+
+_world_lock = threading.Lock()
+_world: Comm | None = None          # the default group's communicator (sub-groups derive from it)
+
+
+# Call sites (flight recorder, errors) name the user's line: skip torch's frames, its
+# deprecation wrapper (typing_extensions) and npusim's own.
+_LIBRARY = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, runtime)) + \
+    (os.path.dirname(os.path.abspath(__file__)) + os.sep,
+     os.path.splitext(os.path.abspath(typing_extensions.__file__))[0])
+
+
+def _user_site() -> str:
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_filename.startswith(_LIBRARY):
+        f = f.f_back
+    return "?" if f is None else f"{f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}"
+
+
+# ---------------------------------------------------------------------- the process group
+class HcclProcessGroup(dist.ProcessGroup):
+    """A torch ProcessGroup whose collectives run on an npusim ``hccl.Comm``.
+
+    ``comm`` is the communicator; every collective is enqueued on this group's own runtime
+    stream (``stream``), in call order, and returns a Work whose ``wait()`` raises npusim's error.
+    """
+
+    def __init__(self, comm: Comm):
+        super().__init__(comm.rank, comm.size)
+        self.comm = comm
+        self.stream = runtime.Stream(name=f"torch {comm.name}")
+        self._completer = Completer(comm.name)
+        self._closed = False
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def __repr__(self):
+        return f"<HcclProcessGroup {self.comm.name} rank {self.rank()}/{self.size()}>"
+
+    # -- plumbing
+    def _submit(self, name: str, outputs: list, staging: Staging, finish=None) -> Work:
+        work = Work(name, outputs)
+        self._completer.submit(work, self.stream.record_event(), finish or (lambda: None),
+                               staging.free)
+        return work
+
+    def _call(self, name: str, outputs: list, build) -> Work:
+        """Stage and enqueue with ``build(staging, site) -> finish`` (run once the results are in)."""
+        if self._closed:
+            raise InvalidArgumentError(f"{name}: the process group was shut down")
+        staging = Staging()
+        try:
+            finish = build(staging, _user_site())
+        except BaseException:
+            # a multi-tensor call may have enqueued some collectives: free after the stream
+            self._submit(name, [], staging)
+            raise
+        return self._submit(name, outputs, staging, finish)
+
+    def _redop(self, op, api: str, tensors) -> tuple[ReduceOp, bool]:
+        kind = getattr(op, "op", op)      # a ReduceOp instance carries its RedOpType
+        try:
+            rop = _REDUCE[kind]
+        except (KeyError, TypeError):
+            raise InvalidArgumentError(f"{api}: reduce op {getattr(kind, 'name', kind)} is not "
+                                       "supported by hccl (SUM, AVG, PRODUCT, MIN, MAX)") from None
+        avg = kind == dist.ReduceOp.AVG
+        if avg and any(not t.is_floating_point() for t in tensors):
+            raise InvalidArgumentError(f"{api}: ReduceOp.AVG needs floating-point tensors, got "
+                                       f"{[str(t.dtype) for t in tensors]}")
+        return rop, avg
+
+    # -- collectives
+    def allreduce(self, tensors, opts=None):
+        opts = opts or dist.AllreduceOptions()
+        rop, avg = self._redop(opts.reduceOp, "allreduce", tensors)
+
+        def build(st, site):
+            bufs = [st.load(t, "allreduce") for t in tensors]
+            for a in bufs:
+                C.all_reduce(a, a, a.size, a.dtype, rop, self.comm, self.stream, _site=site)
+
+            def finish():
+                for a, t in zip(bufs, tensors):
+                    if avg:
+                        v = view(a)
+                        v /= v.dtype.type(self.comm.size)
+                    take(a, 0, t)
+            return finish
+        return self._call("allreduce", list(tensors), build)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts or dist.BroadcastOptions()
+        root = opts.rootRank
+
+        def build(st, site):
+            bufs = [st.load(t, "broadcast") if self.comm.rank == root
+                    else st.buffer(t.numel(), np_dtype(t, "broadcast")) for t in tensors]
+            for a in bufs:
+                C.broadcast(a, a.size, a.dtype, root, self.comm, self.stream, _site=site)
+            return lambda: [take(a, 0, t) for a, t in zip(bufs, tensors)]
+        return self._call("broadcast", list(tensors), build)
+
+    def reduce(self, tensors, opts=None):
+        opts = opts or dist.ReduceOptions()
+        rop, avg = self._redop(opts.reduceOp, "reduce", tensors)
+        root = opts.rootRank
+
+        def build(st, site):
+            bufs = [st.load(t, "reduce") for t in tensors]
+            for a in bufs:
+                C.reduce(a, a, a.size, a.dtype, rop, root, self.comm, self.stream, _site=site)
+
+            def finish():
+                if self.comm.rank != root:
+                    return     # only the root's tensor receives the result
+                for a, t in zip(bufs, tensors):
+                    if avg:
+                        v = view(a)
+                        v /= v.dtype.type(self.comm.size)
+                    take(a, 0, t)
+            return finish
+        return self._call("reduce", list(tensors), build)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        n, size = input_tensors[0].numel(), self.comm.size
+        outs = output_tensors[0]
+        check_list(outs, size, n, "allgather", "output_tensors[0]")
+        dt = same_dtype([*outs, input_tensors[0]], "allgather")
+
+        def build(st, site):
+            src = st.load(input_tensors[0], "allgather")
+            dst = st.buffer(n * size, dt)
+            C.all_gather(src, dst, n, dt, self.comm, self.stream, _site=site)
+            return lambda: [take(dst, r * n, o) for r, o in enumerate(outs)]
+        return self._call("allgather", outs, build)
+
+    def all_gather_single(self, output, input, opts=None):
+        n, size = input.numel(), self.comm.size
+        check_numel(output, n * size, "all_gather_into_tensor", "output", f"{size} x input's {n}")
+        dt = same_dtype([output, input], "all_gather_into_tensor")
+
+        def build(st, site):
+            src = st.load(input, "all_gather_into_tensor")
+            dst = st.buffer(n * size, dt)
+            C.all_gather(src, dst, n, dt, self.comm, self.stream, _site=site)
+            return lambda: take(dst, 0, output)
+        return self._call("all_gather_into_tensor", [output], build)
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return works[-1]      # completes after the others: one group completes in call order
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        out, ins, size = output_tensors[0], input_tensors[0], self.comm.size
+        n = out.numel()
+        check_list(ins, size, n, "reduce_scatter", "input_list")
+        rop, avg = self._redop(opts.reduceOp, "reduce_scatter", [out])
+        dt = same_dtype([out, *ins], "reduce_scatter")
+
+        def build(st, site):
+            src = st.buffer(n * size, dt)
+            for r, t in enumerate(ins):
+                put(src, r * n, t)
+            return self._reduce_scatter(st, site, src, out, n, dt, rop, avg)
+        return self._call("reduce_scatter", [out], build)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        n, size = output.numel(), self.comm.size
+        check_numel(input, n * size, "reduce_scatter_tensor", "input", f"{size} x output's {n}")
+        rop, avg = self._redop(opts.reduceOp, "reduce_scatter_tensor", [output])
+        dt = same_dtype([output, input], "reduce_scatter_tensor")
+
+        def build(st, site):
+            return self._reduce_scatter(st, site, st.load(input, "reduce_scatter_tensor"), output,
+                                        n, dt, rop, avg)
+        return self._call("reduce_scatter_tensor", [output], build)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return works[-1]
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def _reduce_scatter(self, st, site, src, out, n, dt, rop, avg):
+        dst = st.buffer(n, dt)
+        C.reduce_scatter(src, dst, n, dt, rop, self.comm, self.stream, _site=site)
+
+        def finish():
+            if avg:
+                v = view(dst)
+                v /= v.dtype.type(self.comm.size)
+            take(dst, 0, out)
+        return finish
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        api, size = "all_to_all_single", self.comm.size
+        dt = same_dtype([output, input], api)
+        in_rows = splits(input, input_split_sizes, size, api, "input")
+        out_rows = splits(output, output_split_sizes, size, api, "output")
+        in_row = input.numel() // max(input.shape[0], 1) if input.dim() else 1
+        out_row = output.numel() // max(output.shape[0], 1) if output.dim() else 1
+        if in_row != out_row:
+            raise InvalidArgumentError(f"{api}: input rows hold {in_row} elements but output rows "
+                                       f"hold {out_row}")
+        flat_in = input.detach().reshape(-1)
+        in_counts = [r * in_row for r in in_rows]
+        out_counts = [r * out_row for r in out_rows]
+        dense = output.is_contiguous()
+
+        def write(recv, offsets, chunk):
+            flat = output.view(-1) if dense else torch.empty(output.numel(), dtype=output.dtype)
+            for src, (off, c) in enumerate(zip(offsets, out_counts)):
+                take(recv, src * chunk, flat[off:off + c])
+            if not dense:
+                with torch.no_grad():
+                    output.copy_(flat.view(output.shape))
+        return self._alltoall(api, flat_in, in_counts, out_counts, dt, write, [output])
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        api, size = "alltoall", self.comm.size
+        if len(output_tensors) != size or len(input_tensors) != size:
+            raise InvalidArgumentError(f"{api}: expected {size} input and output tensors, got "
+                                       f"{len(input_tensors)} and {len(output_tensors)}")
+        dt = same_dtype([*output_tensors, *input_tensors], api)
+        flat_in = torch.cat([t.detach().reshape(-1) for t in input_tensors])
+
+        def write(recv, offsets, chunk):
+            for src, o in enumerate(output_tensors):
+                take(recv, src * chunk, o)
+        return self._alltoall(api, flat_in, [t.numel() for t in input_tensors],
+                              [t.numel() for t in output_tensors], dt, write, list(output_tensors))
+
+    def _alltoall(self, api, flat_in, in_counts, out_counts, dt, write, outputs):
+        """All-to-all with any split sizes: the ranks first exchange their send counts, then
+        every block is padded to the largest one so hccl's equal-count AlltoAll carries them."""
+        size, me = self.comm.size, self.comm.rank
+        counts = torch.tensor(in_counts, dtype=torch.int64)
+        matrix = torch.empty(size * size, dtype=torch.int64)
+        self.all_gather_single(matrix, counts).wait()
+        matrix = matrix.view(size, size)          # [src, dst] element counts
+        sent_to_me = matrix[:, me].tolist()
+        if sent_to_me != list(out_counts):
+            raise InvalidArgumentError(
+                f"{api}: rank {me} expects {list(out_counts)} elements from ranks 0..{size - 1} "
+                f"but they send {sent_to_me}")
+        chunk = int(matrix.max())
+        offsets_out = list(itertools.accumulate([0, *out_counts[:-1]]))
+
+        def build(st, site):
+            send = st.buffer(chunk * size, dt)
+            recv = st.buffer(chunk * size, dt)
+            off = 0
+            for dst, c in enumerate(in_counts):
+                put(send, dst * chunk, flat_in[off:off + c])
+                off += c
+            C.all_to_all(send, chunk, recv, chunk, dt, self.comm, self.stream, _site=site)
+            return lambda: write(recv, offsets_out, chunk)
+        return self._call(api, outputs, build)
+
+    def barrier(self, opts=None):
+        def build(st, site):
+            C.barrier(self.comm, self.stream, _site=site)
+        return self._call("barrier", [], build)
+
+    def send(self, tensors, dstRank, tag=0):
+        def build(st, site):
+            for t in tensors:
+                a = st.load(t, "send")
+                C.send(a, a.size, a.dtype, dstRank, self.comm, self.stream, _site=site)
+        return self._call("send", list(tensors), build)
+
+    def recv(self, tensors, srcRank, tag=0):
+        def build(st, site):
+            bufs = [st.buffer(t.numel(), np_dtype(t, "recv")) for t in tensors]
+            for a in bufs:
+                C.recv(a, a.size, a.dtype, srcRank, self.comm, self.stream, _site=site)
+            return lambda: [take(a, 0, t) for a, t in zip(bufs, tensors)]
+        return self._call("recv", list(tensors), build)
+
+    def recv_anysource(self, tensors, tag=0):
+        raise NotImplementedError("recv from any source is not supported by hccl: name the "
+                                  "source rank (dist.recv(tensor, src=...))")
+
+    # -- lifecycle
+    def shutdown(self) -> None:
+        """Finish the queued work, stop the completer and destroy the communicator."""
+        global _world
+        if self._closed:
+            return
+        self._closed = True
+        self._completer.close()
+        try:
+            self.stream.synchronize()
+            self.stream.destroy()
+        except NpuError:
+            pass          # the error was (or will be) delivered to its Work
+        with _world_lock:
+            if _world is self.comm:
+                _world = None
+        self.comm.destroy()
+
+    abort = shutdown
+
+
+# ---------------------------------------------------------------------- creation
+def _create(dist_opts, backend_opts=None) -> HcclProcessGroup:
+    """torch's backend creator (extended API): the default group or a sub-group."""
+    global _world
+    try:
+        runtime.get_device()
+    except NpuError:     # torch_npu scripts call torch.npu.set_device; here the backend binds it
+        runtime.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    ranks = list(dist_opts.global_ranks_in_group)
+    with _world_lock:
+        world = _world
+    if not ranks:
+        comm = init_comm()
+        with _world_lock:
+            _world = comm
+    elif world is None:
+        raise InvalidArgumentError("new_group(backend='hccl'): the default group must be on "
+                                   "hccl too (dist.init_process_group(backend='hccl'))")
+    else:
+        comm = world.create_sub_comm(ranks)
+    if (comm.rank, comm.size) != (dist_opts.group_rank, dist_opts.group_size):
+        comm.destroy()
+        raise InvalidArgumentError(
+            f"init_process_group(backend='hccl'): torch says rank {dist_opts.group_rank} of "
+            f"{dist_opts.group_size} but npusim's environment says rank {comm.rank} of {comm.size}; "
+            "start the job with npurun and let it set RANK and WORLD_SIZE")
+    timeout = dist_opts.timeout
+    if isinstance(timeout, datetime.timedelta) and timeout != _DEFAULT_TIMEOUT:
+        comm.set_exec_timeout(timeout.total_seconds())      # an explicit torch timeout wins
+    return HcclProcessGroup(comm)
+
+
+_DEFAULT_TIMEOUT = dist.constants.default_pg_timeout
+
+
+# ---------------------------------------------------------------------- env:// on npusim's store
+_stores: list = []
+
+
+class JobStore(dist.Store):
+    """torch's Store API over npusim's authenticated job store (keys under ``prefix``)."""
+
+    def __init__(self, client: StoreClient, prefix: str):
+        super().__init__()
+        self._c, self._prefix = client, prefix
+        self._timeout = client.timeout
+        # torch keeps only the C++ half alive; without the Python half the methods are gone
+        _stores.append(self)
+
+    def clone(self):
+        twin = JobStore(self._c, self._prefix)     # the client is thread-safe: share it
+        twin._timeout = self._timeout
+        return twin
+
+    def set_timeout(self, timeout):
+        self._timeout = max(timeout.total_seconds(), 1.0)
+
+    def _k(self, key: str) -> str:
+        return self._prefix + key
+
+    def set(self, key, value):
+        self._c.set(self._k(key), value)
+
+    def get(self, key):
+        try:
+            return self._c.get(self._k(key), timeout=self._timeout)
+        except StoreTimeout as e:
+            raise dist.DistStoreError(f"npusim store: key {key!r} not set within "
+                                      f"{self._timeout:g} s") from e
+
+    def add(self, key, amount):
+        return self._c.add(self._k(key), int(amount))
+
+    def compare_set(self, key, expected, desired):
+        return self._c.compare_set(self._k(key), expected, desired)
+
+    def wait(self, keys, timeout=None):
+        t = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else self._timeout
+        try:
+            self._c.wait([self._k(k) for k in keys], timeout=t)
+        except StoreTimeout as e:
+            raise dist.DistStoreError(f"npusim store: keys {sorted(e.missing)} not set") from e
+
+    def check(self, keys):
+        return self._c.check([self._k(k) for k in keys])
+
+    def delete_key(self, key):
+        return self._c.delete(self._k(key))
+
+
+_rdzv = importlib.import_module("torch.distributed.rendezvous")
+_torch_env_handler = _rdzv._rendezvous_handlers["env"]
+_rdzv_calls = itertools.count(1)
+
+
+def _env_handler(url: str, timeout=_DEFAULT_TIMEOUT, **kwargs):
+    secret = _env_secret()
+    if secret is None:        # not an npusim job: torch's own env:// (its TCPStore)
+        yield from _torch_env_handler(url, timeout, **kwargs)
+        return
+    env = os.environ
+    try:
+        rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
+        host, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"env:// rendezvous in an npusim job: {e} missing or not an integer "
+                         "(npurun and launcher.spawn set RANK, WORLD_SIZE, MASTER_ADDR, "
+                         "MASTER_PORT)") from None
+    client = StoreClient(host, port, secret, timeout=max(timeout.total_seconds(), 1.0))
+    job = env.get("NPUSIM_JOB_ID", "job")
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    yield (JobStore(client, f"torch/{job}/{attempt}/{next(_rdzv_calls)}/"), rank, world_size)
+    raise RuntimeError("Unable to perform re-rendezvous using env:// method")
+
+
+_rdzv._rendezvous_handlers["env"] = _env_handler
+dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+
+__all__ = ["BACKEND", "HcclProcessGroup", "JobStore"]
