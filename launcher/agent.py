@@ -65,6 +65,7 @@ class WorkerSpec:
     log_dir: str | None = None          # None: a temporary directory, removed at exit
     redirects: Std | dict = Std.NONE
     tee: Std | dict = Std.NONE
+    console_ranks: set | None = None    # --local-ranks-filter: local ranks shown on the console
     base_env: dict = field(default_factory=lambda: dict(os.environ))
 
 
@@ -237,7 +238,9 @@ class Agent:
             wp = WorkerProcess(spec.cmd, env, rank=job.global_rank(local_rank),
                                local_rank=local_rank, files=files,
                                redirect=std_for(spec.redirects, local_rank),
-                               tee=std_for(spec.tee, local_rank))
+                               tee=std_for(spec.tee, local_rank),
+                               console=spec.console_ranks is None
+                               or local_rank in spec.console_ranks)
             self.workers.append(Worker(local_rank, wp.rank, wp))
         for w in self.workers:  # all forks first, then the interpreters start in parallel
             w.proc.start(self._pump, self._janitor)

@@ -66,7 +66,8 @@ class WorkerProcess:
         plans = []
         for bit, name, path in ((Std.OUT, "stdout", self.files.stdout),
                                 (Std.ERR, "stderr", self.files.stderr)):
-            if self.redirect & bit and not self.tee & bit:
+            if (self.redirect & bit and not self.tee & bit) or (self.tee & bit
+                                                                 and not self.console):
                 plans.append(open(path, "wb"))                       # file only
             elif self.tee & bit:
                 plans.append((name, open(path, "wb")))               # pipe -> file + console
