@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         registration = None
         try:
             # answer status requests from now on: SIGUSR1's default action would kill npurun
-            signal.signal(signal.SIGUSR1, agent._on_status)
+            signal.signal(signal.SIGUSR1, agent.request_status)
             registration = register(os.getpid())
         except (OSError, LauncherError):
             pass
