@@ -369,7 +369,8 @@ class Agent:
         for c in v.get("culprits") or ():
             e = v["ranks"].get(str(c)) or {}
             w = local.get(c)
-            out.append(Culprit(rank=c, state=e.get("state", "?"), detail=e.get("detail") or (
+            state = "in the deadlock cycle" if v.get("reason") == "deadlock" else e.get("state")
+            out.append(Culprit(rank=c, state=state or "?", detail=e.get("detail") or (
                 f"waits for rank {e.get('waiting_for')}" if e.get("waiting_for") is not None
                 else ""),
                 local_rank=w.local_rank if w else None, pid=w.proc.pid if w else None,

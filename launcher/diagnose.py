@@ -54,6 +54,11 @@ def _error(path: str) -> tuple[dict | None, str | None]:
     return rec, tb
 
 
+def describe(entry: dict) -> str:
+    """A dead rank's verdict line without its error text (``killed by SIGKILL; it was in ...``)."""
+    return verdict.describe_exit(entry.get("exit"))
+
+
 class Diagnoser:
     """One per agent; see the module note."""
 
@@ -139,15 +144,18 @@ class Diagnoser:
         from hccl.diag import abort_key  # noqa: PLC0415
         culprits = v.get("culprits") or []
         dead = [c for c in culprits if v["ranks"].get(str(c), {}).get("state") == "dead"]
+        # short: every released rank prints it in its one-line error; npurun's report has the rest
         if v.get("reason") == "deadlock":
             rec = abortrec.record("deadlock", culprits[0] if culprits else None,
-                                  f"npurun stops the job: {v['verdict']}")
+                                  f"npurun stops the job: deadlock of ranks {culprits} across "
+                                  "communicators (see npurun's report)")
         elif dead:
             e = v["ranks"][str(dead[0])]
-            rec = abortrec.record("dead", dead[0], f"rank {dead[0]} {e['detail']}")
+            rec = abortrec.record("dead", dead[0], f"rank {dead[0]} {describe(e)}")
         else:
             rec = abortrec.record("stopped", culprits[0] if culprits else None,
-                                  f"npurun stops the job: {v['verdict']}")
+                                  f"npurun stops the job: culprit rank(s) {culprits} "
+                                  "(see npurun's report)")
         try:
             self.client().set(abort_key(self._env()), rec)
         except Exception:

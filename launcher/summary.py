@@ -210,7 +210,7 @@ def format_story(title: str, reason: str, culprits: list[Culprit],
                 f"alive (pid: {c.pid})"
         parts += [f"[{i}]:", f"  rank      : {where}", f"  exitcode  : {status}",
                   f"  state     : {c.state}: {c.detail}"]
-        if c.failure is not None and c.failure.message:
+        if c.failure is not None and c.failure.message and c.failure.kind != "released":
             parts.append(f"  error     : {_one_line(c.failure.error_line or c.failure.message)}")
     victims = sorted((f for f in failures if f.rank not in blamed), key=lambda f: f.rank)
     if victims:

@@ -29,6 +29,7 @@ victim, and the rank it names is only its ring neighbour.
 from __future__ import annotations
 
 import collections
+import os
 import signal as _signal
 import time
 from dataclasses import dataclass
@@ -397,35 +398,76 @@ def _headline(culprits, ranks, seq, focus, majority_call) -> str:
 
 _INTERNAL_THREADS = ("hccl/diag.py", "hccl/transport/zmq.py", "hccl/store.py")
 _BOOTSTRAP = ("launcher/worker.py", "<frozen runpy>")
+_PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_OWN = tuple(f'File "{os.path.join(_PKG, p)}{os.sep}' for p in ("runtime", "hccl", "launcher")) \
+    + ("threading.py\"",)
 
 
-def _idle_stream(block: str) -> bool:
-    """A stream's worker thread waiting for work (its two innermost frames say so)."""
-    frames = [l for l in block.splitlines()[1:] if l.strip().startswith("File ")]
-    return (len(frames) >= 2 and frames[0].rstrip().endswith(" in wait")
-            and "runtime/stream.py" in frames[1] and frames[1].rstrip().endswith(" in _work"))
+def _own_frame(line: str) -> bool:
+    """A frame of npusim itself or of the threading module (the user did not write it)."""
+    return line.strip().startswith("File ") and any(t in line for t in _OWN)
+
+
+def _collapse(block: str) -> list[str]:
+    """A thread's frames with runs of npusim's own frames folded into one line."""
+    out, run = [], 0
+    for line in block.splitlines():
+        if any(t in line for t in _BOOTSTRAP):
+            continue
+        if _own_frame(line):
+            run += 1
+            continue
+        if run:
+            out.append(f"  ... {run} frame(s) of npusim")
+            run = 0
+        out.append(line)
+    if run:
+        out.append(f"  ... {run} frame(s) of npusim")
+    return out
+
+
+def _busy(block: str) -> bool:
+    """A thread worth showing: it runs user code, or a stream task (not an idle stream worker)."""
+    frames = [l for l in block.splitlines() if l.strip().startswith("File ")]
+    return any(not _own_frame(l) and not any(t in l for t in _BOOTSTRAP) for l in frames) or \
+        any("runtime/stream.py" in l and l.rstrip().endswith(" in _run") for l in frames)
 
 
 def user_threads_first(stack: str) -> str:
-    """faulthandler's dump with the main thread first; npusim's daemon threads, idle stream
-    workers and the launcher's bootstrap frames left out (they say nothing about the hang)."""
+    """faulthandler's dump for a reader: the main thread first, the other threads only when busy
+    (npusim's daemon threads and idle stream workers say nothing about the hang), npusim's own
+    frames folded (the full dump is in hang_report.json)."""
     blocks = [b for b in stack.strip().split("\n\n") if b.strip()]
     main = [b for b in blocks if b.lstrip().startswith("Current thread")]
     rest = [b for b in blocks if b not in main and not any(t in b for t in _INTERNAL_THREADS)
-            and not _idle_stream(b)]
-    out = []
-    for b in main + rest:
-        out.append("\n".join(l for l in b.splitlines() if not any(t in l for t in _BOOTSTRAP)))
-    return "\n\n".join(out)
+            and _busy(b)]
+    return "\n\n".join("\n".join(_collapse(b)) for b in main + rest)
 
 
 def last_traceback(tb: str | None) -> str | None:
-    """The outermost exception of a chained traceback (where the user's code saw it)."""
+    """The outermost exception of a chained traceback (where the user's code saw it), with
+    npusim's own frames folded."""
     if not tb:
         return None
     part = tb.strip().split("Traceback (most recent call last):")[-1]
-    lines = [l for l in part.splitlines() if l.strip() and not any(t in l for t in _BOOTSTRAP)]
-    return "\n".join(["Traceback (most recent call last):"] + lines)
+    out, run, skipping = ["Traceback (most recent call last):"], 0, False
+    for line in part.splitlines():
+        if not line.strip() or set(line.strip()) <= set("^~"):
+            continue
+        if line.startswith("  File "):
+            skipping = _own_frame(line) or any(t in line for t in _BOOTSTRAP)
+            if skipping:
+                run += 1
+                continue
+        elif skipping and line.startswith("    "):
+            continue                    # the source line of a skipped frame
+        else:
+            skipping = False
+        if run:
+            out.append(f"  ... {run} frame(s) of npusim")
+            run = 0
+        out.append(line)
+    return "\n".join(out)
 
 
 def format_report(v: dict, *, now: float | None = None, stacks: bool = True) -> str:
@@ -457,11 +499,13 @@ def format_report(v: dict, *, now: float | None = None, stacks: bool = True) -> 
     if stacks:
         for c in v["culprits"]:
             e = v["ranks"].get(str(c)) or {}
+            # a rank that raised shows where its code saw the error; a stack taken while it
+            # was exiting shows nothing of it
             st, what = e.get("stack"), "Python stacks"
-            if st:
-                st = user_threads_first(st)
-            elif e.get("traceback"):
+            if e.get("traceback"):
                 st, what = last_traceback(e["traceback"]), "traceback"
+            elif st:
+                st = user_threads_first(st)
             if st:
                 body = st.strip().splitlines()
                 more = len(body) - _STACK_LINES

@@ -49,6 +49,8 @@ def test_a_peer_that_only_echoes_the_failure_is_not_the_root_cause(tmp_path):
     path = tmp_path / "echo.json"
     path.write_text(json.dumps({"message": {"message": "TaskError[RemoteRankError]: rank 1's "
                                 "process has exited", "extraInfo": {"py_callstack": TB}},
+                                "error": {"kind": "released", "type": "RemoteRankError",
+                                          "rank": 0, "text": "rank 1's process has exited"},
                                 "timestamp": 999.0}))
     echo = ProcessFailure(rank=0, local_rank=0, pid=10, exitcode=1, error_file=str(path),
                           observed_at=1000.0)
