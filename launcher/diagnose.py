@@ -115,7 +115,8 @@ class Diagnoser:
             if w is not None and not w.proc.alive():
                 exit_code = w.proc.returncode
                 error, tb = _error(w.proc.files.error_file)
-            infos.append(verdict.RankInfo(r, states.get(r), exit_code, error, stacks.get(r), tb))
+            infos.append(verdict.RankInfo(r, states.get(r), exit_code, error, stacks.get(r), tb,
+                                          alive=w is not None and w.proc.alive()))
         return infos
 
     def before_stop(self, agent, reason: str) -> None:

@@ -49,6 +49,7 @@ class RankInfo:
     error: dict | None = None        # the error file's typed record (kind, type, rank, text)
     stack: str | None = None         # Python stacks taken on request
     traceback: str | None = None     # the traceback of its error file, if it raised
+    alive: bool | None = None        # True: npurun sees its process running (a local rank)
 
     @property
     def error_line(self) -> str | None:
@@ -58,9 +59,10 @@ class RankInfo:
 
 
 def state_age(info: RankInfo, now: float) -> float | None:
-    """Seconds since ``info``'s state stopped refreshing, if it did (None: fresh, or ended)."""
+    """Seconds since ``info``'s state stopped refreshing, if it did (None: fresh, ended, or a
+    process npurun sees running: a busy rank may publish late, but it is there)."""
     st = info.state
-    if info.exit is not None or not st or not st.get("time"):
+    if info.exit is not None or info.alive or not st or not st.get("time"):
         return None
     age = now - float(st["time"])
     limit = max(STALE_MIN, 10 * float(st.get("interval") or 0.5))
@@ -245,8 +247,10 @@ def wait_edges(infos: list[RankInfo]) -> list[dict]:
     """The wait-for graph: one edge per (waiting rank, rank it waits for).
 
     A rank inside a collective (comm X, seq s) waits for every member that has not started
-    seq s of X (never called it, or it sits on a blocked stream); when every member has, for the
-    peer it is receiving from. Edges carry comm, seq and op, so a cycle reads as a story.
+    seq s of X (never called it, or it sits on a blocked stream). Waits between members that are
+    all inside the same collective are no edges: that collective progresses or times out (a
+    ring of neighbours waiting for each other is how a large collective works, not a deadlock).
+    Edges carry comm, seq and op, so a cycle reads as a story.
     """
     started = {}                    # (rank, comm_id, seq) of every started collective
     for info in infos:
@@ -258,9 +262,6 @@ def wait_edges(infos: list[RankInfo]) -> list[dict]:
         members = r.get("members") or []
         blockers = [m for m in members if m != rank and (m, cid, seq) not in started
                     and not _completed(infos, m, cid, seq)]
-        w = r.get("waiting_for")
-        if not blockers and w is not None and 0 <= w < len(members) and members[w] != rank:
-            blockers = [members[w]]
         for b in blockers:
             edges.append({"rank": rank, "waits_for": b, "comm": r.get("comm"), "comm_id": cid,
                           "seq": seq, "op": describe_call(r), "site": r.get("site"),
@@ -367,7 +368,10 @@ def _entry(state, info: RankInfo, rec, detail, members=None) -> dict:
     return {"state": state, "seq": rec.get("seq") if rec else None,
             "op": describe_call(rec) if rec else None, "waiting_for": waiting_for, "since": since,
             "site": rec.get("site") if rec else None, "exit": info.exit, "error": info.error_line,
-            "detail": detail, "traceback": info.traceback,
+            "detail": detail,
+            # where the rank's code saw its own error; a release by another rank's abort says
+            # nothing about this rank (its stack, taken before the abort, does)
+            "traceback": info.traceback if (info.error or {}).get("kind") != "released" else None,
             "stack": name_threads(info.stack, (info.state or {}).get("threads"))}
 
 

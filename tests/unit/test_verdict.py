@@ -176,3 +176,10 @@ def test_report_folds_npusim_frames_and_prefers_a_culprits_traceback():
     out = user_threads_first(dump)
     assert out.splitlines() == ["Current thread 0x1 (most recent call first):",
                                 "  ... 2 frame(s) of npusim", '  File "train.py", line 3 in step']
+
+
+def test_a_local_rank_npurun_sees_running_is_not_unreachable():
+    infos = [RankInfo(0, st([rec(5, waiting_for=1, members=(0, 1))], 5, 4, time=1000.0)),
+             RankInfo(1, st([], 4, 4, time=900.0), alive=True)]
+    v = classify(infos, now=1000.5)
+    assert v["ranks"]["1"]["state"] == "not_entered" and v["culprits"] == [1]
