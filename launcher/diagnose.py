@@ -263,7 +263,12 @@ class Diagnoser:
         if agent.job is None or agent.job.node_rank != 0 or now < self._next_poll:
             return None         # node 0 watches the whole job; the others would repeat it
         self._next_poll = now + POLL
-        return self.watch(now)
+        try:
+            return self.watch(now)
+        except (OSError, ConnectionError, TimeoutError, ValueError) as e:   # the store is busy
+            import logging  # noqa: PLC0415
+            logging.getLogger("launcher").debug("npurun: watching the job: %s", e)
+            return None
 
     def close(self) -> None:
         if self._client is not None:
