@@ -244,9 +244,12 @@ class Comm:
         if isinstance(e, RemoteRankError):
             ab = getattr(e, "abort", None) or abortrec.read(getattr(e, "reason", ""), e.rank)
             text = ab["text"]
-            if ab["kind"] in ("dead", "deadlock", "stopped"):      # the launcher stops the job
+            if ab["kind"] == "dead":
                 err = RemoteRankError(f"[rank {self.rank}] {call} failed: {text}; the job is being "
                                       "stopped", rank=ab["rank"], reason=text, seq=seq)
+            elif ab["kind"] in ("deadlock", "stopped"):     # its text says npurun stops the job
+                err = RemoteRankError(f"[rank {self.rank}] {call} failed: {text}", rank=ab["rank"],
+                                      reason=text, seq=seq)
             elif ab["kind"] == "mismatch":
                 err = CollectiveMismatchError(
                     f"[rank {self.rank}] {call}: collective mismatch reported by rank {e.rank}: "
