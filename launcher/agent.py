@@ -12,8 +12,11 @@ Data model as torch elastic's: a ``WorkerSpec`` (what to run, how many, the poli
 
 Hooks for diagnosis (the hang detector plugs in here): ``on_tick`` callables run every monitor
 interval and may return a ``StopRequest`` to end the job; ``before_stop`` callables run before
-the launcher stops live ranks, while they can still be inspected. ``collect_stacks()`` takes every
-live rank's Python stacks now (SIGUSR1 + faulthandler, no cooperation needed).
+the launcher stops live ranks, while they can still be inspected; ``verdict_hooks`` hand over
+the job verdict of the failure, if any: npurun then prints it first and a failure summary that
+agrees with it (``launcher.summary.format_story``) instead of the first-failure summary.
+``collect_stacks()`` takes every live rank's Python stacks now (SIGUSR1 + faulthandler, no
+cooperation needed); ``stop_signal``, ``request_status()`` and ``say()`` are public for them.
 
 Runs in the main thread: it installs signal handlers, and it forks the ranks from the thread
 that lives as long as the launcher (their parent-death signal follows the forking thread).
