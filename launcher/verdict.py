@@ -169,6 +169,8 @@ def classify(infos: list[RankInfo], *, now: float | None = None,
     votes = collections.Counter(_fp(r) for r in recs.values())
     top = votes.most_common()
     majority = top[0][0] if top and (len(top) == 1 or top[0][1] > top[1][1]) else None
+    if majority is None and len(votes) > 1:
+        majority = _tie_break(recs, by_rank, members)
     ranks, culprits = {}, []
     for g in members:
         info = by_rank.get(g, RankInfo(g))
@@ -231,6 +233,21 @@ def classify(infos: list[RankInfo], *, now: float | None = None,
             "other_ranks": others,
             "verdict": _headline(culprits, ranks, seq, focus, _call_of(majority, recs)),
             "time": now}
+
+
+def _tie_break(recs: dict, by_rank: dict, members: list) -> tuple | None:
+    """The majority call when the published records tie (ranks released before they called
+    it left none): the calls that mismatch errors compared count too (typed error records)."""
+    calls = {g: describe_call(r) for g, r in recs.items()}
+    for g in members:
+        err = (by_rank.get(g) or RankInfo(g)).error or {}
+        for r, call in zip(err.get("ranks") or (), err.get("calls") or ()):
+            if isinstance(r, int) and 0 <= r < len(members) and members[r] not in calls:
+                calls[members[r]] = call
+    top = collections.Counter(calls.values()).most_common()
+    if not top or (len(top) > 1 and top[0][1] == top[1][1]):
+        return None
+    return next((_fp(r) for r in recs.values() if describe_call(r) == top[0][0]), None)
 
 
 def _unreachable(info: RankInfo, age: float) -> str:

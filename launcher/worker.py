@@ -97,6 +97,9 @@ def error_record(exc: BaseException) -> dict:
         type_name = next((n for n in names if not n.startswith("TaskError")), type_name)
     text = str(exc).splitlines()[0] if str(exc) else ""
     rec = {"kind": kind, "type": type_name, "rank": _int_env("RANK"), "text": text}
+    if kind == "mismatch" and getattr(exc, "calls", None):    # the calls the rank compared
+        rec["ranks"] = [r if isinstance(r, int) else None for r in getattr(exc, "ranks", [])]
+        rec["calls"] = [str(c) for c in exc.calls]
     abort = getattr(exc, "abort", None)
     if isinstance(abort, dict):
         rec["abort"] = {k: abort.get(k) for k in ("kind", "rank", "text")}

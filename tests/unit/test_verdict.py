@@ -183,3 +183,20 @@ def test_a_local_rank_npurun_sees_running_is_not_unreachable():
              RankInfo(1, st([], 4, 4, time=900.0), alive=True)]
     v = classify(infos, now=1000.5)
     assert v["ranks"]["1"]["state"] == "not_entered" and v["culprits"] == [1]
+
+
+def test_a_tie_of_records_is_broken_by_the_calls_the_mismatch_errors_compared():
+    """Ranks 2 and 3 were released (still in seq 1) before they called seq 2: only ranks 0 and 1
+    published a seq 2 record. Rank 2's mismatch error compared its own call with rank 1's."""
+    infos = [RankInfo(0, st([rec(2)], 2, 1)),
+             RankInfo(1, st([rec(2, count=512)], 2, 1)),
+             RankInfo(2, st([], 1, 1), exit=1, error={
+                 "kind": "mismatch", "type": "CollectiveMismatchError", "text": "x",
+                 "ranks": [2, 1], "calls": ["ALLREDUCE(count=1024, FP32, SUM)",
+                                            "ALLREDUCE(count=512, FP32, SUM)"]}),
+             RankInfo(3, st([], 1, 1), exit=1, error=RELEASED)]
+    v = classify(infos)
+    assert v["reason"] == "mismatch" and v["culprits"] == [1], v["ranks"]
+    assert v["ranks"]["0"]["state"] == "waiting"
+    infos[2] = RankInfo(2, st([], 1, 1), exit=1, error=RELEASED)    # nothing to break the tie
+    assert classify(infos)["culprits"] == [0, 1]
