@@ -12,6 +12,9 @@ Scenarios (the culprit is always rank 1 or 2; the others do the right thing):
   event     rank 1's communication stream waits for an event that is never reached: the
             kernel before its record blocks forever, so the all_reduce never starts
   subcomm   ranks {0, 2} hang in a sub-communicator: rank 2 sleeps before it
+  deadlock  ranks 0 and 1 share the world and a sub-communicator and call them in opposite
+            orders: rank 0 waits in the world for rank 1, rank 1 waits in the sub-communicator
+            for rank 0 (a cycle, reported within seconds whatever HCCL_EXEC_TIMEOUT is)
   slow [MiB] no hang: a large (default 64 MiB), slow but progressing all_reduce under a short
             HCCL_EXEC_TIMEOUT completes (the timeout bounds each wait for a peer, not the whole collective)
 
@@ -31,7 +34,8 @@ import numpy as np
 import hccl
 import runtime
 
-SCENARIOS = ("sleep", "mismatch", "count", "dtype", "kill", "exit", "event", "subcomm", "slow")
+SCENARIOS = ("sleep", "mismatch", "count", "dtype", "kill", "exit", "event", "subcomm", "deadlock",
+             "slow")
 
 
 def load_batch(seconds: float) -> None:
@@ -95,6 +99,15 @@ def main() -> int:
             if rank == 2:
                 load_batch(600)
             sub.all_reduce(x)
+    elif scenario == "deadlock":
+        sub = comm.create_sub_comm([0, 1]) if rank in (0, 1) else None
+        if rank == 1:
+            sub.all_reduce(x)                  # rank 1: the sub-communicator first...
+            comm.all_reduce(x)
+        else:
+            comm.all_reduce(x)                 # ...everyone else (rank 0 too): the world first
+            if sub is not None:
+                sub.all_reduce(x)
     elif scenario == "slow":
         mib = int(sys.argv[2]) if len(sys.argv) > 2 else 64
         big = runtime.to_device(np.full(mib << 18, rank + 1, np.float32))

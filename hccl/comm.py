@@ -28,7 +28,7 @@ from runtime.log import setup as setup_log
 from runtime.context import resolve_stream
 from runtime.errors import NpuError
 
-from . import config, diag, executor, schedule
+from . import abortrec, config, diag, executor, schedule
 from .errors import CollectiveMismatchError, HcclError, HcclTimeoutError, InvalidArgumentError, RemoteRankError
 from .flight import recorder
 from .types import DataType, Fingerprint, OpType, ReduceOp, Result
@@ -38,7 +38,6 @@ log = setup_log("hccl")
 HcclError.npusim_surface = True
 add_internal(os.path.dirname(os.path.abspath(__file__)))
 _P2P_BIT = 1 << 62
-_MISMATCH = "MISMATCH|"
 
 
 def comm_id_of(text: str) -> int:
@@ -211,6 +210,9 @@ class Comm:
                 recorder.fail(rec, e)
                 err = self._failure(e, op, seq, fp, timeout, source, cid)
                 rec.error = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+                # a peer's failure reaching this rank: the verdict looks past it for the cause
+                rec.error_type = "RemoteRankError" if getattr(err, "abort", None) else \
+                    type(err).__name__
                 diag.flush()
                 raise err from e
             recorder.complete(rec)
@@ -242,31 +244,44 @@ class Comm:
             err = HcclTimeoutError(msg, peer=e.peer, world_peer=getattr(e, "world_peer", None), seq=seq,
                                    waited=e.waited, timeout=timeout, rank=self.rank,
                                    step=getattr(e, "step", None))
-            transport.abort(cid, f"rank {self.rank} timed out in {call} waiting for rank {e.peer}")
+            transport.abort(cid, abortrec.record(
+                "timeout", self.world.rank, f"rank {self.rank} timed out in {call} waiting for "
+                f"rank {e.peer}", waited_for=e.peer))
             return err
         if isinstance(e, CollectiveMismatchError):
             msg = f"[rank {self.rank}] {call}: collective mismatch: {e}"
             err = CollectiveMismatchError(msg, seq=seq, ranks=e.ranks, calls=[str(c) for c in e.calls])
-            transport.abort(cid, _MISMATCH + str(e))
+            transport.abort(cid, abortrec.record("mismatch", self.world.rank, str(e)))
             return err
         if isinstance(e, RemoteRankError):
-            reason = getattr(e, "reason", "") or ""
-            if reason.startswith(diag.DEAD):
-                text = reason[len(diag.DEAD):]
-                dead = _dead_rank(text)
-                return RemoteRankError(f"[rank {self.rank}] {call} failed: {text}; the job is being "
-                                       "stopped", rank=dead, reason=text, seq=seq)
-            if reason.startswith(_MISMATCH):
-                return CollectiveMismatchError(
+            ab = getattr(e, "abort", None) or abortrec.read(getattr(e, "reason", ""), e.rank)
+            text = ab["text"]
+            if ab["kind"] == "dead":
+                err = RemoteRankError(f"[rank {self.rank}] {call} failed: {text}; the job is being "
+                                      "stopped", rank=ab["rank"], reason=text, seq=seq)
+            elif ab["kind"] in ("deadlock", "stopped"):     # its text says npurun stops the job
+                err = RemoteRankError(f"[rank {self.rank}] {call} failed: {text}", rank=ab["rank"],
+                                      reason=text, seq=seq)
+            elif ab["kind"] == "mismatch":
+                err = CollectiveMismatchError(
                     f"[rank {self.rank}] {call}: collective mismatch reported by rank {e.rank}: "
-                    f"{reason[len(_MISMATCH):]}", seq=seq, ranks=[e.rank], calls=[])
-            return RemoteRankError(f"[rank {self.rank}] {call} failed: rank {e.rank} failed or aborted "
-                                   f"the communicator: {reason}", rank=e.rank, reason=reason, seq=seq)
+                    f"{text}", seq=seq, ranks=[e.rank], calls=[])
+            elif ab["kind"] in ("timeout", "failed"):   # the text names who waited for whom
+                err = RemoteRankError(f"[rank {self.rank}] {call} aborted: {text}", rank=e.rank,
+                                      reason=text, seq=seq)
+            else:
+                err = RemoteRankError(f"[rank {self.rank}] {call} failed: rank {e.rank} failed or "
+                                      f"aborted the communicator: {text}", rank=e.rank, reason=text,
+                                      seq=seq)
+            err.abort = ab                  # the typed record, for the launcher's error file
+            return err
         msg = f"[rank {self.rank}] {call} failed: {e}"
         err = type(e).__new__(type(e))
         Exception.__init__(err, msg)
         err.__dict__.update(e.__dict__)
-        transport.abort(cid, f"rank {self.rank} failed in {call}: {str(e).splitlines()[0]}")
+        transport.abort(cid, abortrec.record("failed", self.world.rank,
+                                             f"rank {self.rank} failed in {call}: "
+                                             f"{str(e).splitlines()[0]}"))
         return err
 
     # ------------------------------------------------------------------ methods with inferred count/dtype
@@ -324,14 +339,6 @@ _API_NAMES = {OpType.ALLREDUCE: "AllReduce", OpType.ALLGATHER: "AllGather",
               OpType.REDUCE_SCATTER: "ReduceScatter", OpType.BROADCAST: "Broadcast",
               OpType.REDUCE: "Reduce", OpType.ALLTOALL: "AlltoAll", OpType.SEND: "Send",
               OpType.RECV: "Recv", OpType.BARRIER: "Barrier"}
-
-
-def _dead_rank(text: str):
-    """The rank named by a launcher abort text ``rank N ...``."""
-    parts = text.split()
-    if len(parts) > 1 and parts[0] == "rank" and parts[1].isdigit():
-        return int(parts[1])
-    return None
 
 
 def _resolve_stream(api, stream):

@@ -9,9 +9,13 @@ launcher's environment starts one daemon *reporter* thread. It
   (op, comm and members, seq, stream, state, the peer waited on and since when, call site), the
   per-communicator progress (last enqueued / last completed seq) and the recent records;
 - holds a blocking ``get`` on the job's abort key in the rendezvous store: when the launcher
-  sees a rank die it sets that key, and every live rank aborts all its communicators at once,
+  sees a rank die (or finds a deadlock) it sets that key to a typed abort record
+  (``hccl.abortrec``), and every live rank aborts all its communicators at once with that record,
   so peers waiting for the dead rank fail in seconds with ``RemoteRankError`` naming it instead
   of waiting for HCCL_EXEC_TIMEOUT.
+
+The published state also carries ``host``, ``node`` (GROUP_RANK) and ``interval``: the launcher
+tells a rank whose state stopped refreshing (``time`` older than a few intervals) from a live one.
 
 The launcher reads the states (plus stacks taken with SIGUSR1) to build the job verdict; the
 store reaches every node, so one report covers the whole job.
@@ -22,13 +26,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import threading
 import time
 
+from . import abortrec
 from .flight import recorder
 
 log = logging.getLogger("hccl.diag")
-DEAD = "DEAD|"
 _RECENT = 64
 
 _lock = threading.Lock()
@@ -40,7 +45,8 @@ def _prefix(env=os.environ) -> str:
 
 
 def abort_key(env=os.environ) -> str:
-    """The store key whose value (``rank N ...`` text) makes every rank abort its communicators."""
+    """The store key whose value (an ``hccl.abortrec`` record) makes every rank abort its
+    communicators."""
     return f"{_prefix(env)}/abort"
 
 
@@ -57,7 +63,9 @@ class Reporter:
         self.rank = int(os.environ.get("RANK", "0"))
         self.key = state_key(self.rank)
         self.worlds: list = []
-        self.aborted: str | None = None
+        self.aborted: dict | None = None     # the abort record received from the launcher
+        self.node = os.environ.get("GROUP_RANK")
+        self.host = socket.gethostname()
         self._stop = threading.Event()
         self._write_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="npusim-diag", daemon=True)
@@ -69,6 +77,7 @@ class Reporter:
         d = recorder.dump()
         records = d["records"]
         return {"rank": self.rank, "pid": os.getpid(), "time": time.time(),
+                "interval": self.interval, "host": self.host, "node": self.node,
                 "in_flight": d["in_flight"], "progress": d["progress"],
                 "recent": records[-_RECENT:],
                 "failed": [r for r in records if r["state"] == "failed"][-8:],
@@ -101,13 +110,16 @@ class Reporter:
             self._abort(value.decode("utf-8", "replace"))
 
     def _abort(self, text: str) -> None:
-        """Abort every communicator of every world of this process with ``DEAD|<text>``."""
-        self.aborted = text
-        log.error("rank %d: aborting every communicator: %s", self.rank, text)
+        """Abort every communicator of every world of this process with the launcher's record."""
+        ab = abortrec.read(text)
+        self.aborted = ab
+        # a warning: the rank's own error (one line) and npurun's verdict tell the user
+        log.warning("rank %d: aborting every communicator: %s", self.rank, ab["text"])
+        reason = abortrec.record(ab["kind"], ab.get("rank"), ab["text"])
         for world in self.worlds:
             for cid in list(world.comm_ids):
                 try:
-                    world.transport.abort(cid, DEAD + text)
+                    world.transport.abort(cid, reason)
                 except Exception:
                     pass
         self.write()

@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from hccl import abortrec
 from hccl.errors import (CollectiveMismatchError, HcclError, HcclTimeoutError,
                          InvalidArgumentError, RemoteRankError)
 from hccl.reduction import reduce_into
@@ -226,8 +227,12 @@ def _translate(e: TransportError, world: list[int], seq: int, fp, timeout, rank,
         return CollectiveMismatchError(seq=e.seq, ranks=[rank, peer], calls=calls)
     if isinstance(e, Aborted):
         peer = _comm_rank(world, e.peer)
-        return RemoteRankError(f"seq {seq}: communicator aborted by rank {peer}: {e.reason}",
-                               rank=peer, world_peer=e.peer, reason=e.reason, seq=seq)
+        ab = abortrec.read(e.reason, e.peer)
+        e.reason = ab["text"]       # the chained Aborted prints the text, not the record
+        err = RemoteRankError(f"seq {seq}: communicator aborted by rank {peer}: {ab['text']}",
+                              rank=peer, world_peer=e.peer, reason=ab["text"], seq=seq)
+        err.abort = ab
+        return err
     if isinstance(e, PeerGone):
         peer = _comm_rank(world, e.peer)
         return RemoteRankError(f"seq {seq}: rank {peer}'s process has exited in the middle of the "

@@ -22,7 +22,7 @@ class Record:
 
     __slots__ = ("comm", "comm_id", "rank", "seq", "op", "count", "dtype", "redop", "root", "peer", "stream",
                  "state", "t_enqueued", "t_started", "t_completed", "site", "waiting_for",
-                 "waiting_since", "error", "nbytes", "members")
+                 "waiting_since", "error", "error_type", "nbytes", "members")
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -50,6 +50,7 @@ class FlightRecorder:
         r.peer, r.stream, r.site, r.nbytes = peer, stream, site, nbytes
         r.state, r.t_enqueued = "enqueued", time.time()
         r.t_started = r.t_completed = r.waiting_for = r.waiting_since = r.error = None
+        r.error_type = None
         with self._lock:
             self._records.append(r)
             self._inflight[id(r)] = r
@@ -75,6 +76,7 @@ class FlightRecorder:
     def fail(self, r: Record, err: BaseException) -> None:
         r.state, r.t_completed = "failed", time.time()
         r.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        r.error_type = type(err).__name__
         with self._lock:
             self._inflight.pop(id(r), None)
 

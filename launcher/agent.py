@@ -12,8 +12,11 @@ Data model as torch elastic's: a ``WorkerSpec`` (what to run, how many, the poli
 
 Hooks for diagnosis (the hang detector plugs in here): ``on_tick`` callables run every monitor
 interval and may return a ``StopRequest`` to end the job; ``before_stop`` callables run before
-the launcher stops live ranks, while they can still be inspected. ``collect_stacks()`` takes every
-live rank's Python stacks now (SIGUSR1 + faulthandler, no cooperation needed).
+the launcher stops live ranks, while they can still be inspected; ``verdict_hooks`` hand over
+the job verdict of the failure, if any: npurun then prints it first and a failure summary that
+agrees with it (``launcher.summary.format_story``) instead of the first-failure summary.
+``collect_stacks()`` takes every live rank's Python stacks now (SIGUSR1 + faulthandler, no
+cooperation needed); ``stop_signal``, ``request_status()`` and ``say()`` are public for them.
 
 Runs in the main thread: it installs signal handlers, and it forks the ranks from the thread
 that lives as long as the launcher (their parent-death signal follows the forking thread).
@@ -37,7 +40,8 @@ from launcher.errors import Interrupted, describe_exit, signal_name
 from launcher.janitor import Janitor
 from launcher.output import OutputPump, Std, std_for
 from launcher.proc import LogFiles, WorkerProcess
-from launcher.summary import ProcessFailure, format_summary, root_cause
+from launcher.summary import (Culprit, ProcessFailure, format_story, format_summary, root_cause,
+                              story_exit_code)
 
 log = logging.getLogger("launcher")
 
@@ -65,6 +69,7 @@ class WorkerSpec:
     log_dir: str | None = None          # None: a temporary directory, removed at exit
     redirects: Std | dict = Std.NONE
     tee: Std | dict = Std.NONE
+    console_ranks: set | None = None    # --local-ranks-filter: local ranks shown on the console
     base_env: dict = field(default_factory=lambda: dict(os.environ))
 
 
@@ -94,7 +99,8 @@ class RunResult:
     message: str = ""
 
 
-def _say(text: str) -> None:
+def say(text: str) -> None:
+    """Print one of npurun's own messages (stderr, whole lines)."""
     try:
         sys.stderr.write(text.rstrip("\n") + "\n")
         sys.stderr.flush()
@@ -121,8 +127,10 @@ class Agent:
         self._waiter: proc.Waiter | None = None
         self._log_root: str | None = None
         self._temp_root = False
+        self.keep_logs = False          # keep a temporary log root (a verdict points into it)
         self.status_requested = False
-        self.after_summary: list[Callable[[], str | None]] = []
+        # the job verdict of the failure being handled: {"verdict", "text", "path"} or None
+        self.verdict_hooks: list[Callable[[], dict | None]] = []
 
     # -- hooks for diagnosis ---------------------------------------------------------------
     def live_workers(self) -> list[Worker]:
@@ -153,7 +161,13 @@ class Agent:
         except OSError:
             pass
 
-    def _on_status(self, _signum, _frame) -> None:
+    @property
+    def stop_signal(self) -> int:
+        """The signal that told npurun to stop (SIGINT, SIGTERM, SIGHUP), or 0."""
+        return self._signal
+
+    def request_status(self, _signum=None, _frame=None) -> None:
+        """Ask for the live status table at the next tick (a SIGUSR1 handler)."""
         self.status_requested = True
         try:
             os.write(self._wake_w, b"u")
@@ -164,7 +178,7 @@ class Agent:
         if threading.current_thread() is not threading.main_thread():
             return {}
         saved = {s: signal.signal(s, self._on_signal) for s in FORWARDED_SIGNALS}
-        saved[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._on_status)
+        saved[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self.request_status)
         return saved
 
     def _stop_signal(self) -> int:
@@ -193,11 +207,11 @@ class Agent:
                 if self.attempt >= self.spec.max_restarts:
                     return result
                 self.attempt += 1
-                _say(f"npurun: restarting the job: attempt {self.attempt} of at most "
+                say(f"npurun: restarting the job: attempt {self.attempt} of at most "
                      f"{self.spec.max_restarts} restarts (TORCHELASTIC_RESTART_COUNT="
                      f"{self.attempt})")
         except Interrupted as e:
-            _say(f"npurun: {signal_name(e.signum)} received, stopping")
+            say(f"npurun: {signal_name(e.signum)} received, stopping")
             if self.job is not None:  # waiting at a restart barrier: the other nodes stop too
                 self.rdzv.report_failure(self.attempt, {
                     "node": self.job.node_rank, "rank": None, "exitcode": 128 + e.signum,
@@ -222,7 +236,7 @@ class Agent:
     def _keep_temp_logs(self) -> bool:
         redirected = any(std_for(self.spec.redirects, i) or std_for(self.spec.tee, i)
                          for i in range(self.spec.nproc_per_node))
-        return self._temp_root and redirected
+        return self._temp_root and (redirected or self.keep_logs)
 
     def _start_workers(self) -> None:
         job, spec = self.job, self.spec
@@ -230,14 +244,16 @@ class Agent:
         for local_rank in range(spec.nproc_per_node):
             files = LogFiles(os.path.join(self.attempt_dir, str(local_rank)))
             os.makedirs(files.dir, exist_ok=True)
-            for stale in (files.error_file, files.stack_file):
+            for stale in (files.error_file, files.stack_file, files.traceback_file):
                 if os.path.exists(stale):  # a reused --run-id: never read an old run's files
                     os.unlink(stale)
             env = worker_env(spec.base_env, job, local_rank, self.attempt, files)
             wp = WorkerProcess(spec.cmd, env, rank=job.global_rank(local_rank),
                                local_rank=local_rank, files=files,
                                redirect=std_for(spec.redirects, local_rank),
-                               tee=std_for(spec.tee, local_rank))
+                               tee=std_for(spec.tee, local_rank),
+                               console=spec.console_ranks is None
+                               or local_rank in spec.console_ranks)
             self.workers.append(Worker(local_rank, wp.rank, wp))
         for w in self.workers:  # all forks first, then the interpreters start in parallel
             w.proc.start(self._pump, self._janitor)
@@ -266,7 +282,7 @@ class Agent:
             try:
                 hook(self, reason)
             except Exception as e:  # a diagnosis bug must not keep ranks running
-                _say(f"npurun: before_stop hook {hook!r} failed: {e}")
+                say(f"npurun: before_stop hook {hook!r} failed: {e}")
         procs = [w.proc for w in live]
         proc.stop(procs, self.spec.stop_grace, sig, self._janitor, self._waiter,
                   force=lambda: self._signals_seen > 1)
@@ -301,7 +317,7 @@ class Agent:
                 try:
                     request = hook(self)
                 except Exception as e:  # a diagnosis bug must not end the job: drop the hook
-                    _say(f"npurun: on_tick hook {hook!r} failed and is removed: {e!r}")
+                    say(f"npurun: on_tick hook {hook!r} failed and is removed: {e!r}")
                     self.on_tick.remove(hook)
                     continue
                 if request is not None:
@@ -314,27 +330,70 @@ class Agent:
         self._pump.wait_idle(2.0)  # the ranks' last lines come before the summary
         # ranks that failed by themselves meanwhile are failures too, not "stopped by npurun"
         failures = [self._failure(w) for w in self.workers if w.state is WorkerState.FAILED]
-        root = root_cause(failures)
-        detail = {"node": self.job.node_rank, "rank": root.rank, "exitcode": root.shell_exitcode,
-                  "message": f"rank {root.rank} failed ({describe_exit(root.exitcode)}): "
-                             f"{root.message}"}
-        first = self.rdzv.report_failure(self.attempt, detail)
-        title = self.spec.title + (f" (attempt {self.attempt})" if self.spec.max_restarts else "")
-        _say(format_summary(title, failures, stopped,
-                            keep_files=not self._temp_root or self._keep_temp_logs(),
-                            restarting=self.attempt < self.spec.max_restarts))
-        for hook in self.after_summary:   # the hang verdict, when there is one
-            text = hook()
-            if text:
-                _say(text)
+        report = self._take_verdict()
+        restarting = self.attempt < self.spec.max_restarts
+        if report is not None:
+            culprits = self._culprits(report["verdict"], failures, stopped)
+            code = story_exit_code(culprits)
+            names = ", ".join(map(str, report["verdict"]["culprits"])) or "none found"
+            message = f"culprit rank(s) {names}: {report['verdict']['verdict']}"
+            first = self.rdzv.report_failure(self.attempt, {
+                "node": self.job.node_rank, "rank": culprits[0].rank if culprits else None,
+                "exitcode": code, "message": message})
+            self._print_story(report, culprits, failures, restarting)
+        else:
+            root = root_cause(failures)
+            code = root.shell_exitcode
+            first = self.rdzv.report_failure(self.attempt, {
+                "node": self.job.node_rank, "rank": root.rank, "exitcode": code,
+                "message": f"rank {root.rank} failed ({describe_exit(root.exitcode)}): "
+                           f"{root.message}"})
+            say(format_summary(self._title(), failures, stopped,
+                               keep_files=not self._temp_root or self._keep_temp_logs(),
+                               restarting=restarting))
         if first.get("node") != self.job.node_rank:
-            _say(f"npurun: note: node {first.get('node')} failed first: {first.get('message')}")
-        return RunResult(WorkerState.FAILED, root.shell_exitcode, self.attempt, failures)
+            say(f"npurun: note: node {first.get('node')} failed first: {first.get('message')}")
+        return RunResult(WorkerState.FAILED, code, self.attempt, failures)
+
+    def _title(self) -> str:
+        return self.spec.title + (f" (attempt {self.attempt})" if self.spec.max_restarts else "")
+
+    def _take_verdict(self) -> dict | None:
+        for hook in self.verdict_hooks:
+            report = hook()
+            if report:
+                return report
+        return None
+
+    def _culprits(self, v: dict, failures: list[ProcessFailure], stopped: list[int]) -> list:
+        local = {w.rank: w for w in self.workers}
+        failed = {f.rank: f for f in failures}
+        out = []
+        for c in v.get("culprits") or ():
+            e = v["ranks"].get(str(c)) or {}
+            w = local.get(c)
+            state = "in the deadlock cycle" if v.get("reason") == "deadlock" else e.get("state")
+            out.append(Culprit(rank=c, state=state or "?", detail=e.get("detail") or (
+                f"waits for rank {e.get('waiting_for')}" if e.get("waiting_for") is not None
+                else ""),
+                local_rank=w.local_rank if w else None, pid=w.proc.pid if w else None,
+                exitcode=w.proc.returncode if w else None, stopped=c in stopped,
+                failure=failed.get(c)))
+        return out
+
+    def _print_story(self, report: dict, culprits: list, failures: list, restarting: bool):
+        """The verdict first, then the summary that agrees with it (see ``format_story``)."""
+        self.keep_logs = True           # the ranks' tracebacks live there
+        where = os.path.join(self.attempt_dir, "<local_rank>", "traceback.log")
+        say(report["text"])
+        say(format_story(self._title(), report["verdict"]["reason"], culprits, failures,
+                         tracebacks=where, restarting=restarting))
+        say(f"npurun: hang report written to {report['path']}")
 
     def _peer_failed(self, detail: dict) -> RunResult:
         stopped = self._stop_live(f"node {detail.get('node')} failed")
         self._pump.wait_idle(2.0)
-        _say(f"npurun: node {self.job.node_rank}: stopping: node {detail.get('node')} failed: "
+        say(f"npurun: node {self.job.node_rank}: stopping: node {detail.get('node')} failed: "
              f"{detail.get('message')} (see that node's summary)"
              + (f"; stopped ranks {', '.join(map(str, stopped))}" if stopped else ""))
         return RunResult(WorkerState.FAILED, int(detail.get("exitcode") or 1), self.attempt,
@@ -344,16 +403,23 @@ class Agent:
         self.rdzv.report_failure(self.attempt, {"node": self.job.node_rank, "rank": None,
                                                 "exitcode": request.exitcode,
                                                 "message": request.message})
+        say(f"npurun: stopping the job: {request.message}")
         stopped = self._stop_live(request.message)
         self._pump.wait_idle(2.0)
-        _say(f"npurun: stopped the job: {request.message}"
-             + (f" (stopped ranks {', '.join(map(str, stopped))})" if stopped else ""))
-        return RunResult(WorkerState.FAILED, request.exitcode, self.attempt,
+        failures = [self._failure(w) for w in self.workers if w.state is WorkerState.FAILED]
+        report = self._take_verdict()
+        if report is not None:
+            culprits = self._culprits(report["verdict"], failures, stopped)
+            self._print_story(report, culprits, failures, restarting=False)
+        else:
+            say(f"npurun: stopped the job: {request.message}"
+                + (f" (stopped ranks {', '.join(map(str, stopped))})" if stopped else ""))
+        return RunResult(WorkerState.FAILED, request.exitcode, self.attempt, failures,
                          message=request.message)
 
     def _interrupted(self) -> RunResult:
         sig = self._signal
-        _say(f"npurun: {signal_name(sig)} received, forwarding it to every rank "
+        say(f"npurun: {signal_name(sig)} received, forwarding it to every rank "
              f"(SIGKILL after {self.spec.stop_grace:g} s)")
         self.rdzv.report_failure(self.attempt, {
             "node": self.job.node_rank, "rank": None, "exitcode": 128 + sig,
@@ -375,10 +441,10 @@ class Agent:
             try:
                 self.rdzv.close()
             except Exception as e:
-                _say(f"npurun: closing the rendezvous: {e}")
+                say(f"npurun: closing the rendezvous: {e}")
             if self._temp_root and self._log_root:
                 if self._keep_temp_logs():
-                    _say(f"npurun: logs kept in {self._log_root} (no --log-dir given)")
+                    say(f"npurun: logs kept in {self._log_root} (no --log-dir given)")
                 else:
                     shutil.rmtree(self._log_root, ignore_errors=True)
             if self._waiter is not None:

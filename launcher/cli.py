@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     add = p.add_argument
     add("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node",
         default=_env_default("nproc_per_node"),
-        help="ranks on this node: an integer, or 'auto'/'cpu' for the CPU count (default 1)")
+        help="ranks on this node: an integer, or 'auto'/'cpu'/'gpu'/'npu' for the CPU count "
+             "(default 1)")
     add("--nnodes", dest="nnodes", default=_env_default("nnodes"),
         help="number of nodes, N or N:N (default 1; under SLURM: SLURM_NNODES)")
     add("--node-rank", "--node_rank", dest="node_rank", type=int,
@@ -54,6 +55,23 @@ def build_parser() -> argparse.ArgumentParser:
     add("--run-id", "--run_id", "--rdzv-id", "--rdzv_id", dest="run_id",
         default=_env_default("run_id"),
         help="name of the run (TORCHELASTIC_RUN_ID, log sub-directory; default: the job id)")
+    add("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend",
+        default=_env_default("rdzv_backend") or "static",
+        help="torchrun's rendezvous backend: 'c10d' or 'static' (both use npurun's own store; "
+             "with c10d, --rdzv-endpoint gives its host:port)")
+    add("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint",
+        default=_env_default("rdzv_endpoint"),
+        help="HOST[:PORT] of the job's store, as --master-addr/--master-port (port default 29400)")
+    add("--rdzv-conf", "--rdzv_conf", dest="rdzv_conf", default=_env_default("rdzv_conf"),
+        help="torchrun's KEY=VALUE,... rendezvous options: accepted and ignored "
+             "(HCCL_CONNECT_TIMEOUT bounds the rendezvous)")
+    add("--local-ranks-filter", "--local_ranks_filter", dest="local_ranks_filter",
+        default=_env_default("local_ranks_filter"),
+        help="show only these local ranks' output on the console, e.g. 0,2 (log files keep "
+             "everything)")
+    add("--status", dest="status", nargs="?", const="", metavar="NPURUN_PID",
+        help="print the live state of a running npurun job (the newest one, or NPURUN_PID) and "
+             "exit; the job keeps running")
     add("--log-dir", "--log_dir", dest="log_dir", default=_env_default("log_dir"),
         help="write <log-dir>/<run-id>/attempt_<k>/<local_rank>/{stdout,stderr}.log, "
              "error.json, stacks.txt")
@@ -74,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--no-python", "--no_python", dest="no_python", action="store_true",
         default=bool(_env_default("no_python")),
         help="run the script argument as a program, without python")
-    add("training_script", help="the script (or module, or program) each rank runs")
+    add("training_script", nargs="?", help="the script (or module, or program) each rank runs")
     add("training_script_args", nargs=REMAINDER, help="its arguments")
     return p
 
@@ -95,16 +113,20 @@ class Layout:
     from_slurm: bool = False
 
 
+RDZV_BACKENDS = ("static", "c10d")
+DEFAULT_RDZV_PORT = 29400  # torchrun's c10d default
+
+
 def _nproc(value: str | None) -> int:
     if value is None:
         return 1
-    if value in ("auto", "cpu"):
+    if value in ("auto", "cpu", "gpu", "npu"):   # one simulated NPU per CPU
         return os.cpu_count() or 1
     try:
         n = int(value)
     except ValueError:
-        raise ConfigError(f"--nproc-per-node {value!r} is not an integer, 'auto' or 'cpu'") \
-            from None
+        raise ConfigError(f"--nproc-per-node {value!r} is not an integer, 'auto', 'cpu', 'gpu' "
+                          f"or 'npu'") from None
     if n < 1:
         raise ConfigError(f"--nproc-per-node {n} must be >= 1")
     return n
@@ -123,20 +145,58 @@ def _nnodes(value: str) -> int:
     return a
 
 
+def _endpoint(args: argparse.Namespace) -> tuple[str | None, int | None]:
+    """(host, port) of ``--rdzv-endpoint`` (None, None without one); checks ``--rdzv-backend``."""
+    backend = str(getattr(args, "rdzv_backend", None) or "static")
+    if backend not in RDZV_BACKENDS:
+        raise ConfigError(f"--rdzv-backend {backend!r}: npurun supports 'c10d' and 'static' "
+                          f"(both served by npurun's own store)")
+    value = getattr(args, "rdzv_endpoint", None)
+    if not value:
+        return None, None
+    host, sep, port = str(value).strip().rpartition(":")
+    if not sep:
+        host, port = port, ""
+    host = host.strip("[]")
+    if not host:
+        raise ConfigError(f"--rdzv-endpoint {value!r} is not HOST[:PORT]")
+    if not port:
+        return host, DEFAULT_RDZV_PORT
+    if not port.isdigit():
+        raise ConfigError(f"--rdzv-endpoint {value!r}: port {port!r} is not a number")
+    return host, int(port)
+
+
+def ranks_filter(value: str | None) -> set[int] | None:
+    """``--local-ranks-filter 0,2`` -> {0, 2}; None shows every rank."""
+    if value is None or str(value).strip() == "":
+        return None
+    out = set()
+    for item in str(value).split(","):
+        if not item.strip().isdigit():
+            raise ConfigError(f"--local-ranks-filter {value!r}: {item.strip()!r} is not a "
+                              f"local rank (use e.g. 0,2)")
+        out.add(int(item))
+    return out
+
+
 def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> Layout:
     """The node layout from parsed flags and the environment (SLURM). Raises ConfigError."""
     nproc = _nproc(args.nproc_per_node)
+    ep_host, ep_port = _endpoint(args)
     if args.standalone:
         return Layout(1, 0, "127.0.0.1", 0, nproc)
     sl = slurm.defaults(environ)
     from_slurm = sl is not None and (args.nnodes is None or args.node_rank is None
-                                     or args.master_addr is None)
+                                     or (args.master_addr or ep_host) is None)
     nnodes = _nnodes(args.nnodes) if args.nnodes is not None else (sl.nnodes if sl else 1)
     node_rank = int(args.node_rank) if args.node_rank is not None else (
         sl.node_rank if sl else 0)
-    master_addr = args.master_addr or (sl.master_addr if sl else "127.0.0.1")
+    master_addr = args.master_addr or ep_host or (sl.master_addr if sl else "127.0.0.1")
     if args.master_port is not None:
         port = int(args.master_port)
+    elif ep_port is not None:
+        port = ep_port
     elif nnodes > 1:
         port = sl.master_port if sl else DEFAULT_MULTINODE_PORT
     else:
@@ -150,6 +210,8 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> Layout:
 
 
 def _check_entry(args: argparse.Namespace) -> None:
+    if not args.training_script:
+        raise ConfigError("no training script given (usage: npurun [flags] SCRIPT [ARGS])")
     if not (args.module or args.no_python) and not os.path.isfile(args.training_script):
         raise ConfigError(f"no such script: {args.training_script!r} (use -m for a module, "
                           f"--no-python for a program)")
@@ -164,13 +226,17 @@ def _check_entry(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``npurun``; returns the exit code (0, the root cause's, or 128 + signal)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["--status"]:
+    if argv[:1] == ["--status"] or (argv[:1] and argv[0].startswith("--status=")):
         from launcher.diagnose import query_status  # noqa: PLC0415
-        if len(argv) > 2 or (len(argv) == 2 and not argv[1].isdigit()):
+        rest = [argv[0].partition("=")[2]] if "=" in argv[0] else argv[1:]
+        if len(rest) > 1 or (rest and not rest[0].isdigit()):
             print("usage: npurun --status [NPURUN_PID]", file=sys.stderr)
             return 2
-        return query_status(int(argv[1]) if len(argv) == 2 else None)
+        return query_status(int(rest[0]) if rest else None)
     args = parse_args(argv)
+    if args.status is not None:     # `npurun --status` after other flags
+        from launcher.diagnose import query_status  # noqa: PLC0415
+        return query_status(int(args.status) if args.status.isdigit() else None)
     logging.basicConfig(level=[logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR]
                         [min(max(config.log_level(), 0), 3)], format="%(asctime)s %(message)s")
     logging.getLogger("launcher").info("npurun: starting (pid %d)", os.getpid())
@@ -193,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             log_dir=args.log_dir,
             redirects=Std.parse(args.redirects, "--redirects"),
             tee=Std.parse(args.tee, "--tee"),
+            console_ranks=ranks_filter(args.local_ranks_filter),
         )
         if layout.nnodes == 1:
             rdzv = LocalRendezvous(master_port=layout.master_port,
@@ -212,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         registration = None
         try:
             # answer status requests from now on: SIGUSR1's default action would kill npurun
-            signal.signal(signal.SIGUSR1, agent._on_status)
+            signal.signal(signal.SIGUSR1, agent.request_status)
             registration = register(os.getpid())
         except (OSError, LauncherError):
             pass

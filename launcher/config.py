@@ -81,3 +81,15 @@ def flag_default(dest: str, default):
 def user_device_count() -> str | None:
     """NPUSIM_DEVICE_COUNT as the user set it (the runtime owns its meaning)."""
     return os.environ.get("NPUSIM_DEVICE_COUNT") or None
+
+
+def hang_notice() -> float:
+    """NPUSIM_HANG_NOTICE: seconds a collective may wait without progress before npurun prints
+    the live status once, without stopping the job (default 60; 0 turns the notice off)."""
+    return _float("NPUSIM_HANG_NOTICE", 60.0)
+
+
+def deadlock_stable() -> float:
+    """NPUSIM_DEADLOCK_STABLE: seconds a wait-for cycle must stay the same before npurun calls it
+    a deadlock and stops the job (default 3)."""
+    return _float("NPUSIM_DEADLOCK_STABLE", 3.0)

@@ -31,12 +31,14 @@ class LogFiles:
     stderr: str = field(init=False)
     error_file: str = field(init=False)
     stack_file: str = field(init=False)
+    traceback_file: str = field(init=False)    # written by the rank (launcher.worker)
 
     def __post_init__(self) -> None:
         self.stdout = os.path.join(self.dir, "stdout.log")
         self.stderr = os.path.join(self.dir, "stderr.log")
         self.error_file = os.path.join(self.dir, "error.json")
         self.stack_file = os.path.join(self.dir, "stacks.txt")
+        self.traceback_file = os.path.join(self.dir, "traceback.log")
 
 
 class WorkerProcess:
@@ -66,7 +68,8 @@ class WorkerProcess:
         plans = []
         for bit, name, path in ((Std.OUT, "stdout", self.files.stdout),
                                 (Std.ERR, "stderr", self.files.stderr)):
-            if self.redirect & bit and not self.tee & bit:
+            if (self.redirect & bit and not self.tee & bit) or (self.tee & bit
+                                                                 and not self.console):
                 plans.append(open(path, "wb"))                       # file only
             elif self.tee & bit:
                 plans.append((name, open(path, "wb")))               # pipe -> file + console

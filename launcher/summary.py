@@ -1,8 +1,12 @@
 """The failure summary: torchrun's ChildFailedError block, root cause first and with a traceback.
 
-The root cause is the first failure: the earliest error-file timestamp (written by the worker when
-its exception escaped), else the time the launcher saw the process end. Every failure shows its
-Python traceback when the worker left one, whether or not the entry point was decorated.
+Without a job verdict (a plain exception, a crash outside any collective) the root cause is the
+first failure: the earliest error-file timestamp (written by the worker when its exception
+escaped), else the time the launcher saw the process end. Every failure shows its Python
+traceback when the worker left one, whether or not the entry point was decorated.
+
+After a job verdict (``format_story``) the summary agrees with it: the root cause is the
+verdict's culprit, the other failures are one line each, released by it.
 """
 from __future__ import annotations
 
@@ -31,10 +35,15 @@ class ProcessFailure:
     message: str = field(init=False, default="")
     traceback: str = field(init=False, default="")
     timestamp: float = field(init=False, default=0.0)
+    kind: str = field(init=False, default="")     # the error file's typed kind, if any
+    error_line: str = field(init=False, default="")   # its "Type: first line", if any
 
     def __post_init__(self) -> None:
         self.timestamp = self.observed_at
         data = read_error_file(self.error_file)
+        if data and isinstance(data.get("error"), dict):
+            self.kind = str(data["error"].get("kind") or "")
+            self.error_line = f"{data['error'].get('type')}: {data['error'].get('text')}"
         if data:
             msg = data.get("message")
             if isinstance(msg, dict):
@@ -80,10 +89,10 @@ def read_error_file(path: str) -> dict | None:
 
 
 def root_cause(failures: list[ProcessFailure]) -> ProcessFailure:
-    """The first failure: smallest timestamp, ties broken by rank. A rank that failed with
-    ``RemoteRankError`` only echoes another rank's failure (which its peers may see before
-    npurun does), so it is the root cause only if every failure is such an echo."""
-    primary = [f for f in failures if "RemoteRankError" not in f.message] or failures
+    """The first failure: smallest timestamp, ties broken by rank. A rank whose error file says
+    it was ``released`` (a RemoteRankError) only echoes another rank's failure (which its peers
+    may see before npurun does), so it is the root cause only if every failure is such an echo."""
+    primary = [f for f in failures if f.kind != "released"] or failures
     return min(primary, key=lambda f: (f.timestamp, f.rank))
 
 
@@ -147,3 +156,83 @@ def format_summary(title: str, failures: list[ProcessFailure], stopped: list[int
                      f"(rank {root.rank}: {describe_exit(root.exitcode)})")
     parts.append("=" * width)
     return "\n".join(parts)
+
+
+@dataclass
+class Culprit:
+    """A rank the job verdict blames, as the summary shows it."""
+
+    rank: int
+    state: str                        # the verdict's state (dead, not_entered, mismatch, ...)
+    detail: str                       # the verdict's one line about it
+    local_rank: int | None = None     # None: on another node
+    pid: int | None = None
+    exitcode: int | None = None       # None: alive when the verdict was taken (or remote)
+    stopped: bool = False             # stopped by npurun after the verdict
+    failure: ProcessFailure | None = None
+
+
+def story_exit_code(culprits: list[Culprit]) -> int:
+    """What npurun exits with after a verdict: the first culprit's own failure code, else 1."""
+    for c in culprits:
+        if c.failure is not None:
+            return c.failure.shell_exitcode
+    return 1
+
+
+def format_story(title: str, reason: str, culprits: list[Culprit],
+                 failures: list[ProcessFailure], *, tracebacks: str,
+                 restarting: bool = False) -> str:
+    """The failure summary after a job verdict: it agrees with the verdict.
+
+    The root cause is the verdict's culprit (never the first rank to time out); every other
+    failure is one line, listed as released by it; ``tracebacks`` says where the ranks' full
+    tracebacks are.
+    """
+    width = 72
+    blamed = {c.rank for c in culprits}
+    parts = ["=" * width, f"{title} FAILED ({reason})", "-" * width,
+             "Root Cause (the job verdict's culprit" + ("s" if len(culprits) > 1 else "") + "):"]
+    for i, c in enumerate(culprits):
+        where = (f"{c.rank} (local_rank: {c.local_rank})" if c.local_rank is not None
+                 else f"{c.rank} (on another node)")
+        if c.failure is not None:
+            f = c.failure
+            code = (f"{f.exitcode} ({f.signal}, exit {f.shell_exitcode})" if f.signal
+                    else f"{f.exitcode}")
+            status = f"{code} (pid: {f.pid})"
+        elif c.stopped:
+            status = f"stopped by npurun after the verdict (pid: {c.pid})"
+        elif c.exitcode is not None:
+            status = f"{c.exitcode} (pid: {c.pid})"
+        else:
+            status = "not stopped from this node" if c.local_rank is None else \
+                f"alive (pid: {c.pid})"
+        parts += [f"[{i}]:", f"  rank      : {where}", f"  exitcode  : {status}",
+                  f"  state     : {c.state}: {c.detail}"]
+        if c.failure is not None and c.failure.message and c.failure.kind != "released":
+            parts.append(f"  error     : {_one_line(c.failure.error_line or c.failure.message)}")
+    victims = sorted((f for f in failures if f.rank not in blamed), key=lambda f: f.rank)
+    if victims:
+        who = "the culprit" if len(culprits) == 1 else "the culprits"
+        parts += ["-" * width, f"Released by {who} (not causes; one line each):"]
+        for f in victims:
+            parts.append(f"  rank {f.rank}: {describe_exit(f.exitcode)}: "
+                         f"{_one_line(f.error_line or f.message)}")
+    parts.append(f"Full tracebacks: {tracebacks}")
+    names = ", ".join(str(c.rank) for c in culprits) or "none found"
+    if restarting:
+        parts.append(f"npurun restarts the job (--max-restarts); culprit rank(s): {names}")
+    else:
+        c0 = culprits[0] if culprits else None
+        why = (f"culprit rank {c0.rank}: {c0.state}" if c0 else "no culprit found")
+        if c0 is not None and c0.failure is not None:
+            why += f", {describe_exit(c0.failure.exitcode)}"
+        parts.append(f"npurun exits with {story_exit_code(culprits)} ({why})")
+    parts.append("=" * width)
+    return "\n".join(parts)
+
+
+def _one_line(text: str, limit: int = 220) -> str:
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    return line if len(line) <= limit else line[:limit - 3] + "..."

@@ -13,7 +13,9 @@ Before the user's code runs, the bootstrap installs, in this order:
    *thread*). The launcher's janitor process (``launcher.janitor``) then kills the worker's whole
    process group and removes the job's shared memory.
 2. an ``sys.excepthook`` that writes a torchrun-style error file to ``TORCHELASTIC_ERROR_FILE``
-   (no ``@record`` decorator needed) and prints the traceback without the bootstrap's frames.
+   (no ``@record`` decorator needed, with a typed ``error`` record) and prints the traceback
+   without the bootstrap's frames; a collective (hccl) error prints as one line on the console,
+   its full traceback going to ``traceback.log`` next to the error file.
 3. ``faulthandler``: fatal-signal tracebacks to stderr, and on SIGUSR1 every thread's Python stack
    appended to ``NPUSIM_STACK_FILE``, so the launcher can take stacks without the rank's help.
    The file appears under its final name only once the handler is registered, so the launcher
@@ -71,8 +73,42 @@ def _int_env(name: str) -> int | None:
     return int(raw) if raw.lstrip("-").isdigit() else None
 
 
+# hccl's errors by class name (this module imports nothing of npusim): the kind of failure
+_HCCL_KINDS = (("HcclTimeoutError", "timeout"), ("CollectiveMismatchError", "mismatch"),
+               ("RemoteRankError", "released"), ("HcclError", "hccl"))
+
+
+def error_record(exc: BaseException) -> dict:
+    """The typed record of a rank's failure, for the error file's ``error`` field.
+
+    ``kind``: ``timeout`` / ``mismatch`` / ``released`` (a peer's failure or the launcher's
+    abort released this rank) / ``hccl`` (another collective error) / ``exception`` (anything
+    else); ``type``: the exception's class (hccl's own for a failed stream task); ``rank``;
+    ``text``: the first line of the message; for ``released``, ``abort``: the typed abort record
+    that released it (kind, rank, text), when the error carries one.
+    """
+    names = [c.__name__ for c in type(exc).__mro__]
+    kind, type_name = "exception", type(exc).__name__
+    for cls_name, k in _HCCL_KINDS:
+        if cls_name in names:
+            kind, type_name = k, cls_name
+            break
+    if kind == "hccl":      # the most derived hccl class, not the combined TaskError[...]
+        type_name = next((n for n in names if not n.startswith("TaskError")), type_name)
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    rec = {"kind": kind, "type": type_name, "rank": _int_env("RANK"), "text": text}
+    if kind == "mismatch" and getattr(exc, "calls", None):    # the calls the rank compared
+        rec["ranks"] = [r if isinstance(r, int) else None for r in getattr(exc, "ranks", [])]
+        rec["calls"] = [str(c) for c in exc.calls]
+    abort = getattr(exc, "abort", None)
+    if isinstance(abort, dict):
+        rec["abort"] = {k: abort.get(k) for k in ("kind", "rank", "text")}
+    return rec
+
+
 def write_error_file(exc: BaseException, tb_text: str, path: str | None = None) -> None:
-    """Write the torchrun error-file JSON for ``exc`` (fields torchrun reads, plus ours)."""
+    """Write the torchrun error-file JSON for ``exc`` (fields torchrun reads, plus ours:
+    ``error``, the typed record of ``error_record``)."""
     path = path or os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
@@ -82,6 +118,7 @@ def write_error_file(exc: BaseException, tb_text: str, path: str | None = None) 
             "message": f"{type(exc).__name__}: {exc}",
             "extraInfo": {"py_callstack": tb_text, "timestamp": str(int(now))},
         },
+        "error": error_record(exc),
         "rank": _int_env("RANK"),
         "local_rank": _int_env("LOCAL_RANK"),
         "pid": os.getpid(),
@@ -104,8 +141,29 @@ def _excepthook(exc_type, exc, tb) -> None:
     text = "".join(traceback.format_exception(exc_type, exc, tb))
     if not issubclass(exc_type, KeyboardInterrupt):
         write_error_file(exc, text)
-    sys.stderr.write(text)
+    sys.stderr.write(_console_text(exc, text))
     sys.stderr.flush()
+
+
+def _console_text(exc: BaseException | None, text: str) -> str:
+    """What the console gets of an uncaught exception.
+
+    A collective error under npurun is one line: npurun's verdict tells the story, and the
+    chained tracebacks of every rank would bury it. The full traceback goes to
+    ``traceback.log`` next to the error file. Any other exception prints in full, as Python
+    does.
+    """
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if exc is None or not path or error_record(exc)["kind"] == "exception":
+        return text
+    tb_path = os.path.join(os.path.dirname(path), "traceback.log")
+    try:
+        with open(tb_path, "w") as f:
+            f.write(text)
+    except OSError:
+        return text
+    rec = error_record(exc)
+    return f"{rec['type']}: {rec['text']} (full traceback: {tb_path})\n"
 
 
 def _install_stack_dump() -> None:

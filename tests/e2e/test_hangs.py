@@ -1,10 +1,12 @@
 """Hang and desync diagnosis end to end: npurun runs examples/hang_demo.py scenarios and must
 name the culprit, classify every rank, write hang_report.json and stop within
-HCCL_EXEC_TIMEOUT + 15 s, leaving no process or shared-memory segment behind."""
+HCCL_EXEC_TIMEOUT + 15 s, leaving no process or shared-memory segment behind. The console tells
+one story: the verdict first, a summary that blames only culprits, at most ~60 lines."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 import pytest
@@ -33,6 +35,31 @@ def states(report):
     return {int(r): e["state"] for r, e in report["ranks"].items()}
 
 
+MAX_LINES = 60
+
+
+def assert_one_story(res, rep):
+    """The console report: short, verdict first, and every rank it blames is a culprit."""
+    out = res.stdout + res.stderr
+    lines = out.splitlines()
+    assert len(lines) <= MAX_LINES, f"{len(lines)} console lines:\n{out}"
+    culprits = rep["culprits"]
+    assert culprits
+    err = res.stderr
+    assert f"culprit rank(s): {culprits}" in err
+    assert err.index("npusim job verdict") < err.index("Root Cause")     # the verdict first
+    root = err[err.index("Root Cause"):]
+    root = root[:root.index("-" * 72)] if "-" * 72 in root else root
+    blamed = {int(r) for r in re.findall(r"rank      : (\d+)", root)}
+    assert blamed and blamed <= set(culprits), (blamed, culprits, root)
+    exit_line = re.search(r"npurun exits with \d+ \(culprit rank (\d+)", err)
+    assert exit_line and int(exit_line.group(1)) in culprits, err[-800:]
+    # victims are one line each, their tracebacks in the log files; no internal record leaks
+    assert out.count("Traceback (most recent call last)") <= len(culprits), out
+    for marker in ("MISMATCH|", "DEAD|", "npusim-abort", '{"kind"'):
+        assert marker not in out, marker
+
+
 @pytest.mark.timeout(60)
 def test_rank_sleeping_in_user_code(tmp_path):
     res, elapsed, rep = run_demo(tmp_path, "sleep")
@@ -46,7 +73,10 @@ def test_rank_sleeping_in_user_code(tmp_path):
     assert waited and waited <= {0, 1, 2, 3}
     err = res.stderr
     assert "culprit rank(s): [2]" in err and "in load_batch" in err
-    assert err.index("Root Cause") < err.index("npusim job verdict")  # the verdict comes last
+    assert_one_story(res, rep)
+    # the ranks that timed out first are listed as released by the culprit, never as the cause
+    released = err[err.index("Released by the culprit"):]
+    assert all(f"rank {r}: exit code 1" in released for r in (0, 3)), released
 
 
 @pytest.mark.timeout(60)
@@ -68,6 +98,7 @@ def test_rank_in_a_different_collective(tmp_path, scenario, call):
     assert rep["ranks"]["1"]["op"] == call
     assert "ALLREDUCE(count=1024, FP32, SUM)" in rep["verdict"] and call in rep["verdict"]
     assert "CollectiveMismatchError" in res.stderr
+    assert_one_story(res, rep)
     # each failing rank dumped its flight recorder: the records of seq 1 and 2
     dumps = list((tmp_path / "logs").glob("*/attempt_0/*/flight_recorder.json"))
     assert dumps
@@ -91,6 +122,8 @@ def test_rank_dying_in_a_large_collective(tmp_path, scenario, exit_code, words):
     # the peers were released by the launcher's abort, naming the dead rank, not by a timeout
     assert "RemoteRankError" in res.stderr and f"rank 1 {words}" in res.stderr
     assert "timed out" not in res.stderr
+    assert_one_story(res, rep)
+    assert res.returncode == (137 if exit_code == -9 else exit_code)   # the culprit's own code
 
 
 @pytest.mark.timeout(60)
@@ -114,6 +147,79 @@ def test_hang_inside_a_sub_communicator(tmp_path):
     assert states(rep) == {0: "waiting", 2: "not_entered"}
     assert set(rep["other_ranks"]) == {"1", "3"}
     assert "world.sub[0, 2]" in res.stderr and "load_batch" in rep["ranks"]["2"]["stack"]
+
+
+@pytest.mark.timeout(90)
+def test_deadlock_across_communicators_is_called_at_once(tmp_path):
+    """Ranks 0 and 1 call the world and their sub-communicator in opposite orders: a wait-for
+    cycle, reported as a deadlock within seconds although HCCL_EXEC_TIMEOUT is 300 s."""
+    logs = tmp_path / "logs"
+    with LeakCheck() as lc:
+        lc.env["HCCL_EXEC_TIMEOUT"] = "300"
+        t0 = time.monotonic()
+        res = run_npurun("--nproc-per-node", "4", "--log-dir", str(logs), DEMO, "deadlock",
+                         env=lc.env, cwd=str(tmp_path), timeout=80)
+        elapsed = time.monotonic() - t0
+    rep = json.loads((logs / "hang_report.json").read_text())
+    assert res.returncode != 0
+    assert rep["reason"] == "deadlock" and rep["culprits"] == [0, 1]
+    # from the moment both ranks wait to the verdict: under 20 s (NPUSIM_DEADLOCK_STABLE is 3 s;
+    # the rest is slack for a loaded machine), and the whole job far below HCCL_EXEC_TIMEOUT
+    waited = rep["time"] - max(rep["ranks"][r]["since"] for r in ("0", "1"))
+    assert 0 < waited < 20, waited
+    assert elapsed < 60, elapsed
+    cyc = {e["rank"]: e for e in rep["cycle"]}
+    assert set(cyc) == {0, 1}
+    assert (cyc[0]["comm"], cyc[0]["seq"], cyc[0]["waits_for"]) == ("world", 2, 1)
+    assert (cyc[1]["comm"], cyc[1]["seq"], cyc[1]["waits_for"]) == ("world.sub[0, 1]", 1, 0)
+    assert all(e["op"].startswith("ALLREDUCE") and "hang_demo.py" in e["site"]
+               for e in cyc.values())
+    assert all(rep["ranks"][r]["stack"] for r in ("0", "1"))       # their stacks
+    assert "timed out" not in res.stderr                          # no timeout was needed
+    assert "wait-for cycle: rank 0 (world seq 2) -> rank 1 (world.sub[0, 1] seq 1)" in res.stderr
+    assert_one_story(res, rep)
+
+
+@pytest.mark.timeout(90)
+def test_early_notice_prints_the_live_status_once_and_the_job_goes_on(tmp_path):
+    import queue
+    import signal
+    import threading
+
+    from launcher.testing import start_npurun
+    with LeakCheck() as lc:
+        lc.env.update(HCCL_EXEC_TIMEOUT="120", NPUSIM_HANG_NOTICE="2")
+        job = start_npurun("--nproc-per-node", "3", "--log-dir", str(tmp_path / "logs"), DEMO,
+                           "sleep", env=lc.env, cwd=str(tmp_path))
+        lines: queue.Queue = queue.Queue()
+        reader = threading.Thread(target=lambda: [lines.put(l) for l in job.stderr], daemon=True)
+        reader.start()
+        seen = []
+        try:
+            deadline = time.monotonic() + 60
+            while not any("live view" in l for l in seen):
+                assert time.monotonic() < deadline, "no notice within 60 s:\n" + "".join(seen)
+                try:
+                    seen.append(lines.get(timeout=1))
+                except queue.Empty:
+                    assert job.poll() is None, "".join(seen)
+            # the table follows the notice line; read it to its end
+            while not seen[-1].startswith("=" * 78) or sum(l.startswith("=" * 78) for l in seen) < 3:
+                seen.append(lines.get(timeout=10))
+            assert job.poll() is None                      # the notice does not stop the job
+        finally:
+            job.send_signal(signal.SIGTERM)
+            job.wait(timeout=30)
+            reader.join(timeout=10)
+    text = "".join(seen)
+    while not lines.empty():
+        text += lines.get()
+    notice = [l for l in text.splitlines() if l.startswith("npurun: notice:")]
+    assert len(notice) == 1, text                          # once, not at every poll
+    assert "without progress in ALLREDUCE(count=1024, FP32, SUM) seq 2 of world" in notice[0]
+    assert "NPUSIM_HANG_NOTICE=2" in notice[0]
+    assert "culprit rank(s): [2]" in text and "not_entered" in text
+    assert job.returncode == 128 + signal.SIGTERM
 
 
 @pytest.mark.timeout(120)

@@ -67,7 +67,7 @@ def test_slurm_gives_the_node_layout_and_flags_win():
     (["--nnodes", "1:4", "s.py"], "elastic"),
     (["--nnodes", "2", "--node-rank", "2", "s.py"], "node-rank"),
     (["--nproc-per-node", "0", "s.py"], ">= 1"),
-    (["--nproc-per-node", "gpu", "s.py"], "not an integer"),
+    (["--nproc-per-node", "tpu", "s.py"], "not an integer"),
 ])
 def test_bad_layouts_are_refused(argv, match):
     with pytest.raises(ConfigError, match=match):
@@ -109,3 +109,64 @@ def test_worker_command_never_carries_the_secret():
     assert worker_command("p.m", [], module=True, python="py")[-2:] == ["-m", "p.m"]
     assert worker_command("prog", ["x"], no_python=True, python="py")[-3:] == \
         ["--exec", "prog", "x"]
+
+
+@pytest.mark.timeout(10)
+def test_c10d_rendezvous_on_an_endpoint_maps_to_the_store_address():
+    args = cli.parse_args(["--rdzv-backend=c10d", "--rdzv-endpoint=localhost:29400",
+                           "--nnodes", "2", "--node-rank", "1", "s.py"])
+    lay = cli.resolve(args, {})
+    assert (lay.master_addr, lay.master_port, lay.nnodes, lay.node_rank) == \
+        ("localhost", 29400, 2, 1)
+    lay = cli.resolve(cli.parse_args(["--rdzv_backend", "c10d", "--rdzv_endpoint", "h1",
+                                      "--nnodes", "2", "s.py"]), {})
+    assert (lay.master_addr, lay.master_port) == ("h1", 29400)       # torchrun's c10d port
+    # explicit --master-* win over the endpoint, as flags win over defaults
+    lay = cli.resolve(cli.parse_args(["--rdzv-endpoint", "h1:7", "--master-port", "8", "s.py"]),
+                      {})
+    assert lay.master_port == 8
+    with pytest.raises(ConfigError, match="--rdzv-backend 'etcd'"):
+        cli.resolve(cli.parse_args(["--rdzv-backend", "etcd", "s.py"]), {})
+    with pytest.raises(ConfigError, match="port 'x' is not a number"):
+        cli.resolve(cli.parse_args(["--rdzv-endpoint", "h:x", "s.py"]), {})
+
+
+@pytest.mark.timeout(10)
+def test_rdzv_id_and_conf_are_accepted():
+    a = cli.parse_args(["--rdzv-id", "job7", "--rdzv-conf", "join_timeout=5,read_timeout=9",
+                        "s.py"])
+    assert a.run_id == "job7" and a.rdzv_conf == "join_timeout=5,read_timeout=9"
+    assert cli.parse_args(["--rdzv_id=job8", "s.py"]).run_id == "job8"
+
+
+@pytest.mark.timeout(10)
+def test_local_ranks_filter():
+    assert cli.ranks_filter(cli.parse_args(["--local-ranks-filter", "0,2", "s.py"])
+                            .local_ranks_filter) == {0, 2}
+    assert cli.ranks_filter(cli.parse_args(["--local_ranks_filter=1", "s.py"])
+                            .local_ranks_filter) == {1}
+    assert cli.ranks_filter(None) is None
+    with pytest.raises(ConfigError, match="'a' is not a local rank"):
+        cli.ranks_filter("0,a")
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("word", ["auto", "cpu", "gpu", "npu"])
+def test_nproc_per_node_words_mean_the_cpu_count(word):
+    import os
+    assert cli.resolve(cli.parse_args(["--nproc-per-node", word, "s.py"]), {}) \
+        .nproc_per_node == (os.cpu_count() or 1)
+    with pytest.raises(ConfigError, match="'tpu' is not an integer"):
+        cli.resolve(cli.parse_args(["--nproc-per-node", "tpu", "s.py"]), {})
+
+
+@pytest.mark.timeout(10)
+def test_status_is_in_the_help(capsys):
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--help"])
+    out = capsys.readouterr().out
+    for flag in ("--status", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-conf",
+                 "--local-ranks-filter", "--rdzv-id"):
+        assert flag in out, flag
+    assert cli.parse_args(["--status"]).status == ""
+    assert cli.parse_args(["--status", "123"]).status == "123"

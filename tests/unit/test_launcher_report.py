@@ -49,6 +49,8 @@ def test_a_peer_that_only_echoes_the_failure_is_not_the_root_cause(tmp_path):
     path = tmp_path / "echo.json"
     path.write_text(json.dumps({"message": {"message": "TaskError[RemoteRankError]: rank 1's "
                                 "process has exited", "extraInfo": {"py_callstack": TB}},
+                                "error": {"kind": "released", "type": "RemoteRankError",
+                                          "rank": 0, "text": "rank 1's process has exited"},
                                 "timestamp": 999.0}))
     echo = ProcessFailure(rank=0, local_rank=0, pid=10, exitcode=1, error_file=str(path),
                           observed_at=1000.0)
@@ -103,3 +105,35 @@ def test_errors_pickle_with_their_fields():
         clone = pickle.loads(pickle.dumps(err))
         assert type(clone) is type(err) and str(clone) == str(err)
     assert "nodes 1, 2 of 3 never arrived within 5 s" in str(RendezvousTimeoutError([1, 2], 3, 5))
+
+
+@pytest.mark.timeout(10)
+def test_story_summary_blames_the_culprit_not_the_first_to_time_out(tmp_path):
+    """Rank 3 timed out first; the verdict names rank 2 (stopped by npurun, no failure of its
+    own): the summary's root cause and exit line are rank 2, rank 3 is one line, released."""
+    from launcher.summary import Culprit, format_story, story_exit_code
+    path = tmp_path / "e3.json"
+    path.write_text(json.dumps({"message": {"message": "TaskError[HcclTimeoutError]: [rank 3] "
+                                "ALLREDUCE timed out\n  more", "extraInfo": {"py_callstack": TB}},
+                                "error": {"kind": "timeout", "type": "HcclTimeoutError",
+                                          "rank": 3, "text": "[rank 3] ALLREDUCE timed out"},
+                                "timestamp": 10.0}))
+    timed_out = ProcessFailure(rank=3, local_rank=3, pid=13, exitcode=1, error_file=str(path),
+                               observed_at=10.5)
+    culprit = Culprit(rank=2, state="not_entered", detail="never called seq 2; alive, still in "
+                      "user code", local_rank=2, pid=12, exitcode=-15, stopped=True)
+    text = format_story("npurun t.py", "timeout", [culprit], [timed_out],
+                        tracebacks="/logs/r/attempt_0/<local_rank>/traceback.log")
+    root, released = text.split("Released by the culprit")
+    assert "rank      : 2 (local_rank: 2)" in root and "rank      : 3" not in root
+    assert "stopped by npurun after the verdict (pid: 12)" in root
+    assert "rank 3: exit code 1: HcclTimeoutError: [rank 3] ALLREDUCE timed out\n" in released
+    assert "Traceback" not in text                      # victims are one line each
+    assert "npurun exits with 1 (culprit rank 2: not_entered)" in text
+    assert story_exit_code([culprit]) == 1
+    dead = Culprit(rank=1, state="dead", detail="killed by SIGKILL", local_rank=1, pid=11,
+                   exitcode=-9, failure=ProcessFailure(rank=1, local_rank=1, pid=11, exitcode=-9,
+                                                       error_file="", observed_at=1.0))
+    assert story_exit_code([dead]) == 137
+    assert "npurun exits with 137 (culprit rank 1: dead, signal SIGKILL)" in format_story(
+        "npurun t.py", "dead_rank", [dead], [timed_out], tracebacks="x")

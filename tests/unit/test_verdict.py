@@ -1,18 +1,25 @@
-"""launcher.verdict on synthetic rank states: focus, classification, culprits, the report."""
-from launcher.verdict import RankInfo, classify, format_report, user_threads_first
+"""launcher.verdict on synthetic rank states: focus, classification, culprits, the report, the
+wait-for graph (deadlock) and stale states."""
+from launcher.verdict import (RankInfo, classify, cycle_key, find_cycle, format_report,
+                              user_threads_first, wait_edges)
+
+TIMEOUT = {"kind": "timeout", "type": "HcclTimeoutError", "text": "[rank 0] timed out"}
+RELEASED = {"kind": "released", "type": "RemoteRankError", "text": "aborted"}
 
 
 def rec(seq, op="ALLREDUCE", count=1024, dtype="FP32", redop="SUM", state="started",
-        waiting_for=None, comm="world", comm_id=7, members=(0, 1, 2, 3), t=100.0, error=None):
+        waiting_for=None, comm="world", comm_id=7, members=(0, 1, 2, 3), t=100.0, error=None,
+        error_type=None):
     return {"comm": comm, "comm_id": comm_id, "seq": seq, "op": op, "count": count,
             "dtype": dtype, "redop": redop, "root": None, "peer": None, "stream": "default stream",
             "state": state, "t_enqueued": t, "t_started": t, "t_completed": t + 5 if state == "failed" else None,
             "site": "train.py:10 in step", "waiting_for": waiting_for, "waiting_since": t,
-            "error": error, "members": list(members)}
+            "error": error, "error_type": error_type, "members": list(members)}
 
 
-def st(records, last_enq, last_done, comm_id=7):
-    return {"in_flight": [r for r in records if r["state"] in ("enqueued", "started")],
+def st(records, last_enq, last_done, comm_id=7, time=None):
+    return {"time": time, "interval": 0.5, "node": "1", "host": "n1",
+            "in_flight": [r for r in records if r["state"] in ("enqueued", "started")],
             "failed": [r for r in records if r["state"] == "failed"], "recent": records,
             "progress": [{"comm": "world", "comm_id": comm_id, "last_enqueued": last_enq,
                           "last_completed": last_done}]}
@@ -21,10 +28,10 @@ def st(records, last_enq, last_done, comm_id=7):
 def test_sleeping_rank_is_the_culprit_not_the_first_to_time_out():
     timeout = "HcclTimeoutError: [rank 0] ALLREDUCE ... timed out"
     infos = [
-        RankInfo(0, st([rec(5, state="failed", waiting_for=3, error=timeout)], 5, 4), exit=1,
-                 error="TaskError[HcclTimeoutError]: [rank 0] timed out"),
-        RankInfo(1, st([rec(5, state="failed", waiting_for=0, error="RemoteRankError: x")], 5, 4), exit=1,
-                 error="TaskError[RemoteRankError]: aborted"),
+        RankInfo(0, st([rec(5, state="failed", waiting_for=3, error=timeout,
+                            error_type="HcclTimeoutError")], 5, 4), exit=1, error=TIMEOUT),
+        RankInfo(1, st([rec(5, state="failed", waiting_for=0, error="RemoteRankError: x",
+                            error_type="RemoteRankError")], 5, 4), exit=1, error=RELEASED),
         RankInfo(2, st([], 4, 4), stack="Current thread 0x1:\n  File \"x.py\", line 3 in load_batch"),
         RankInfo(3, st([rec(5, waiting_for=2)], 5, 4)),
     ]
@@ -55,8 +62,7 @@ def test_a_rank_released_by_the_abort_before_it_entered_is_not_a_culprit():
     its own call then failed at once, and it exited with an hccl error."""
     infos = [RankInfo(0, st([rec(3)], 3, 2)),
              RankInfo(1, st([rec(3, op="ALLGATHER", redop=None)], 3, 2)),
-             RankInfo(2, st([], 2, 2), exit=1,
-                      error="TaskError[RemoteRankError]: communicator aborted by rank 0"),
+             RankInfo(2, st([], 2, 2), exit=1, error=RELEASED),
              RankInfo(3, st([rec(3)], 3, 2))]
     v = classify(infos)
     assert v["reason"] == "mismatch" and v["culprits"] == [1]
@@ -86,3 +92,111 @@ def test_user_threads_first_drops_npusim_daemons():
     dump = ('Thread 0x2 (most recent call first):\n  File "/x/hccl/diag.py", line 9 in _run\n\n'
             'Current thread 0x1 (most recent call first):\n  File "a.py", line 1 in main')
     assert user_threads_first(dump).startswith("Current thread") and "diag.py" not in user_threads_first(dump)
+
+
+def test_a_rank_that_exited_with_a_plain_exception_is_dead_and_typed_fields_decide():
+    """The error file's kind decides, not its text: a ValueError whose message mentions
+    HcclTimeoutError is still a death of the rank."""
+    three = (0, 1, 2)
+    infos = [RankInfo(0, st([rec(2, waiting_for=1, members=three)], 2, 1)),
+             RankInfo(1, st([], 1, 1), exit=1, error={"kind": "exception", "type": "ValueError",
+                                                      "text": "HcclTimeoutError in my config"}),
+             RankInfo(2, st([rec(2, waiting_for=1, members=three)], 2, 1))]
+    v = classify(infos)
+    assert v["reason"] == "dead_rank" and v["culprits"] == [1]
+    assert "ValueError: HcclTimeoutError in my config" in v["ranks"]["1"]["detail"]
+
+
+def test_a_stale_state_is_unreachable_never_alive():
+    """Ranks 2 and 3 live on a node whose link was cut: their last states are 40 s old."""
+    infos = [RankInfo(0, st([rec(5, waiting_for=2)], 5, 4, time=1000.0)),
+             RankInfo(1, st([rec(5, waiting_for=0)], 5, 4, time=1000.0)),
+             RankInfo(2, st([], 4, 4, time=960.0)),
+             RankInfo(3, st([rec(5, waiting_for=2)], 5, 4, time=960.0))]
+    v = classify(infos, now=1000.5)
+    assert {r: e["state"] for r, e in v["ranks"].items()} == \
+        {"0": "waiting", "1": "waiting", "2": "unreachable", "3": "unreachable"}
+    assert v["culprits"] == [2, 3]
+    d = v["ranks"]["2"]["detail"]
+    assert "unreachable since 40 s" in d and "node 1 (n1)" in d and "alive" not in \
+        d.replace("not known to be alive", "")
+    # a fresh state of the same rank is classified as before: alive, in user code
+    infos[2] = RankInfo(2, st([], 4, 4, time=999.9))
+    v = classify(infos, now=1000.5)
+    assert v["ranks"]["2"]["state"] == "not_entered" and "alive" in v["ranks"]["2"]["detail"]
+
+
+def _deadlock_infos():
+    """Ranks 0 and 1 share the world (id 7) and a sub-comm (id 9), called in opposite orders;
+    ranks 2 and 3 wait in the world for rank 1's ring neighbour."""
+    world, sub = (0, 1, 2, 3), (0, 1)
+    return [RankInfo(0, st([rec(2, waiting_for=3)], 2, 1)),
+            RankInfo(1, {"in_flight": [rec(1, comm="sub", comm_id=9, members=sub,
+                                           waiting_for=0)], "failed": [], "recent": [],
+                         "progress": [{"comm_id": 7, "last_enqueued": 1, "last_completed": 1},
+                                      {"comm_id": 9, "last_enqueued": 1,
+                                       "last_completed": 0}]}),
+            RankInfo(2, st([rec(2, waiting_for=1)], 2, 1)),
+            RankInfo(3, st([rec(2, waiting_for=2)], 2, 1))]
+
+
+def test_a_cycle_across_communicators_is_a_deadlock():
+    infos = _deadlock_infos()
+    edges = {(e["rank"], e["waits_for"]) for e in wait_edges(infos)}
+    # rank 1 has not entered world seq 2: everyone in it waits for rank 1 (not its neighbour);
+    # rank 0 has not entered sub seq 1: rank 1 waits for rank 0
+    assert edges == {(0, 1), (2, 1), (3, 1), (1, 0)}
+    cycle = find_cycle(infos)
+    assert [(e["rank"], e["comm"], e["seq"], e["waits_for"]) for e in cycle] == \
+        [(0, "world", 2, 1), (1, "sub", 1, 0)]
+    assert cycle_key(cycle) == cycle_key(find_cycle(_deadlock_infos()))     # stable
+    v = classify(infos, cycle=cycle)
+    assert v["reason"] == "deadlock" and v["culprits"] == [0, 1]
+    assert [e["rank"] for e in v["cycle"]] == [0, 1]
+    assert set(v["other_ranks"]) == {"2", "3"}
+    text = format_report(v)
+    assert "wait-for cycle: rank 0 (world seq 2) -> rank 1 (sub seq 1) -> rank 0" in text
+
+
+def test_no_cycle_when_the_blocker_is_in_user_code():
+    infos = _deadlock_infos()
+    infos[1] = RankInfo(1, st([], 1, 1))          # rank 1 sleeps in user code: no edge out
+    assert find_cycle(infos) is None
+    assert classify(infos)["culprits"] == [1]     # the timeout path's verdict
+
+
+def test_report_folds_npusim_frames_and_prefers_a_culprits_traceback():
+    dump = ('Current thread 0x1 (most recent call first):\n'
+            '  File "/usr/lib/python3.11/threading.py", line 331 in wait\n'
+            f'  File "{__import__("launcher").__file__.rsplit("/", 2)[0]}/hccl/comm.py", line 9 in x\n'
+            '  File "train.py", line 3 in step\n\n'
+            'Thread 0x2 [npu0-default stream] (most recent call first):\n'
+            f'  File "{__import__("launcher").__file__.rsplit("/", 2)[0]}/runtime/stream.py", '
+            'line 107 in _work\n  File "/usr/lib/python3.11/threading.py", line 982 in run')
+    out = user_threads_first(dump)
+    assert out.splitlines() == ["Current thread 0x1 (most recent call first):",
+                                "  ... 2 frame(s) of npusim", '  File "train.py", line 3 in step']
+
+
+def test_a_local_rank_npurun_sees_running_is_not_unreachable():
+    infos = [RankInfo(0, st([rec(5, waiting_for=1, members=(0, 1))], 5, 4, time=1000.0)),
+             RankInfo(1, st([], 4, 4, time=900.0), alive=True)]
+    v = classify(infos, now=1000.5)
+    assert v["ranks"]["1"]["state"] == "not_entered" and v["culprits"] == [1]
+
+
+def test_a_tie_of_records_is_broken_by_the_calls_the_mismatch_errors_compared():
+    """Ranks 2 and 3 were released (still in seq 1) before they called seq 2: only ranks 0 and 1
+    published a seq 2 record. Rank 2's mismatch error compared its own call with rank 1's."""
+    infos = [RankInfo(0, st([rec(2)], 2, 1)),
+             RankInfo(1, st([rec(2, count=512)], 2, 1)),
+             RankInfo(2, st([], 1, 1), exit=1, error={
+                 "kind": "mismatch", "type": "CollectiveMismatchError", "text": "x",
+                 "ranks": [2, 1], "calls": ["ALLREDUCE(count=1024, FP32, SUM)",
+                                            "ALLREDUCE(count=512, FP32, SUM)"]}),
+             RankInfo(3, st([], 1, 1), exit=1, error=RELEASED)]
+    v = classify(infos)
+    assert v["reason"] == "mismatch" and v["culprits"] == [1], v["ranks"]
+    assert v["ranks"]["0"]["state"] == "waiting"
+    infos[2] = RankInfo(2, st([], 1, 1), exit=1, error=RELEASED)    # nothing to break the tie
+    assert classify(infos)["culprits"] == [0, 1]
