@@ -256,9 +256,10 @@ class Comm:
         if isinstance(e, RemoteRankError):
             ab = getattr(e, "abort", None) or abortrec.read(getattr(e, "reason", ""), e.rank)
             text = ab["text"]
-            if ab["kind"] == "dead":
-                err = RemoteRankError(f"[rank {self.rank}] {call} failed: {text}; the job is being "
-                                      "stopped", rank=ab["rank"], reason=text, seq=seq)
+            if ab["kind"] == "dead":     # seen by a rank's transport, or by the launcher
+                stopping = "" if "seen_by" in ab else "; the job is being stopped"
+                err = RemoteRankError(f"[rank {self.rank}] {call} failed: {text}{stopping}",
+                                      rank=ab["rank"], reason=text, seq=seq)
             elif ab["kind"] in ("deadlock", "stopped"):     # its text says npurun stops the job
                 err = RemoteRankError(f"[rank {self.rank}] {call} failed: {text}", rank=ab["rank"],
                                       reason=text, seq=seq)

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from hccl import config
-from hccl.diag import DEAD
+from hccl import abortrec
 
 
 Fingerprint = tuple[int, int, int, int, int]   # (op, count, dtype, redop, root) as ints
@@ -210,7 +210,8 @@ class Transport:
                     break
                 self._cond.wait(min(deadline, next_check if gone is None else gone_at) - now)
         # outside the Condition: the broadcast takes the links' locks
-        self.abort(comm_id, f"{DEAD}rank {peer} is gone: {gone} (seen by rank {self.rank})")
+        self.abort(comm_id, abortrec.record("dead", peer, f"rank {peer} is gone: {gone} (seen by "
+                                            f"rank {self.rank})", seen_by=self.rank))
         raise PeerGone(peer, gone)
 
     def _dead_peer(self, peer: int) -> str | None:

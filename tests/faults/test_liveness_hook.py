@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from hccl.diag import DEAD
+from hccl import abortrec
 from hccl.transport import base, liveness
 from hccl.transport.base import Aborted, PeerGone, Transport
 
@@ -76,8 +76,10 @@ def test_wait_on_a_dead_peer_raises_peer_gone_and_aborts_naming_it(monkeypatch):
         t.recv(1, 5, 1, 0, FP, timeout=30)
     assert ei.value.peer == 1 and "pid 7" in ei.value.detail
     assert 0.2 <= time.monotonic() - t0 < 20
-    assert t.broadcasts == [(5, f"{DEAD}rank 1 is gone: its process (pid 7) has exited "
-                                "(seen by rank 0)")]
+    [(comm_id, reason)] = t.broadcasts
+    assert comm_id == 5 and abortrec.read(reason) == {
+        "kind": "dead", "rank": 1, "seen_by": 0,
+        "text": "rank 1 is gone: its process (pid 7) has exited (seen by rank 0)"}
     with pytest.raises(Aborted, match="rank 1 is gone"):   # the comm stays aborted here too
         t.recv(1, 5, 2, 0, FP, timeout=1)
 
