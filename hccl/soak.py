@@ -9,7 +9,8 @@ Every large result and every 97th small one is checked exactly against numpy. Af
 (``--warmup`` of the run: pyzmq's zero-copy GC thread, the pool's first segments and the
 shared-memory mappings of each peer appear once) each rank probes ``/proc/self``: VmRSS,
 open file descriptors and threads, ``--probes`` times evenly. Rank 0 prints every rank's probes
-and, per rank, the growth from the first probe after warm-up to the last. Exit status 1 on a
+and, per rank, the range of each figure over the first and the second half of the probes
+(a leak raises the second; a cache that fills and drains moves inside the same band). Exit status 1 on a
 wrong result.
 """
 from __future__ import annotations
@@ -32,16 +33,23 @@ LARGE_OPS = ["all_reduce", "all_reduce_inplace", "all_gather", "broadcast"]
 LARGE_MIB = [4, 8, 12, 16]
 
 
-def probe() -> tuple[int, int, int]:
-    """(VmRSS in KiB, open file descriptors, threads) of this process."""
-    rss = threads = 0
+FIELDS = ("VmRSS", "RssAnon", "RssShmem", "Threads")
+
+
+def probe() -> tuple[int, int, int, int, int]:
+    """(VmRSS, RssAnon, RssShmem in KiB, open file descriptors, threads) of this process.
+
+    RssAnon is the host heap; RssShmem counts the device memory (a memfd) this rank touched,
+    its own and the pages of its peers' it read through shared memory.
+    """
+    got = {}
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1])
-            elif line.startswith("Threads:"):
-                threads = int(line.split()[1])
-    return rss, len(os.listdir("/proc/self/fd")), threads
+            key, _, rest = line.partition(":")
+            if key in FIELDS:
+                got[key] = int(rest.split()[0])
+    return (got["VmRSS"], got["RssAnon"], got["RssShmem"], len(os.listdir("/proc/self/fd")),
+            got["Threads"])
 
 
 class Small:
@@ -153,7 +161,7 @@ def main(argv=None) -> int:
 
 def report(comm, stream, probes, wrong, n_small, n_large, seconds) -> None:
     """Gather every rank's probes on rank 0 (an AllGather of int64 rows) and print them."""
-    rows = np.array([[p[0], p[1], p[2], p[4], p[5], p[6]] for p in probes] or [[0] * 6], np.int64)
+    rows = np.array([[*p[:3], *p[4:]] for p in probes] or [[0] * 8], np.int64)
     mine = runtime.to_device(np.concatenate([rows.ravel(), [wrong]]).astype(np.int64))
     every = runtime.empty(mine.size * comm.size, np.int64)
     hccl.all_gather(mine, every, mine.size, DataType.INT64, comm, stream)
@@ -163,21 +171,25 @@ def report(comm, stream, probes, wrong, n_small, n_large, seconds) -> None:
         return
     print(f"# hccl.soak: world {comm.size}, NPUSIM_SHM={os.environ.get('NPUSIM_SHM', '1')}, "
           f"{n_small} small + {n_large} large collectives in {seconds:.1f} s", flush=True)
-    print(f"{'rank':>4} {'step':>7} {'small':>6} {'large':>6} {'rss_MiB':>8} {'fds':>4} "
-          f"{'threads':>7}")
-    for r in range(comm.size):
-        pr = allr[r, :-1].reshape(-1, 6)
-        for step, s, lg, rss, fds, th in pr:
-            print(f"{r:>4} {step:>7} {s:>6} {lg:>6} {rss / 1024:>8.1f} {fds:>4} {th:>7}")
-    print("# growth from the first probe after warm-up to the last, per rank:")
-    for r in range(comm.size):
-        pr = allr[r, :-1].reshape(-1, 6)
-        d = pr[-1] - pr[0]
-        print(f"rank {r}: rss {d[3] / 1024:+.1f} MiB (range {pr[:, 3].min() / 1024:.1f}-"
-              f"{pr[:, 3].max() / 1024:.1f}), fds {d[4]:+d} (range {pr[:, 4].min()}-"
-              f"{pr[:, 4].max()}), threads {d[5]:+d} (range {pr[:, 5].min()}-{pr[:, 5].max()}), "
-              f"wrong {allr[r, -1]}", flush=True)
-
+    print(f"{'rank':>4} {'step':>7} {'small':>6} {'large':>6} {'rss_MiB':>8} {'anon':>7} "
+          f"{'shmem':>7} {'fds':>4} {'threads':>7}")
+    probes_of = [allr[r, :-1].reshape(-1, 8) for r in range(comm.size)]
+    for r, pr in enumerate(probes_of):
+        for step, s, lg, rss, anon, shmem, fds, th in pr:
+            print(f"{r:>4} {step:>7} {s:>6} {lg:>6} {rss / 1024:>8.1f} {anon / 1024:>7.1f} "
+                  f"{shmem / 1024:>7.1f} {fds:>4} {th:>7}")
+    print("# after warm-up, per rank: [min, max] of the first and of the second half of the probes,"
+          " and last - first")
+    for r, pr in enumerate(probes_of):
+        half = len(pr) // 2 or 1
+        cols = []
+        for name, k, scale in (("rss", 3, 1024), ("anon", 4, 1024), ("shmem", 5, 1024),
+                               ("fds", 6, 1), ("threads", 7, 1)):
+            a, b = pr[:half, k] / scale, pr[half:, k] / scale if len(pr) > 1 else pr[:, k] / scale
+            fmt = ".1f" if scale > 1 else ".0f"
+            cols.append(f"{name} [{a.min():{fmt}}, {a.max():{fmt}}] -> [{b.min():{fmt}}, "
+                        f"{b.max():{fmt}}] ({(pr[-1, k] - pr[0, k]) / scale:+{fmt}})")
+        print(f"rank {r}: " + ", ".join(cols) + f", wrong {allr[r, -1]}", flush=True)
 
 if __name__ == "__main__":
     sys.exit(main())

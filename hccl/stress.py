@@ -317,6 +317,9 @@ def main(argv=None) -> int:
                 os.makedirs(a.log_dir, exist_ok=True)
                 with open(os.path.join(a.log_dir, f"job{j}-{verdict}.log"), "w") as f:
                     f.write(f"world {world} env {env} cases {specs}\n{text}")
+        if (j + 1) % 20 == 0:
+            print(f"... {j + 1}/{jobs} jobs, {len(failures)} failed so far, "
+                  f"{time.monotonic() - t_all:.0f} s", file=sys.stderr, flush=True)
     print_table(rows, time.monotonic() - t_all)
     total = {k: sum(r[k] for r in rows.values()) for k in ("hang", "wrong", "error")}
     return 1 if total["hang"] or total["wrong"] else (2 if total["error"] else 0)
