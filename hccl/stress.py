@@ -69,10 +69,18 @@ def case_matrix(world: int, short: bool) -> list[str]:
     return out
 
 
-def _inputs(rank: int, count: int, dtype, salt: int):
+PERIOD = 251  # prime: a block landing anywhere but a multiple of 251 elements away shows
+
+
+def _inputs(rank: int, count: int, dtype, salt: int, start: int = 0):
+    """Elements start..start+count of rank's input: ``(i*(2 rank+3) + 7 salt + rank) % 251 - 125``.
+
+    Periodic, so inputs and reductions of any size cost one period and a tile (a loaded machine
+    must not turn the harness's own numpy work into a wall-clock kill).
+    """
     import numpy as np
-    x = np.arange(count, dtype=np.int64) * (2 * rank + 3) + 7 * salt + rank
-    return ((x % 251) - 125).astype(dtype)
+    period = ((np.arange(PERIOD) * (2 * rank + 3) + 7 * salt + rank) % PERIOD - 125).astype(dtype)
+    return np.resize(np.roll(period, -(start % PERIOD)), count)
 
 
 def _reduce(arrays, redop: str, dtype):
@@ -137,20 +145,18 @@ def _expected(size: int, rank: int, spec: str, index: int, salt: int):
     """What this rank's recv must hold, or None where nothing is defined."""
     import numpy as np
     op, dtype, count, root, _, redop = _parse(spec, index)
-    ins = functools.partial(_inputs, count=count, dtype=np.dtype(dtype), salt=salt)
-    if op == "all_reduce" or (op == "reduce" and rank == root):
-        return _reduce([ins(r) for r in range(size)], redop, np.dtype(dtype))
+    dt = np.dtype(dtype)
+    ins = functools.partial(_inputs, count=count, dtype=dt, salt=salt)
+    if op == "all_reduce" or (op == "reduce" and rank == root) or op == "reduce_scatter":
+        period = _reduce([_inputs(r, PERIOD, dt, salt) for r in range(size)], redop, dt)
+        start = rank * count if op == "reduce_scatter" else 0
+        return np.resize(np.roll(period, -(start % PERIOD)), count)
     if op == "all_gather":
         return np.concatenate([ins(r) for r in range(size)])
-    if op == "reduce_scatter":
-        full = _reduce([_inputs(r, count * size, np.dtype(dtype), salt) for r in range(size)],
-                       redop, np.dtype(dtype))
-        return full[rank * count:(rank + 1) * count]
     if op == "broadcast":
         return ins(root)
     if op == "all_to_all":
-        return np.concatenate([_inputs(r, count * size, np.dtype(dtype), salt)
-                               [rank * count:(rank + 1) * count] for r in range(size)])
+        return np.concatenate([ins(r, start=rank * count) for r in range(size)])
     if op == "sendrecv":
         return ins((rank - 1) % size)
     return None
@@ -243,17 +249,19 @@ def run_job(world, env_extra, specs, exec_timeout: float, wall: float):
             p.wait(timeout=wall)
         except subprocess.TimeoutExpired:
             killed = True
-            p.send_signal(signal.SIGTERM)  # npurun stops its ranks and collects their stacks
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        for pid in tagged_pids(tag):  # never leave a rank behind, whatever npurun did
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        finally:  # the wall clock ran out, or the harness was interrupted: stop the job
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)  # npurun stops its ranks (SIGKILL after its grace)
+                try:
+                    p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+            for pid in tagged_pids(tag):  # never leave a rank behind, whatever npurun did
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
         seconds = time.monotonic() - t0
         out.seek(0)
         text = out.read()
@@ -284,7 +292,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cases-per-job", type=int, default=None, help="default 4; --short 3")
     ap.add_argument("--exec-timeout", type=float, default=10, help="HCCL_EXEC_TIMEOUT (s)")
     ap.add_argument("--wall", type=float, default=None,
-                    help="kill a job after this many seconds (default 3 x exec-timeout + 30)")
+                    help="kill a job after this many seconds (default 10 x exec-timeout + 60: a backstop "
+                         "for a rank stuck outside any wait; the wait timeout catches the rest)")
     ap.add_argument("--short", action="store_true", help="CI profile: small sizes, fewer jobs")
     ap.add_argument("--log-dir", default=None, help="write each failing job's output here")
     ap.add_argument("--worker", nargs="+", metavar="CASE", help=argparse.SUPPRESS)
@@ -298,7 +307,7 @@ def main(argv=None) -> int:
         ap.error(f"need --jobs >= 1 (got {jobs}), worlds >= 2 (got {worlds}), --shm on/off "
                  f"(got {a.shm})")
     per_job = a.cases_per_job or (3 if a.short else 4)
-    wall = a.wall or 3 * a.exec_timeout + 30
+    wall = a.wall or 10 * a.exec_timeout + 60
     rows: dict = {}
     failures = []
     t_all = time.monotonic()
