@@ -16,6 +16,7 @@ wrong result.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -126,6 +127,8 @@ def main(argv=None) -> int:
     ap.add_argument("--small-count", type=int, default=256, help="int32 elements per rank block")
     ap.add_argument("--warmup", type=float, default=0.05, help="fraction of the run before probing")
     ap.add_argument("--probes", type=int, default=20)
+    ap.add_argument("--gc", action="store_true",
+                    help="gc.collect() before each probe (tells cyclic garbage from a leak)")
     a = ap.parse_args(argv)
     runtime.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     comm = hccl.init_comm()
@@ -151,6 +154,8 @@ def main(argv=None) -> int:
             done_small += 1
         if i in probe_at:
             stream.synchronize()
+            if a.gc:
+                gc.collect()
             probes.append((i + 1, done_small, done_large, time.monotonic() - t0, *probe()))
     stream.synchronize()
     report(comm, stream, probes, wrong, done_small, done_large, time.monotonic() - t0)
