@@ -23,17 +23,18 @@ def _totals(stdout: str) -> dict:
 
 
 @pytest.mark.timeout(900)
-def test_short_stress_has_no_hang_and_no_wrong_result():
+def test_short_stress_has_no_hang_and_no_wrong_result(tmp_path):
     # HCCL_EXEC_TIMEOUT 30 s: a loaded machine is slow, never 30 s without progress; a real hang
     # is still counted (and the job killed) within 3 x 30 + 30 s.
     with LeakCheck(grace=10) as leaks:
         p = subprocess.run([sys.executable, "-m", "hccl.stress", "--short", "--jobs", str(JOBS),
-                            "--worlds", "3,4", "--exec-timeout", "30"], env=leaks.env,
-                           capture_output=True, text=True, timeout=850)
+                            "--worlds", "3,4", "--exec-timeout", "30", "--log-dir", str(tmp_path)],
+                           env=leaks.env, capture_output=True, text=True, timeout=850)
+    logs = "".join(f"\n--- {f.name}\n{f.read_text()[-4000:]}" for f in sorted(tmp_path.iterdir()))
     totals = _totals(p.stdout)
-    assert totals["jobs"] == JOBS and totals["cases"] >= 3 * JOBS, p.stdout
-    assert (totals["hangs"], totals["wrong"]) == (0, 0), p.stdout + p.stderr[-3000:]
-    assert totals["errors"] == 0 and p.returncode == 0, p.stdout + p.stderr[-3000:]
+    assert totals["jobs"] == JOBS and totals["cases"] >= 3 * JOBS, p.stdout + p.stderr[-3000:]
+    assert (totals["hangs"], totals["wrong"]) == (0, 0), p.stdout + logs
+    assert totals["errors"] == 0 and p.returncode == 0, p.stdout + logs
 
 
 @pytest.mark.parametrize("world", [2, 3, 5])
