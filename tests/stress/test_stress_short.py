@@ -17,9 +17,12 @@ JOBS = 24
 
 
 def _totals(stdout: str) -> dict:
-    head = next(line.split() for line in stdout.splitlines() if line.split()[:1] == ["world"])
-    row = next(line.split() for line in stdout.splitlines() if line.split()[:1] == ["all"])
-    return dict(zip(head[-6:], map(float, row[-6:])))
+    """The table's 'all' row as {column: value}; {} when the harness printed no table."""
+    rows = {line.split()[0]: line.split() for line in stdout.splitlines() if line.split()[:1]
+            in (["world"], ["all"])}
+    if set(rows) != {"world", "all"}:
+        return {}
+    return dict(zip(rows["world"][-6:], map(float, rows["all"][-6:])))
 
 
 @pytest.mark.timeout(900)
@@ -32,6 +35,7 @@ def test_short_stress_has_no_hang_and_no_wrong_result(tmp_path):
                            env=leaks.env, capture_output=True, text=True, timeout=850)
     logs = "".join(f"\n--- {f.name}\n{f.read_text()[-4000:]}" for f in sorted(tmp_path.iterdir()))
     totals = _totals(p.stdout)
+    assert totals, p.stdout + p.stderr[-3000:]
     assert totals["jobs"] == JOBS and totals["cases"] >= 3 * JOBS, p.stdout + p.stderr[-3000:]
     assert (totals["hangs"], totals["wrong"]) == (0, 0), p.stdout + logs
     assert totals["errors"] == 0 and p.returncode == 0, p.stdout + logs
