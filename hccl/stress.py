@@ -1,7 +1,7 @@
 """Stress harness: many fresh npurun jobs around every threshold, counting hangs and wrong results.
 
 ``python -m hccl.stress --jobs 200 --worlds 3,4 --shm on`` starts each job as a new
-``npurun --nproc-per-node W -m hccl.stress --worker CASE...`` run: fresh interpreters every time,
+``npurun --nproc-per-node W -m hccl.stress --salt J --worker CASE...`` run: fresh interpreters every time,
 because start-up is where races live. A job prepares its first case's buffers, creates the
 communicator and enqueues that collective at once, then runs its other cases back to back. Every
 rank checks every result exactly (integer data) against numpy and prints one ``STRESS-RESULT``
@@ -162,14 +162,13 @@ def _expected(size: int, rank: int, spec: str, index: int, salt: int):
     return None
 
 
-def worker(specs: list[str]) -> int:
+def worker(specs: list[str], salt: int) -> int:
     """One rank of a stress job: first case right after init, then the rest; report per case."""
     import numpy as np
     import hccl
     import runtime
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     runtime.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    salt = int(os.environ.get("NPUSIM_STRESS_SALT", "0"))
     report = {"rank": rank, "checked": 0, "wrong": []}
     index = 0
     try:
@@ -222,7 +221,7 @@ def plan(jobs: int, worlds: list[int], shms: list[str], per_job: int, short: boo
             first = take((world, "small"), [s for s in matrix if 0 < _nbytes(s) < SHM_MIN], 1)
         else:
             first = take((world, "large"), [s for s in matrix if _nbytes(s) >= SHM_MIN], 1)
-        env = dict(penv, NPUSIM_SHM="1" if shm == "on" else "0", NPUSIM_STRESS_SALT=str(j))
+        env = dict(penv, NPUSIM_SHM="1" if shm == "on" else "0")
         out.append((world, shm, pname, env, first + take(world, matrix, per_job - 1)))
     return out
 
@@ -232,14 +231,14 @@ def _nbytes(spec: str) -> int:
     return int(count) * ITEMSIZE[dtype]
 
 
-def run_job(world, env_extra, specs, exec_timeout: float, wall: float):
+def run_job(world, env_extra, specs, exec_timeout: float, wall: float, salt: int = 0):
     """Start one npurun job; returns (verdict, seconds, output)."""
     from launcher.testing import MARKER, tagged_pids
     tag = f"stress-{os.getpid()}-{time.monotonic_ns()}"
     env = dict(os.environ, **env_extra, HCCL_EXEC_TIMEOUT=str(exec_timeout),
                HCCL_CONNECT_TIMEOUT=str(max(exec_timeout, 60)), **{MARKER: tag})
     cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", str(world), "-m", "hccl.stress",
-           "--worker", *specs]
+           "--salt", str(salt), "--worker", *specs]
     t0 = time.monotonic()
     with tempfile.TemporaryFile("w+") as out:
         p = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
@@ -297,9 +296,10 @@ def main(argv=None) -> int:
     ap.add_argument("--short", action="store_true", help="CI profile: small sizes, fewer jobs")
     ap.add_argument("--log-dir", default=None, help="write each failing job's output here")
     ap.add_argument("--worker", nargs="+", metavar="CASE", help=argparse.SUPPRESS)
+    ap.add_argument("--salt", type=int, default=0, help=argparse.SUPPRESS)  # varies the inputs
     a = ap.parse_args(argv)
     if a.worker:
-        return worker(a.worker)
+        return worker(a.worker, a.salt)
     jobs = a.jobs if a.jobs is not None else (24 if a.short else 200)
     worlds = [int(w) for w in (a.worlds or ("3,4" if a.short else "2,3,4,5")).split(",")]
     shms = a.shm.split(",")
@@ -312,7 +312,7 @@ def main(argv=None) -> int:
     failures = []
     t_all = time.monotonic()
     for j, (world, shm, pname, env, specs) in enumerate(plan(jobs, worlds, shms, per_job, a.short)):
-        verdict, seconds, text = run_job(world, env, specs, a.exec_timeout, wall)
+        verdict, seconds, text = run_job(world, env, specs, a.exec_timeout, wall, salt=j)
         row = rows.setdefault((world, shm, pname), dict(cases=0, jobs=0, hang=0, wrong=0,
                                                           error=0, seconds=0.0))
         row["jobs"] += 1
@@ -321,11 +321,12 @@ def main(argv=None) -> int:
         if verdict != "ok":
             row[verdict] += 1
             failures.append((j, verdict, world, env, specs))
-            print(f"job {j}: {verdict.upper()} world {world} env {env} cases {specs}", flush=True)
+            print(f"job {j}: {verdict.upper()} world {world} env {env} salt {j} cases {specs}",
+                  flush=True)
             if a.log_dir:
                 os.makedirs(a.log_dir, exist_ok=True)
                 with open(os.path.join(a.log_dir, f"job{j}-{verdict}.log"), "w") as f:
-                    f.write(f"world {world} env {env} cases {specs}\n{text}")
+                    f.write(f"world {world} env {env} salt {j} cases {specs}\n{text}")
         if (j + 1) % 20 == 0:
             print(f"... {j + 1}/{jobs} jobs, {len(failures)} failed so far, "
                   f"{time.monotonic() - t_all:.0f} s", file=sys.stderr, flush=True)
