@@ -1,8 +1,8 @@
 """Stress harness: many fresh npurun jobs around every threshold, counting hangs and wrong results.
 
 ``python -m hccl.stress --jobs 200 --worlds 3,4 --shm on`` starts each job as a new
-``npurun --nproc-per-node W -m hccl.stress --salt J --worker CASE...`` run: fresh interpreters every time,
-because start-up is where races live. A job prepares its first case's buffers, creates the
+``npurun --nproc-per-node W -m hccl.stress --salt J --worker CASE...`` run: fresh interpreters
+every time, because start-up is where races live. A job prepares its first case's buffers, creates the
 communicator and enqueues that collective at once, then runs its other cases back to back. Every
 rank checks every result exactly (integer data) against numpy and prints one ``STRESS-RESULT``
 line. The cases straddle the one-shot AllReduce limit (64 KiB), ``NPUSIM_SHM_MIN_BYTES`` (512
