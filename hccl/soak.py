@@ -10,8 +10,8 @@ Every large result and every 97th small one is checked exactly against numpy. Af
 shared-memory mappings of each peer appear once) each rank probes ``/proc/self``: VmRSS,
 open file descriptors and threads, ``--probes`` times evenly. Rank 0 prints every rank's probes
 and, per rank, the range of each figure over the first and the second half of the probes
-(a leak raises the second; a cache that fills and drains moves inside the same band). Exit status 1 on a
-wrong result.
+(a leak raises the second; a cache that fills and drains moves inside the same band).
+Exit status 1 on a wrong result.
 """
 from __future__ import annotations
 

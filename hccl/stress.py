@@ -2,10 +2,10 @@
 
 ``python -m hccl.stress --jobs 200 --worlds 3,4 --shm on`` starts each job as a new
 ``npurun --nproc-per-node W -m hccl.stress --salt J --worker CASE...`` run: fresh interpreters
-every time, because start-up is where races live. A job prepares its first case's buffers, creates the
-communicator and enqueues that collective at once, then runs its other cases back to back. Every
-rank checks every result exactly (integer data) against numpy and prints one ``STRESS-RESULT``
-line. The cases straddle the one-shot AllReduce limit (64 KiB), ``NPUSIM_SHM_MIN_BYTES`` (512
+every time, because start-up is where races live. A job prepares its first case's buffers,
+creates the communicator and enqueues that collective at once, then runs its other cases back to
+back. Every rank checks every result exactly (integer data) against numpy and prints one
+``STRESS-RESULT`` line. The cases straddle the one-shot AllReduce limit (64 KiB), ``NPUSIM_SHM_MIN_BYTES`` (512
 KiB) and the slice size (``HCCL_BUFFSIZE=1``: 1 MiB slices; default: 8 MiB wire slices), in
 place and out of place, for every collective and send/recv and barrier.
 
@@ -104,7 +104,8 @@ def _prepare(comm_size: int, rank: int, spec: str, index: int, salt: int):
     if op == "barrier":
         return None, None
     if op == "broadcast":
-        buf = runtime.to_device(_inputs(rank, n, dtype, salt) if rank == root else np.zeros(n, dtype))
+        host = _inputs(rank, n, dtype, salt) if rank == root else np.zeros(n, dtype)
+        buf = runtime.to_device(host)
         return buf, buf
     send = runtime.to_device(_inputs(rank, n, dtype, salt))
     if inplace:
@@ -291,8 +292,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cases-per-job", type=int, default=None, help="default 4; --short 3")
     ap.add_argument("--exec-timeout", type=float, default=10, help="HCCL_EXEC_TIMEOUT (s)")
     ap.add_argument("--wall", type=float, default=None,
-                    help="kill a job after this many seconds (default 10 x exec-timeout + 60: a backstop "
-                         "for a rank stuck outside any wait; the wait timeout catches the rest)")
+                    help="kill a job after this many seconds (default 10 x exec-timeout + 60: a "
+                         "backstop for a rank stuck outside any wait; the wait timeout catches the "
+                         "rest)")
     ap.add_argument("--short", action="store_true", help="CI profile: small sizes, fewer jobs")
     ap.add_argument("--log-dir", default=None, help="write each failing job's output here")
     ap.add_argument("--worker", nargs="+", metavar="CASE", help=argparse.SUPPRESS)
