@@ -5,9 +5,10 @@
 every time, because start-up is where races live. A job prepares its first case's buffers,
 creates the communicator and enqueues that collective at once, then runs its other cases back to
 back. Every rank checks every result exactly (integer data) against numpy and prints one
-``STRESS-RESULT`` line. The cases straddle the one-shot AllReduce limit (64 KiB), ``NPUSIM_SHM_MIN_BYTES`` (512
-KiB) and the slice size (``HCCL_BUFFSIZE=1``: 1 MiB slices; default: 8 MiB wire slices), in
-place and out of place, for every collective and send/recv and barrier.
+``STRESS-RESULT`` line. The cases straddle the one-shot AllReduce limit (64 KiB),
+``NPUSIM_SHM_MIN_BYTES`` (512 KiB) and the slice size (``HCCL_BUFFSIZE=1``: 1 MiB slices;
+default: 8 MiB wire slices), in place and out of place, for every collective and send/recv and
+barrier.
 
 A job is a *hang* when a rank raised ``HcclTimeoutError`` (``HCCL_EXEC_TIMEOUT`` is short) or
 the job outlived its wall-clock limit and was killed; *wrong* when a rank saw a wrong element;
