@@ -183,3 +183,30 @@ def logging_level() -> int:
 def trace_buffer() -> int:
     """NPUSIM_TRACE_BUFFER: collective records kept by the flight recorder (default 2000)."""
     return _int("NPUSIM_TRACE_BUFFER", 2000, 0, "a number of records")
+
+
+# -- the job npusim's launcher (or launcher.spawn) started this process in ------------------------
+def diag_enabled() -> bool:
+    """NPUSIM_DIAG=1 (set by npurun): publish this rank's state to the job store."""
+    return os.environ.get("NPUSIM_DIAG") == "1"
+
+
+def diag_interval() -> float:
+    """NPUSIM_DIAG_INTERVAL: seconds between two publications of the rank's state (default 0.5)."""
+    return _number("NPUSIM_DIAG_INTERVAL", 0.5, "seconds", "NPUSIM_DIAG_INTERVAL=0.5")
+
+
+def flight_file() -> str | None:
+    """NPUSIM_FLIGHT_FILE: where a failing collective dumps the flight recorder (npurun sets it)."""
+    return _raw("NPUSIM_FLIGHT_FILE")
+
+
+def job_rank() -> int:
+    """RANK: this process's rank in the job (0 outside a launcher)."""
+    return _int("RANK", 0, 0, "a rank")
+
+
+def node_rank() -> str | None:
+    """GROUP_RANK: this node's index in the job (None outside a launcher)."""
+    return _raw("GROUP_RANK")
+

@@ -30,11 +30,12 @@ import socket
 import threading
 import time
 
-from . import abortrec
+from . import abortrec, config
 from .flight import recorder
 
 log = logging.getLogger("hccl.diag")
 _RECENT = 64
+FLUSH_TIMEOUT = 2.0   # s a failing collective may spend publishing its state
 
 _lock = threading.Lock()
 _reporter: "Reporter | None" = None
@@ -60,11 +61,11 @@ class Reporter:
 
     def __init__(self, store, interval: float):
         self.store, self.interval = store, interval
-        self.rank = int(os.environ.get("RANK", "0"))
+        self.rank = config.job_rank()
         self.key = state_key(self.rank)
         self.worlds: list = []
         self.aborted: dict | None = None     # the abort record received from the launcher
-        self.node = os.environ.get("GROUP_RANK")
+        self.node = config.node_rank()
         self.host = socket.gethostname()
         self._stop = threading.Event()
         self._write_lock = threading.Lock()
@@ -85,13 +86,21 @@ class Reporter:
                 # faulthandler prints thread ids only: the launcher names them with this
                 "threads": {f"0x{t.ident:016x}": t.name for t in threading.enumerate() if t.ident}}
 
-    def write(self) -> None:
-        """Publish the state now (also called from a failing collective)."""
-        with self._write_lock:
-            try:
-                self.store.set(self.key, json.dumps(self.snapshot(), default=str).encode())
-            except Exception as e:  # the launcher may be gone at shutdown
-                log.debug("cannot publish state: %s", e)
+    def write(self, timeout: float | None = None) -> None:
+        """Publish the state now; give up after ``timeout`` s (None: the store client's).
+
+        A failing collective calls this with a short timeout: its error must not wait on a store
+        that may be unreachable (a cut link), and npurun reads the error files too.
+        """
+        if not self._write_lock.acquire(timeout=-1 if timeout is None else timeout):
+            return
+        try:
+            self.store.set(self.key, json.dumps(self.snapshot(), default=str).encode(),
+                           timeout=timeout)
+        except Exception as e:  # the launcher may be gone at shutdown
+            log.debug("cannot publish state: %s", e)
+        finally:
+            self._write_lock.release()
 
     def _run(self) -> None:
         key = abort_key()
@@ -134,12 +143,11 @@ class Reporter:
 def attach(world, store) -> None:
     """Register ``world`` with this process's reporter, starting it under npurun."""
     global _reporter
-    if os.environ.get("NPUSIM_DIAG") != "1" or store is None:
+    if not config.diag_enabled() or store is None:
         return
     with _lock:
         if _reporter is None:
-            interval = float(os.environ.get("NPUSIM_DIAG_INTERVAL", "0.5"))
-            _reporter = Reporter(store, interval)
+            _reporter = Reporter(store, config.diag_interval())
             _reporter.start()
         _reporter.add_world(world)
 
@@ -149,8 +157,8 @@ def flush() -> None:
     ``NPUSIM_FLIGHT_FILE`` (npurun: ``<log dir>/<run>/attempt_<k>/<local rank>/flight_recorder.json``)."""
     r = _reporter
     if r is not None:
-        r.write()
-    path = os.environ.get("NPUSIM_FLIGHT_FILE")
+        r.write(timeout=FLUSH_TIMEOUT)
+    path = config.flight_file()
     if path:
         try:
             recorder.dump_to(path)

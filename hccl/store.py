@@ -422,9 +422,10 @@ class StoreClient:
         self.drops = wire.DropLog(log)
 
     # -- public API ------------------------------------------------------------------------
-    def set(self, key: str, value: bytes) -> None:
-        """Store ``value`` (bytes, or str as utf-8) under ``key``, waking waiters of ``key``."""
-        self._request(Kind.SET, [key], payloads=[_as_bytes(value)])
+    def set(self, key: str, value: bytes, timeout: float | None = None) -> None:
+        """Store ``value`` (bytes, or str as utf-8) under ``key``, waking waiters of ``key``;
+        ``StoreTimeout`` after ``timeout`` s without a reply (default: the client's)."""
+        self._request(Kind.SET, [key], payloads=[_as_bytes(value)], budget=timeout)
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
         """Return the value of ``key``, waiting up to ``timeout`` (default: the client's) for it."""
@@ -531,7 +532,7 @@ class StoreClient:
                 c.closed = True
 
     def _request(self, kind: Kind, keys: list[str], *, value: int = 0, payloads=(),
-                 wait: float = 0.0) -> wire.Header:
+                 wait: float = 0.0, budget: float | None = None) -> wire.Header:
         for k in keys:
             if not isinstance(k, str) or "\0" in k:
                 raise ValueError(f"store keys are str without NUL characters, got {k!r}")
@@ -543,7 +544,8 @@ class StoreClient:
             frames = wire.pack(self._secret, kind, sender=self._sender, dest=wire.STORE_ID,
                                conn=c.conn, serial=c.serial, value=value, text="\0".join(keys),
                                payloads=payloads)
-            budget = wait + max(1.0, 0.05 * wait) if wait else self.timeout
+            if budget is None:
+                budget = wait + max(1.0, 0.05 * wait) if wait else self.timeout
             deadline = time.monotonic() + budget
             c.sock.send_multipart(frames, copy=False)
             while True:

@@ -1,6 +1,6 @@
 """A rank killed, exiting, stopped or losing its sockets in a long loop of collectives, with no
 npurun (root-info init, ranks started by the test): every other rank gets an error naming it
-within a stated bound (docs/reliability_faults.md), and nothing is left behind.
+within a stated bound (docs/reliability.md, "Faults"), and nothing is left behind.
 
 Bound of a dead rank: the rank waiting for it checks its process every NPUSIM_LIVENESS_INTERVAL
 (0.5 s), still takes what it sent for DEAD_PEER_GRACE (2 s), then aborts the communicator on every
