@@ -32,6 +32,7 @@ import os
 import time
 
 from launcher import config, verdict
+from launcher.errors import describe_exit
 from launcher.summary import read_error_file
 
 SETTLE = 5.0          # at most this long for live ranks to publish a state newer than the failure
@@ -56,7 +57,7 @@ def _error(path: str) -> tuple[dict | None, str | None]:
 
 def describe(entry: dict) -> str:
     """A dead rank's verdict line without its error text (``killed by SIGKILL; it was in ...``)."""
-    return verdict.describe_exit(entry.get("exit"))
+    return describe_exit(entry.get("exit"))
 
 
 class Diagnoser:

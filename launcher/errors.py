@@ -16,11 +16,14 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def describe_exit(exitcode: int) -> str:
-    """``exit code 7`` or ``signal SIGKILL`` for a Popen-style return code (negative = signal)."""
+def describe_exit(exitcode: int | None) -> str:
+    """``exited with code 7``, ``killed by SIGKILL`` (a Popen-style return code: negative = signal),
+    or ``alive`` for None: the one wording of every launcher message and report."""
+    if exitcode is None:
+        return "alive"
     if exitcode < 0:
-        return f"signal {signal_name(-exitcode)}"
-    return f"exit code {exitcode}"
+        return f"killed by {signal_name(-exitcode)}"
+    return f"exited with code {exitcode}"
 
 
 def shell_exit_code(exitcode: int) -> int:
@@ -70,7 +73,7 @@ class WorkerFailedError(LauncherError):
         self.rank = rank
         self.exitcode = exitcode
         self.traceback = traceback
-        self.message = message or f"rank {rank} failed with {describe_exit(exitcode)}"
+        self.message = message or f"rank {rank} {describe_exit(exitcode)}"
         text = f"rank {rank} failed ({describe_exit(exitcode)}): {self.message}"
         if traceback:
             text += "\n\n" + "\n".join("  " + ln for ln in traceback.rstrip().splitlines())

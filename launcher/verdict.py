@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import collections
 import os
-import signal as _signal
 import time
 from dataclasses import dataclass
+
+from launcher.errors import describe_exit
 
 STATES = ("completed", "waiting", "not_entered", "dead", "mismatch", "unreachable")
 # error-file kinds (launcher.worker.error_record) of a collective error: the rank did not die
@@ -100,17 +101,6 @@ def describe_call(rec: dict) -> str:
     if rec.get("root") is not None:
         parts.append(f"root={rec['root']}")
     return f"{rec.get('op')}({', '.join(parts)})"
-
-
-def describe_exit(code: int | None) -> str:
-    if code is None:
-        return "alive"
-    if code < 0:
-        try:
-            return f"killed by {_signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 def _focus(infos: list[RankInfo]) -> dict | None:

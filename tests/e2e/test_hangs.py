@@ -76,7 +76,7 @@ def test_rank_sleeping_in_user_code(tmp_path):
     assert_one_story(res, rep)
     # the ranks that timed out first are listed as released by the culprit, never as the cause
     released = err[err.index("Released by the culprit"):]
-    assert all(f"rank {r}: exit code 1" in released for r in (0, 3)), released
+    assert all(f"rank {r}: exited with code 1" in released for r in (0, 3)), released
 
 
 @pytest.mark.timeout(60)

@@ -146,7 +146,7 @@ def test_slurm_defaults_a_failure_stops_every_node_and_the_job_restarts(tmp_path
     # attempt 0: rank 3 (node 1) fails; node 1 reports it, node 0 stops its ranks too
     assert "RuntimeError: rank 3 gives up" in err1 and "Root Cause" in err1
     assert "npurun restarts the job" in err1
-    assert "node 1 failed: rank 3 failed (exit code 1)" in err0
+    assert "node 1 failed: rank 3 failed (exited with code 1)" in err0
     # attempt 1: both nodes restart together and finish
     assert nodes[0].returncode == 0, err0
     assert nodes[1].returncode == 0, err1

@@ -40,7 +40,7 @@ def test_root_cause_is_the_earliest_failure_and_has_its_traceback(tmp_path):
     assert "rank      : 2 (local_rank: 0)" in root and "exitcode  : 1 (pid: 11)" in root
     assert "KeyError: 1" in root and 'File "t.py", line 3' in root
     assert "Stopped by npurun after the failure: ranks 1, 3" in root
-    assert "npurun exits with 1 (rank 2: exit code 1)" in root
+    assert "npurun exits with 1 (rank 2: exited with code 1)" in root
 
 
 @pytest.mark.timeout(10)
@@ -73,7 +73,8 @@ def test_summary_without_other_failures(tmp_path):
 @pytest.mark.timeout(10)
 def test_exit_code_helpers():
     assert shell_exit_code(-15) == 143 and shell_exit_code(3) == 3
-    assert describe_exit(-9) == "signal SIGKILL" and describe_exit(2) == "exit code 2"
+    assert describe_exit(-9) == "killed by SIGKILL" and describe_exit(2) == "exited with code 2"
+    assert describe_exit(None) == "alive" and describe_exit(-77) == "killed by signal 77"
 
 
 @pytest.mark.timeout(10)
@@ -127,7 +128,7 @@ def test_story_summary_blames_the_culprit_not_the_first_to_time_out(tmp_path):
     root, released = text.split("Released by the culprit")
     assert "rank      : 2 (local_rank: 2)" in root and "rank      : 3" not in root
     assert "stopped by npurun after the verdict (pid: 12)" in root
-    assert "rank 3: exit code 1: HcclTimeoutError: [rank 3] ALLREDUCE timed out\n" in released
+    assert "rank 3: exited with code 1: HcclTimeoutError: [rank 3] ALLREDUCE timed out\n" in released
     assert "Traceback" not in text                      # victims are one line each
     assert "npurun exits with 1 (culprit rank 2: not_entered)" in text
     assert story_exit_code([culprit]) == 1
@@ -135,5 +136,5 @@ def test_story_summary_blames_the_culprit_not_the_first_to_time_out(tmp_path):
                    exitcode=-9, failure=ProcessFailure(rank=1, local_rank=1, pid=11, exitcode=-9,
                                                        error_file="", observed_at=1.0))
     assert story_exit_code([dead]) == 137
-    assert "npurun exits with 137 (culprit rank 1: dead, signal SIGKILL)" in format_story(
+    assert "npurun exits with 137 (culprit rank 1: dead, killed by SIGKILL)" in format_story(
         "npurun t.py", "dead_rank", [dead], [timed_out], tracebacks="x")
