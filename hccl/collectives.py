@@ -17,15 +17,17 @@ import runtime
 from runtime.callsite import callsite
 from runtime.errors import NpuError
 
-from .comm import Comm
 from .errors import InvalidArgumentError
 from .types import DataType, OpType, ReduceOp
 
 
-def _comm(comm, api) -> Comm:
-    if not isinstance(comm, Comm):
+def _comm(comm, api):
+    """``comm`` if it is a live ``hccl.Comm`` (recognised by its liveness check: this module is
+    below comm.py, whose methods call it, so it does not import the class)."""
+    check = getattr(comm, "_check_alive", None)
+    if check is None or not callable(check):
         raise InvalidArgumentError(f"{api}: comm={comm!r} is not an hccl.Comm")
-    comm._check_alive(api)
+    check(api)
     return comm
 
 

@@ -28,10 +28,10 @@ from runtime.log import setup as setup_log
 from runtime.context import resolve_stream
 from runtime.errors import NpuError
 
-from . import abortrec, config, diag, executor, schedule
+from . import abortrec, collectives, config, diag, executor, schedule
 from .errors import CollectiveMismatchError, HcclError, HcclTimeoutError, InvalidArgumentError, RemoteRankError
 from .flight import recorder
-from .types import DataType, Fingerprint, OpType, ReduceOp, Result
+from .types import DataType, Fingerprint, OpType, ReduceOp, Result, describe_call
 
 log = setup_log("hccl")
 # collective failures surface from stream synchronize with their own type (and as TaskError)
@@ -224,14 +224,7 @@ class Comm:
         s.enqueue(task, name=f"Hccl{_API_NAMES[op]}", category="collective", meta=meta, site=site)
 
     def _describe(self, op, seq, fp) -> str:
-        parts = [f"comm={self.name}", f"seq={seq}"]
-        if op != OpType.BARRIER:
-            parts += [f"count={fp.count}", DataType(fp.dtype).name]
-        if fp.redop != -1:
-            parts.append(ReduceOp(fp.redop).name)
-        if fp.root != -1:
-            parts.append(f"root={fp.root}")
-        return f"{op.name}({', '.join(parts)})"
+        return describe_call(op, fp.count, fp.dtype, fp.redop, fp.root, comm=self.name, seq=seq)
 
     def _failure(self, e: HcclError, op, seq, fp, timeout, source, cid) -> HcclError:
         """The error a user sees, with the op, the comm and the seq; aborts the comm for the peers."""
@@ -287,53 +280,44 @@ class Comm:
 
     # ------------------------------------------------------------------ methods with inferred count/dtype
     def all_reduce(self, send, recv=None, op=ReduceOp.SUM, stream=None):
-        from .collectives import all_reduce
         recv = send if recv is None else recv
-        all_reduce(send, recv, _size(send, "send"), _arr_dtype(send), op, self, stream, _site=callsite(2))
+        collectives.all_reduce(send, recv, _size(send, "send"), _arr_dtype(send), op, self, stream, _site=callsite(2))
         return recv
 
     def all_gather(self, send, recv, stream=None):
-        from .collectives import all_gather
-        all_gather(send, recv, _size(send, "send"), _arr_dtype(send), self, stream, _site=callsite(2))
+        collectives.all_gather(send, recv, _size(send, "send"), _arr_dtype(send), self, stream, _site=callsite(2))
         return recv
 
     def reduce_scatter(self, send, recv, op=ReduceOp.SUM, stream=None):
-        from .collectives import reduce_scatter
-        reduce_scatter(send, recv, _size(recv, "recv"), _arr_dtype(recv), op, self, stream, _site=callsite(2))
+        collectives.reduce_scatter(send, recv, _size(recv, "recv"), _arr_dtype(recv), op, self, stream, _site=callsite(2))
         return recv
 
     def broadcast(self, buf, root=0, stream=None):
-        from .collectives import broadcast
-        broadcast(buf, _size(buf, "buf"), _arr_dtype(buf), root, self, stream, _site=callsite(2))
+        collectives.broadcast(buf, _size(buf, "buf"), _arr_dtype(buf), root, self, stream, _site=callsite(2))
         return buf
 
     def reduce(self, send, recv=None, op=ReduceOp.SUM, root=0, stream=None):
-        from .collectives import reduce
-        reduce(send, recv, _size(send, "send"), _arr_dtype(send), op, root, self, stream, _site=callsite(2))
+        collectives.reduce(send, recv, _size(send, "send"), _arr_dtype(send), op, root, self, stream, _site=callsite(2))
         return recv
 
     def all_to_all(self, send, recv, stream=None):
-        from .collectives import all_to_all
         n = _size(send, "send")
         if n % self.size:
             raise InvalidArgumentError(f"all_to_all: send has {n} elements, not a multiple of the "
                                        f"communicator size {self.size}")
         c = n // self.size
-        all_to_all(send, c, recv, c, _arr_dtype(send), self, stream, _site=callsite(2))
+        collectives.all_to_all(send, c, recv, c, _arr_dtype(send), self, stream, _site=callsite(2))
         return recv
 
     def send(self, buf, dest, stream=None):
-        from .collectives import send
-        send(buf, _size(buf, "buf"), _arr_dtype(buf), dest, self, stream, _site=callsite(2))
+        collectives.send(buf, _size(buf, "buf"), _arr_dtype(buf), dest, self, stream, _site=callsite(2))
 
     def recv(self, buf, src, stream=None):
-        from .collectives import recv
-        recv(buf, _size(buf, "buf"), _arr_dtype(buf), src, self, stream, _site=callsite(2))
+        collectives.recv(buf, _size(buf, "buf"), _arr_dtype(buf), src, self, stream, _site=callsite(2))
         return buf
 
     def barrier(self, stream=None):
-        from .collectives import barrier
-        barrier(self, stream, _site=callsite(2))
+        collectives.barrier(self, stream, _site=callsite(2))
 
 
 _API_NAMES = {OpType.ALLREDUCE: "AllReduce", OpType.ALLGATHER: "AllGather",
@@ -378,7 +362,3 @@ def _arr_dtype(a) -> DataType:
     except (InvalidArgumentError, ValueError, TypeError):
         raise InvalidArgumentError(f"dtype {a.dtype} of the DeviceArray is not an HCCL data type "
                                    f"({', '.join(d.name for d in DataType)})") from None
-
-
-def as_np_dtype(dt: DataType) -> np.dtype:
-    return dt.numpy

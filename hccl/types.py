@@ -233,15 +233,35 @@ class Fingerprint(NamedTuple):
                    _maybe(ReduceOp, redop) if redop >= 0 else -1, root)
 
     def __str__(self) -> str:
-        op = _maybe(OpType, self.op)
-        if op == OpType.BARRIER:
-            return "BARRIER()"
-        parts = [f"count={self.count}", str(_maybe(DataType, self.dtype))]
-        if self.redop >= 0:
-            parts.append(str(_maybe(ReduceOp, self.redop)))
-        if self.root >= 0:
-            parts.append(f"root={self.root}")
-        return f"{op}({', '.join(parts)})"
+        return describe_call(self.op, self.count, self.dtype, self.redop, self.root)
+
+
+def describe_call(op, count, dtype, redop=None, root=None, **context) -> str:
+    """A collective call as users read it everywhere: ``ALLREDUCE(count=1024, FP32, SUM)``, or with
+    ``context`` first: ``ALLREDUCE(comm=world, seq=2, count=1024, FP32, SUM)``.
+
+    ``op``, ``dtype`` and ``redop`` are enum members, their codes or their names (a flight record);
+    ``redop`` / ``root`` of None, -1 or "" are left out, and so are count and dtype of a barrier.
+    """
+    op = _name(OpType, op)
+    parts = [f"{k}={v}" for k, v in context.items()]
+    if op != "BARRIER":
+        parts += [f"count={count}", _name(DataType, dtype)]
+        if redop not in (None, -1, ""):
+            parts.append(_name(ReduceOp, redop))
+        if root not in (None, -1, ""):
+            parts.append(f"root={root}")
+    return f"{op}({', '.join(parts)})"
+
+
+def _name(cls, value) -> str:
+    """The member name for a member or its code; anything else as text."""
+    if isinstance(value, str):
+        return value
+    try:
+        return str(_maybe(cls, int(value)))
+    except (TypeError, ValueError):
+        return "?" if value is None else str(value)
 
 
 def _maybe(cls, value: int):

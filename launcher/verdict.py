@@ -33,6 +33,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from hccl import types
 from launcher.errors import describe_exit
 
 STATES = ("completed", "waiting", "not_entered", "dead", "mismatch", "unreachable")
@@ -93,14 +94,9 @@ def _fp(rec: dict) -> tuple:
 
 
 def describe_call(rec: dict) -> str:
-    if rec.get("op") == "BARRIER":
-        return "BARRIER()"
-    parts = [f"count={rec.get('count')}", str(rec.get("dtype"))]
-    if rec.get("redop"):
-        parts.append(str(rec["redop"]))
-    if rec.get("root") is not None:
-        parts.append(f"root={rec['root']}")
-    return f"{rec.get('op')}({', '.join(parts)})"
+    """A flight record's call, as ``hccl.types.describe_call`` words every call."""
+    return types.describe_call(rec.get("op"), rec.get("count"), rec.get("dtype"), rec.get("redop"),
+                               rec.get("root"))
 
 
 def _focus(infos: list[RankInfo]) -> dict | None:
