@@ -21,6 +21,8 @@ from . import config, diag
 from .comm import Comm, World, comm_id_of
 from .errors import HcclError, HcclTimeoutError, InvalidArgumentError
 from .store import StoreClient, StoreServer, StoreTimeout
+from .transport import shm
+from .transport.node import NodeTransport
 from .transport.zmq import ZmqTransport
 from .types import Result
 
@@ -131,13 +133,21 @@ def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: 
     store = StoreClient(host, port, secret, timeout=timeout)
     transport = None
     try:
-        transport = ZmqTransport(rank, size, secret, bind_host=_bind_host(host))
+        transport = _transport(rank, size, secret, _bind_host(host))
+        # the segment name first: whoever sees this rank's address can also find its segment
+        store.set(f"{uid}/shm/{rank}", getattr(transport, "segment", "").encode())
         store.set(f"{uid}/addr/{rank}", f"{transport.address}\n{transport.node}".encode())
         keys = [f"{uid}/addr/{r}" for r in range(size)]
         _wait_all(store, keys, timeout, rank, "never arrived")
         found = {r: store.get(keys[r]).decode().partition("\n") for r in range(size) if r != rank}
-        transport.connect({r: a for r, (a, _, _) in found.items()},
-                          {r: node for r, (_, _, node) in found.items()})
+        nodes = {r: node for r, (_, _, node) in found.items()}
+        addresses = {r: a for r, (a, _, _) in found.items()}
+        if isinstance(transport, NodeTransport):
+            segments = {r: store.get(f"{uid}/shm/{r}").decode() for r, n in nodes.items()
+                        if n == transport.node}
+            transport.connect(addresses, nodes, segments)
+        else:
+            transport.connect(addresses, nodes)
         # The ordering that makes every first message usable: a rank returns its communicator
         # (and may send) only after every rank has connected, i.e. knows which peers share its
         # node. Without this barrier a fast rank's first SHM_DATA could reach a peer that had
@@ -145,6 +155,8 @@ def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: 
         store.set(f"{uid}/connected/{rank}", b"1")
         _wait_all(store, [f"{uid}/connected/{r}" for r in range(size)], timeout, rank,
                   "never finished connecting")
+        if isinstance(transport, NodeTransport):
+            transport.unlink_segment()      # every peer has mapped it: no name outlives init
     except BaseException:
         if transport is not None:
             transport.close()
@@ -154,6 +166,14 @@ def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: 
     comm = Comm(world, list(range(size)), comm_id_of(uid), "world")
     diag.attach(world, store)
     return comm
+
+
+def _transport(rank: int, size: int, secret: bytes, bind_host: str):
+    """The node's shared-memory rings plus sockets, or sockets only (NPUSIM_SHM=0,
+    HCCL_INTRA_ROCE_ENABLE=1, or no futex on this platform)."""
+    if config.shm() and shm.available():
+        return NodeTransport(rank, size, secret, bind_host=bind_host, job=config.job_id())
+    return ZmqTransport(rank, size, secret, bind_host=bind_host)
 
 
 def _wait_all(store: StoreClient, keys: list[str], timeout: float, rank: int, what: str) -> None:
