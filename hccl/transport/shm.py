@@ -85,12 +85,14 @@ class ChannelError(Exception):
 class _Segment:
     """One rank's inbox mapped into this process."""
 
-    def __init__(self, path: str, fd: int, size: int):
+    def __init__(self, path: str, fd: int, size: int, create: tuple | None = None):
         self.path = path
         try:
             self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
+        if create is not None:                 # (rank, rings, slots, slot_bytes) of a new inbox
+            _CTRL.pack_into(self.mm, 0, 0, 0, MAGIC, *create)
         self.buf = memoryview(self.mm)
         self.u32 = self.buf.cast("I")
         self.u64 = self.buf.cast("Q")
@@ -115,7 +117,6 @@ class _Segment:
             _futex_wake_add(self.bell_addr)
         else:
             self.u32[0] = (self.u32[0] + 1) & 0xFFFFFFFF
-
 
 
 def segment_bytes(rings: int, slots: int, slot_bytes: int) -> int:
@@ -148,13 +149,10 @@ class Channel:
             raise ChannelError(f"rank {rank}: cannot create {path}: {e.strerror}") from None
         try:
             os.ftruncate(fd, nbytes)
-            self.inbox = _Segment(path, fd, nbytes)
+            self.inbox = _Segment(path, fd, nbytes, create=(rank, size, slots, slot_bytes))
         except BaseException:
             os.unlink(path)
             raise
-        _CTRL.pack_into(self.inbox.mm, 0, 0, 0, MAGIC, rank, size, slots, slot_bytes)
-        self.inbox.magic, self.inbox.rank = MAGIC, rank
-        self.inbox.rings, self.inbox.slots, self.inbox.slot_bytes = size, slots, slot_bytes
         self.unlinked = False
         self.peers: dict[int, _Segment] = {}
         self._send_locks = {p: threading.Lock() for p in range(size)}
@@ -218,9 +216,10 @@ class Channel:
 
     # -- receiving -------------------------------------------------------------------------
     def poll(self, peer: int, handle) -> int:
-        """Pass every message waiting from ``peer`` to ``handle(kind, comm_id, seq, step, fp,
-        value, payload)`` (payload: a view valid only during the call) in order; returns how
-        many. ``handle`` may raise: the message is consumed anyway."""
+        """Pass every message waiting from ``peer`` to ``handle(kind, nbytes, comm_id, seq, step,
+        fp, value, payload)`` in order (payload: a view of at most one slot, valid only during
+        the call; ``nbytes`` as the sender wrote it); returns how many. ``handle`` may raise:
+        the message is consumed anyway."""
         seg = self.inbox
         h = seg.head_index(peer)
         u64 = seg.u64
