@@ -10,5 +10,5 @@ from hccl.transport.node import NodeTransport
 from hccl.transport.zmq import ZmqTransport
 
 __all__ = ["Aborted", "Fingerprint", "FingerprintMismatch", "InprocFabric", "InprocTransport",
-           "NodeTransport", "PeerTimeout", "SendHandle", "Transport", "TransportClosed", "TransportError",
-           "ZmqTransport"]
+           "NodeTransport", "PeerTimeout", "SendHandle", "Transport", "TransportClosed",
+           "TransportError", "ZmqTransport"]
