@@ -8,6 +8,7 @@ AllReduce, x (n-1)/n for AllGather / ReduceScatter / AlltoAll, x 1 for Broadcast
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -80,6 +81,13 @@ def main(argv=None) -> int:
     ap.add_argument("-n", "--iters", type=int, default=20)
     ap.add_argument("-w", "--warmup_iters", type=int, default=5)
     ap.add_argument("-c", "--check", type=int, default=1)
+    ap.add_argument("--sizes", default=None,
+                    help="comma-separated sizes (e.g. 1K,64K,1M); replaces -b/-e/-f")
+    ap.add_argument("--timing", choices=["mean", "median"], default="mean",
+                    help="mean: nccl-tests (iterations back to back, mean of the slowest rank); "
+                         "median: each call waited for, median over calls of the slowest rank "
+                         "(the peers' benchmarks' convention: enqueue-to-completion)")
+    ap.add_argument("--json", default=None, help="rank 0 writes the rows here")
     a = ap.parse_args(argv)
     runtime.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     comm = hccl.init_comm()
@@ -93,11 +101,12 @@ def main(argv=None) -> int:
         print(f"#{'size':>12} {'count':>12} {'type':>6} {'redop':>6} {'time':>10} {'algbw':>8} "
               f"{'busbw':>8} {'#wrong':>7}\n#{'(B)':>12} {'(elements)':>12} {'':>6} {'':>6} "
               f"{'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8}", flush=True)
-    size = parse_size(a.minbytes)
-    maxb = parse_size(a.maxbytes)
+    sizes = [parse_size(x) for x in a.sizes.split(",")] if a.sizes else \
+        _sweep(parse_size(a.minbytes), parse_size(a.maxbytes), a.stepfactor)
     t_dev = runtime.empty(1, np.float64)
     total_wrong = 0
-    while size <= maxb:
+    rows = []
+    for size in sizes:
         count, ns, nr = _layout(a.op, size, n, dt.itemsize)
         send = runtime.to_device(np.full(ns, rank + 1, dt.numpy))
         recv = send if a.op == "broadcast" else runtime.empty(nr, dt.numpy)
@@ -105,14 +114,17 @@ def main(argv=None) -> int:
             _run_once(a.op, comm, send, recv, count, dt, redop, s)
         comm.barrier(stream=s)
         s.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(a.iters):
-            _run_once(a.op, comm, send, recv, count, dt, redop, s)
-        s.synchronize()
-        t = (time.perf_counter() - t0) / max(a.iters, 1)
-        t_dev.copy_from_host(np.array([t]))
-        comm.all_reduce(t_dev, op=ReduceOp.MAX, stream=s)
-        t = float(t_dev.to_host(stream=s)[0])
+        if a.timing == "median":
+            t = _median_of_slowest(a, comm, send, recv, count, dt, redop, s)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(a.iters):
+                _run_once(a.op, comm, send, recv, count, dt, redop, s)
+            s.synchronize()
+            t = (time.perf_counter() - t0) / max(a.iters, 1)
+            t_dev.copy_from_host(np.array([t]))
+            comm.all_reduce(t_dev, op=ReduceOp.MAX, stream=s)
+            t = float(t_dev.to_host(stream=s)[0])
         wrong = 0
         if a.check:
             wrong = _count_wrong(a.op, recv.to_host(stream=s), n, rank, redop, dt, count)
@@ -122,13 +134,41 @@ def main(argv=None) -> int:
         if rank == 0:
             print(f" {nbytes:>12} {count:>12} {dt.name.lower():>6} {redop.name.lower():>6} {t * 1e6:>10.1f} "
                   f"{algbw:>8.3f} {algbw * _busbw_factor(a.op, n):>8.3f} {wrong:>7}", flush=True)
+        rows.append({"coll": a.op, "world": n, "bytes": nbytes, "time_us": t * 1e6,
+                     "algbw_GBps": algbw, "busbw_GBps": algbw * _busbw_factor(a.op, n),
+                     "wrong": wrong, "timing": a.timing})
         if recv is not send:
             recv.free()
         send.free()
-        size = max(size + 1, int(size * a.stepfactor))
+    if rank == 0 and a.json:
+        with open(a.json, "w") as f:
+            json.dump({"results": rows}, f, indent=1)
     comm.destroy()
     runtime.reset_device()
     return 1 if total_wrong else 0
+
+
+def _sweep(lo: int, hi: int, factor: float) -> list[int]:
+    out, size = [], lo
+    while size <= hi:
+        out.append(size)
+        size = max(size + 1, int(size * factor))
+    return out
+
+
+def _median_of_slowest(a, comm, send, recv, count, dt, redop, s) -> float:
+    """Each call enqueued and waited for; the median over calls of the slowest rank's time."""
+    ts = np.empty(a.iters, np.float64)
+    for i in range(a.iters):
+        t0 = time.perf_counter()
+        _run_once(a.op, comm, send, recv, count, dt, redop, s)
+        s.synchronize()
+        ts[i] = time.perf_counter() - t0
+    dev = runtime.to_device(ts)
+    comm.all_reduce(dev, op=ReduceOp.MAX, stream=s)
+    slowest = dev.to_host(stream=s)
+    dev.free()
+    return float(np.median(slowest))
 
 
 def _count_wrong(op, out, n, rank, redop, dt, count) -> int:

@@ -171,10 +171,7 @@ class Comm:
         fp_op = OpType.SEND if p2p else op
         fp = Fingerprint.make(fp_op, count, dtype, redop, root)
         inplace = bufs.get("send") is not None and _same(bufs.get("send"), bufs.get("recv"))
-        algo = config.algo()
-        if op == OpType.ALLREDUCE and not config.algo_set() and \
-                0 < count * dtype.itemsize <= schedule.ONE_SHOT_BYTES:
-            algo = "oneshot"      # small AllReduce: one message latency instead of 2(n-1)
+        algo = config.algo() if config.algo_set() else "auto"   # auto: schedule.choose by size
         steps = schedule.build(op, self.rank, self.size, count, dtype.itemsize, config.slice_bytes(),
                                root=root, peer=peer, inplace=inplace, algo=algo)
         with self._lock:

@@ -100,9 +100,23 @@ def slice_bytes() -> int:
     return override if override else min(buffsize_mb() * MiB, wire_slice_bytes())
 
 
+def intra_roce() -> bool:
+    """HCCL_INTRA_ROCE_ENABLE: 1 sends between the ranks of one node over the network path
+    (sockets), as between nodes; 0 (default) uses shared memory inside a node."""
+    raw = _raw("HCCL_INTRA_ROCE_ENABLE")
+    if raw is None or raw == "0":
+        return False
+    if raw == "1":
+        return True
+    raise InvalidArgumentError(f"HCCL_INTRA_ROCE_ENABLE={raw!r} must be 0 or 1; unset it to use 0")
+
+
 def shm() -> bool:
-    """NPUSIM_SHM: 1 (default) lets ranks of one node read large payloads straight from each
-    other's device memory; 0 sends everything over the sockets."""
+    """NPUSIM_SHM: 1 (default) lets ranks of one node talk through shared memory (rings for
+    messages, in-place reads of each other's device memory); 0 sends everything over the
+    sockets, as does HCCL_INTRA_ROCE_ENABLE=1."""
+    if intra_roce():
+        return False
     raw = _raw("NPUSIM_SHM")
     if raw is None or raw in ("1", "on", "true", "yes"):
         return True
@@ -115,6 +129,44 @@ def shm_min_bytes() -> int:
     """NPUSIM_SHM_MIN_BYTES: the smallest payload sent through shared memory (default 512 KiB;
     below it a copy through the socket costs less than the notice and its acknowledgement)."""
     return _int("NPUSIM_SHM_MIN_BYTES", 512 << 10, 1, "a size in bytes")
+
+
+def shm_slots() -> int:
+    """NPUSIM_SHM_SLOTS: slots of each intra-node ring (default 32); a sender that finds the
+    ring full sends over the socket instead of waiting."""
+    return _int("NPUSIM_SHM_SLOTS", 32, 1, "a number of slots")
+
+
+def shm_slot_bytes() -> int:
+    """NPUSIM_SHM_SLOT_BYTES: bytes of one ring slot, header included (default 64 KiB + 128, a
+    multiple of 64): payloads up to it minus 96 bytes are copied through the ring, larger ones in
+    device memory are read in place by the receiver."""
+    value = _int("NPUSIM_SHM_SLOT_BYTES", (64 << 10) + 128, 128, "a size in bytes")
+    if value % 64:
+        raise InvalidArgumentError(f"NPUSIM_SHM_SLOT_BYTES={value} must be a multiple of 64")
+    return value
+
+
+def shm_spin_us() -> float | None:
+    """NPUSIM_SHM_SPIN_US: microseconds a waiter spins before it sleeps (default: 20, or 0
+    when the node runs more ranks than this process may use cores)."""
+    if _raw("NPUSIM_SHM_SPIN_US") is None:
+        return None
+    raw = _raw("NPUSIM_SHM_SPIN_US")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1e6:
+        raise InvalidArgumentError(f"NPUSIM_SHM_SPIN_US={raw!r} is not a number of microseconds "
+                                   "in [0, 1000000); unset it for the default")
+    return value
+
+
+def job_id() -> str:
+    """NPUSIM_JOB_ID (set by npurun): names the job's shared-memory segments (default "local")."""
+    raw = _raw("NPUSIM_JOB_ID")
+    return raw if raw and all(c.isalnum() or c in "_." for c in raw) else "local"
 
 
 def algo_set() -> bool:

@@ -41,6 +41,7 @@ tracks hazards by address, not by buffer name).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Union
 
@@ -259,6 +260,78 @@ def ring_all_gather(rank, size, count, itemsize, slice_bytes, *, root=None, peer
     return steps
 
 
+# --- recursive halving / doubling AllReduce (medium messages) -----------------------------------
+
+def _pieces(first: int, n: int, itemsize: int, slice_bytes: int) -> list[tuple[int, int]]:
+    """Byte (offset, length) slices of elements [first, first+n); one empty piece if n is 0."""
+    return _Layout([(first, n)], itemsize, slice_bytes).slices[0]
+
+
+def rhd_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
+                   inplace=False) -> list:
+    """Recursive halving (ReduceScatter) then recursive doubling (AllGather): 2 log2 p rounds.
+
+    p is the largest power of two <= n. The n - p extra ranks first hand their whole buffer to
+    rank r - p (which reduces it in) and get the result back at the end. Among the p ranks,
+    round j pairs v with v ^ (p >> (j+1)): each keeps half of its current range of chunks,
+    sends the other half and reduces the partner's copy of the kept half into its own; after
+    log2 p rounds rank v holds chunk v fully reduced, and the doubling rounds copy the chunks
+    back in the reverse order. Every chunk is reduced on one rank only, then copied: bitwise
+    identical on every rank, like the ring. Each rank sends and receives about 2 (p-1)/p S
+    bytes (plus S twice for a folded pair) in 2 log2 p rounds instead of 2 (n-1).
+    """
+    _check(rank, size, count, itemsize, slice_bytes)
+    steps: list = []
+    if not inplace:
+        _copy(steps, SEND, 0, RECV, 0, count * itemsize)
+    if size == 1:
+        return steps
+    p = 1 << (size.bit_length() - 1)
+    rounds = p.bit_length() - 1
+    whole = _pieces(0, count, itemsize, slice_bytes)
+    chunks = split(count, p)
+    width = max(len(whole), max(len(_pieces(f, m, itemsize, slice_bytes)) for f, m in chunks))
+
+    def span(lo, hi):                    # chunks [lo, hi) as one element range
+        first = chunks[lo][0]
+        last = chunks[hi - 1][0] + chunks[hi - 1][1]
+        return _pieces(first, last - first, itemsize, slice_bytes)
+
+    def exchange(other, give, take, tag, reduce):
+        for k, (off, nb) in enumerate(give):
+            steps.append(Send(other, RECV, off, nb, tag * width + k))
+        for k, (off, nb) in enumerate(take):
+            steps.append(Recv(other, RECV, off, nb, tag * width + k, reduce))
+
+    last_tag = 2 * rounds + 1
+    if rank >= p:                        # an extra rank: fold in, get the result back
+        for k, (off, nb) in enumerate(whole):
+            steps.append(Send(rank - p, RECV, off, nb, k))
+        for k, (off, nb) in enumerate(whole):
+            steps.append(Recv(rank - p, RECV, off, nb, last_tag * width + k))
+        return steps
+    if rank + p < size:
+        for k, (off, nb) in enumerate(whole):
+            steps.append(Recv(rank + p, RECV, off, nb, k, True))
+    lo, hi = 0, p
+    for j in range(rounds):              # halving: keep the half that holds chunk `rank`
+        d = p >> (j + 1)
+        mid = (lo + hi) // 2
+        keep, give = ((lo, mid), (mid, hi)) if rank & d == 0 else ((mid, hi), (lo, mid))
+        exchange(rank ^ d, span(*give), span(*keep), 1 + j, True)
+        lo, hi = keep
+    for j in range(rounds):              # doubling: the partner's half comes back
+        d = 1 << j
+        size_now = hi - lo
+        other = (lo + size_now, hi + size_now) if rank & d == 0 else (lo - size_now, lo)
+        exchange(rank ^ d, span(lo, hi), span(*other), 1 + rounds + j, False)
+        lo, hi = min(lo, other[0]), max(hi, other[1])
+    if rank + p < size:
+        for k, (off, nb) in enumerate(whole):
+            steps.append(Send(rank + p, RECV, off, nb, last_tag * width + k))
+    return steps
+
+
 # --- rooted collectives -----------------------------------------------------------------------
 
 def chain_broadcast(rank, size, count, itemsize, slice_bytes, *, root=0, peer=None,
@@ -307,6 +380,37 @@ def chain_reduce(rank, size, count, itemsize, slice_bytes, *, root=0, peer=None,
             _copy(steps, SEND, off, SCRATCH, acc, nb)
             steps.append(Recv(prv, SCRATCH, acc, nb, k, True))
             steps.append(Send(nxt, SCRATCH, acc, nb, k))
+    return steps
+
+
+def scatter_all_gather_broadcast(rank, size, count, itemsize, slice_bytes, *, root=0,
+                                 peer=None, inplace=False) -> list:
+    """Broadcast as a scatter (the root sends chunk c to rank c) then a ring AllGather of the
+    chunks on ``recv``: the root sends (n-1)/n S instead of S, and every link carries S/n at a
+    time, so large buffers finish in about 2 S/n per link time instead of one rank's S."""
+    _check(rank, size, count, itemsize, slice_bytes)
+    _check_rank("root", root, size)
+    if size == 1:
+        return []
+    lay = _Layout(split(count, size), itemsize, slice_bytes)
+    steps: list = []
+    if rank == root:
+        for c in range(1, size):
+            dst = (root + c) % size
+            for k, (off, nb) in enumerate(lay.slices[dst]):
+                steps.append(Send(dst, RECV, off, nb, lay.tag(0, k)))
+    else:
+        for k, (off, nb) in enumerate(lay.slices[rank]):
+            steps.append(Recv(root, RECV, off, nb, lay.tag(0, k)))
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    for k, (off, nb) in enumerate(lay.slices[rank]):
+        steps.append(Send(nxt, RECV, off, nb, lay.tag(1, k)))
+    for t in range(size - 1):
+        c = (rank - t - 1) % size
+        for k, (off, nb) in enumerate(lay.slices[c]):
+            steps.append(Recv(prv, RECV, off, nb, lay.tag(1 + t, k)))
+            if t < size - 2:
+                steps.append(Send(nxt, RECV, off, nb, lay.tag(2 + t, k)))
     return steps
 
 
@@ -451,38 +555,85 @@ ALGORITHMS: dict[str, dict[OpType, Builder]] = {
     "ring": _RING,
     # Binomial trees for the rooted collectives (log2 n hops: better for small messages).
     "tree": {**_RING, OpType.BROADCAST: tree_broadcast, OpType.REDUCE: tree_reduce},
-    # One-shot AllReduce (falls back to the ring above slice_bytes); chosen automatically for
-    # AllReduce of at most ONE_SHOT_BYTES when HCCL_ALGO is not set.
+    # One-shot AllReduce (falls back to the ring above slice_bytes).
     "oneshot": {**_RING, OpType.ALLREDUCE: one_shot_all_reduce},
+    # Recursive halving / doubling AllReduce (HCCL's "H-D_R").
+    "hd": {**_RING, OpType.ALLREDUCE: rhd_all_reduce},
+    # Broadcast as scatter + ring AllGather.
+    "scatter": {**_RING, OpType.BROADCAST: scatter_all_gather_broadcast},
 }
+_ALIASES = {"h-d_r": "hd", "hd_r": "hd"}
+
+# Crossover points of ``choose``, measured on this machine (docs/algorithms.md, "Choosing").
+HD_BYTES = 1 << 20            # AllReduce: recursive halving / doubling up to here, then ring
+TREE_BYTES = 64 << 10         # Broadcast / Reduce: binomial tree up to here
+SCATTER_MIN_RANKS = 3         # Broadcast above TREE_BYTES: scatter + AllGather from 3 ranks on
+
+
+def choose(op, nbytes: int, size: int) -> str:
+    """The algorithm for collective ``op`` of ``nbytes`` per rank on ``size`` ranks when
+    HCCL_ALGO is not set: latency-bound sizes take the fewest rounds, large ones the ring."""
+    op = OpType.of(op)
+    if size <= 1:
+        return "ring"
+    if op == OpType.ALLREDUCE:
+        if 0 < nbytes <= ONE_SHOT_BYTES:
+            return "oneshot"
+        return "hd" if nbytes <= HD_BYTES and size > 2 else "ring"
+    if op in (OpType.BROADCAST, OpType.REDUCE) and nbytes <= TREE_BYTES:
+        return "tree"
+    if op == OpType.BROADCAST and size >= SCATTER_MIN_RANKS:
+        return "scatter"
+    return "ring"
 
 
 def algorithms(name: str) -> dict[OpType, Builder]:
     """The builders of algorithm ``name`` (HCCL_ALGO); raises InvalidArgumentError listing names."""
     try:
-        return ALGORITHMS[name.strip().lower()]
+        key = name.strip().lower()
+        return ALGORITHMS[_ALIASES.get(key, key)]
     except (KeyError, AttributeError):
         raise InvalidArgumentError(
             f"HCCL_ALGO={name!r} is not an algorithm of npusim; valid: "
-            f"{', '.join(sorted(ALGORITHMS))}") from None
+            f"{', '.join(sorted(ALGORITHMS))} (or unset: chosen by size)") from None
+
+
+class Schedule(list):
+    """One rank's steps, shared by every call with the same arguments (never modify it);
+    remembers its ``buffer_extents``."""
+
+    extents: dict | None = None
 
 
 def build(op, rank: int, size: int, count: int, itemsize: int, slice_bytes: int, *,
           root: int | None = None, peer: int | None = None, inplace: bool = False,
-          algo: str = "ring") -> list:
+          algo: str = "ring") -> Schedule:
     """The schedule of collective ``op`` (an OpType or its name) for ``rank`` of ``size``.
 
     ``count`` is the HCCL call's per-rank count (recv_count for ReduceScatter, send_count for
     AllGather, per-peer count for AllToAll). ``root`` is required for Broadcast/Reduce and
-    ``peer`` (comm rank) for Send/Recv. Raises InvalidArgumentError for bad arguments.
+    ``peer`` (comm rank) for Send/Recv. ``algo="auto"`` picks by size (``choose``). Results are
+    cached: a repeated call returns the same Schedule (read-only by contract). Raises InvalidArgumentError for
+    bad arguments.
     """
     op = OpType.of(op)
-    return algorithms(algo)[op](rank, size, count, itemsize, slice_bytes, root=root, peer=peer,
-                                inplace=inplace)
+    if algo == "auto":
+        algo = choose(op, count * itemsize, size)
+    return _build(op, rank, size, count, itemsize, slice_bytes, root, peer, bool(inplace), algo)
+
+
+@functools.lru_cache(maxsize=512)
+def _build(op, rank, size, count, itemsize, slice_bytes, root, peer, inplace, algo) -> Schedule:
+    return Schedule(algorithms(algo)[op](rank, size, count, itemsize, slice_bytes, root=root,
+                                         peer=peer, inplace=inplace))
 
 
 def buffer_extents(steps) -> dict[str, int]:
-    """Bytes each named buffer must hold for ``steps`` (``"none"`` excluded)."""
+    """Bytes each named buffer must hold for ``steps`` (``"none"`` excluded); remembered by a
+    ``Schedule`` (do not modify the dict)."""
+    cached = getattr(steps, "extents", None)
+    if cached is not None:
+        return cached
     ext: dict[str, int] = {}
 
     def see(buf: str, end: int) -> None:
@@ -497,4 +648,6 @@ def buffer_extents(steps) -> dict[str, int]:
             see(st.dst_buf, st.dst_off + st.nbytes)
         else:
             see(st.buf, st.offset + st.nbytes)
+    if isinstance(steps, Schedule):
+        steps.extents = ext
     return ext

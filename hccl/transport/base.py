@@ -209,10 +209,13 @@ class Transport:
                 if now >= gone_at:
                     break
                 self._cond.wait(min(deadline, next_check if gone is None else gone_at) - now)
-        # outside the Condition: the broadcast takes the links' locks
+        raise self._peer_gone(comm_id, peer, gone)   # outside the Condition: it takes link locks
+
+    def _peer_gone(self, comm_id: int, peer: int, gone: str) -> PeerGone:
+        """Abort ``comm_id`` on every rank naming the dead ``peer``; the wait raises the result."""
         self.abort(comm_id, abortrec.record("dead", peer, f"rank {peer} is gone: {gone} (seen by "
                                             f"rank {self.rank})", seen_by=self.rank))
-        raise PeerGone(peer, gone)
+        return PeerGone(peer, gone)
 
     def _dead_peer(self, peer: int) -> str | None:
         """Why rank ``peer`` can no longer send to this rank (its process exited, its connection

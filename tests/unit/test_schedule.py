@@ -100,6 +100,11 @@ def simulate(progs, bufs, op=ReduceOp.SUM, dtype=np.int32):
                         reduce_into(dst.view(dtype), np.frombuffer(data, dtype), op)
                     else:
                         dst[...] = np.frombuffer(data, np.uint8)
+                elif isinstance(st, sch.LocalReduce):
+                    if blocked(r, st.dst_buf, st.dst_off, st.nbytes):
+                        break
+                    reduce_into(v[st.dst_buf][st.dst_off:st.dst_off + st.nbytes].view(dtype),
+                                v[st.src_buf][st.src_off:st.src_off + st.nbytes].view(dtype), op)
                 else:
                     if blocked(r, st.dst_buf, st.dst_off, st.nbytes):
                         break
@@ -168,7 +173,7 @@ def make_case(op, size, count, dtype, inplace, root, rng, redop=ReduceOp.SUM):
 # --- topology and counts ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("op", COLLECTIVES)
-@pytest.mark.parametrize("algo", ["ring", "tree"])
+@pytest.mark.parametrize("algo", ["ring", "tree", "hd", "scatter", "oneshot"])
 def test_every_send_has_a_matching_recv(op, algo):
     for size, count, sl in itertools.product(SIZES, COUNTS, [BIG, 64]):
         if op is OpType.SEND and size == 1:
@@ -300,8 +305,10 @@ def test_buffer_extents():
 
 # --- symbolic runs against numpy --------------------------------------------------------------
 
-SIM_CASES = [(op, algo) for op in COLLECTIVES for algo in ("ring", "tree")
-             if algo == "ring" or op in (OpType.BROADCAST, OpType.REDUCE)]
+SIM_CASES = ([(op, algo) for op in COLLECTIVES for algo in ("ring", "tree")
+              if algo == "ring" or op in (OpType.BROADCAST, OpType.REDUCE)]
+             + [(OpType.ALLREDUCE, "hd"), (OpType.ALLREDUCE, "oneshot"),
+                (OpType.BROADCAST, "scatter")])
 
 
 @pytest.mark.parametrize("op,algo", SIM_CASES)
@@ -326,13 +333,15 @@ def test_simulated_results_match_numpy(op, algo, size):
                                                   f"slice={sl} inplace={inplace} rank={r}")
 
 
+@pytest.mark.parametrize("algo", ["ring", "hd", "oneshot"])
 @pytest.mark.parametrize("size", [3, 5, 8])
 @pytest.mark.parametrize("redop", list(ReduceOp))
-def test_simulated_float_allreduce_is_bitwise_identical_on_every_rank(size, redop):
+def test_simulated_float_allreduce_is_bitwise_identical_on_every_rank(size, redop, algo):
     rng = np.random.default_rng(7)
     for count, sl in [(1001, BIG), (1001, 64), (7, BIG)]:
         bufs, expect = make_case(OpType.ALLREDUCE, size, count, np.float32, False, 0, rng, redop)
-        simulate(programs(OpType.ALLREDUCE, size, count, 4, sl), bufs, redop, np.float32)
+        simulate(programs(OpType.ALLREDUCE, size, count, 4, sl, algo=algo), bufs, redop,
+                 np.float32)
         first = bufs[0]["recv"].view(np.uint32)
         for r in range(1, size):
             np.testing.assert_array_equal(bufs[r]["recv"].view(np.uint32), first)
@@ -357,3 +366,34 @@ def test_one_shot_all_reduce_structure_and_fallback():
     ring = sch.one_shot_all_reduce(1, n, count, 4, 256)           # 400 B > 256 B slices: ring
     assert not any(isinstance(s, sch.LocalReduce) for s in ring)
     assert sch.algorithms("oneshot")[OpType.ALLREDUCE] is sch.one_shot_all_reduce
+
+
+def test_halving_doubling_rounds_are_logarithmic_and_extra_ranks_fold_in():
+    """2 log2 p exchanges for the p = 2^k ranks, plus a fold at each end for the n - p others."""
+    for size in (2, 4, 8, 5, 6):
+        p = 1 << (size.bit_length() - 1)
+        progs = programs(OpType.ALLREDUCE, size, 1000, algo="hd")
+        for r, prog in enumerate(progs):
+            peers = [s.peer for s in prog if isinstance(s, Send)]
+            if r >= p:
+                assert peers == [r - p]
+            else:
+                fold = [r + p] if r + p < size else []
+                k = p.bit_length() - 1
+                ring = [r ^ (p >> (j + 1)) for j in range(k)] + [r ^ (1 << j) for j in range(k)]
+                assert peers == ring + fold
+
+
+def test_choose_picks_by_size_and_world_and_build_caches():
+    assert sch.choose(OpType.ALLREDUCE, 1024, 4) == "oneshot"
+    assert sch.choose(OpType.ALLREDUCE, sch.HD_BYTES, 4) == "hd"
+    assert sch.choose(OpType.ALLREDUCE, sch.HD_BYTES + 1, 4) == "ring"
+    assert sch.choose(OpType.ALLREDUCE, sch.HD_BYTES, 2) == "ring"
+    assert sch.choose(OpType.BROADCAST, 1024, 4) == "tree"
+    assert sch.choose(OpType.BROADCAST, 64 << 20, 4) == "scatter"
+    assert sch.choose(OpType.ALLGATHER, 1024, 4) == "ring"
+    a = sch.build(OpType.ALLREDUCE, 1, 4, 300, 4, BIG, algo="auto")
+    assert a is sch.build(OpType.ALLREDUCE, 1, 4, 300, 4, BIG, algo="auto")
+    assert list(a) == sch.one_shot_all_reduce(1, 4, 300, 4, BIG)
+    assert sch.buffer_extents(a) is sch.buffer_extents(a)
+    assert sch.algorithms("H-D_R") is sch.ALGORITHMS["hd"]

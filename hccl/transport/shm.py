@@ -1,0 +1,277 @@
+"""The intra-node channel: per-pair rings of slots in shared memory, polled by the waiting thread.
+
+Design note. Each rank creates one segment, its *inbox*, at communicator init:
+``/dev/shm/npusim-<job>-hccl-r<rank>-<random>`` (mode 0600, ``O_EXCL``), and publishes the name
+through the authenticated store; the ranks of its node map it read-write. Layout:
+
+- a control block: the *bell* (u32, the futex word every waiter of this rank sleeps on), the
+  number of sleeping waiters (u32), magic, rank, ring count, slots per ring, slot size;
+- one ring per sending rank: ``head`` (u64, written only by the sender), ``tail`` (u64, written
+  only by this rank), each in its own cache line, then ``slots`` slots of ``slot_bytes``: a fixed
+  header (kind, payload length, comm_id, seq, step, value, fingerprint) and the payload inline.
+
+A sender copies header and payload into slot ``head % slots``, then advances ``head`` (x86 keeps
+stores in order, so a reader that sees the new head sees the slot), then rings the receiver's
+bell: a plain increment when nobody sleeps (spinning waiters see any change), else FUTEX_WAKE_OP,
+which adds to the bell and wakes the sleepers in one atomic system call. A full ring or a payload
+larger than a slot is refused (``post`` returns False): the caller sends it another way, so a
+send never blocks.
+
+A waiter reads the bell, looks for what it waits for, and if it is not there spins on the bell
+for ``spin`` seconds (0 when the node has more ranks than cores: spinning would starve the very
+rank it waits for; then it yields once), then sleeps in FUTEX_WAIT on the bell's old value: any
+post or ``poke`` after the read changes the bell, so the kernel refuses to sleep or wakes it.
+Sleeps are bounded by ``SLICE`` seconds anyway, so a wake-up lost to a race between two plain
+increments costs at most that, never a hang.
+
+Nothing in a slot is executable or unpickled: fixed-size integers and raw bytes. A segment is
+opened only by the name the store gave (checked against the job's naming), must belong to this
+user, have mode 0600 and the size its control block announces.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import platform
+import re
+import secrets
+import stat
+import struct
+import threading
+import time
+
+MAGIC = 0x4E50_5553_4849_4D31          # "NPUSHIM1"
+_CTRL = struct.Struct("=IIQIIII")       # bell, waiters, magic, rank, rings, slots, slot_bytes
+CTRL_BYTES = 64
+RING_HDR = 128                          # head at +0, tail at +64 (separate cache lines)
+SLOT_HDR = struct.Struct("=IIQQQq5q")   # kind, nbytes, comm_id, seq, step, value, fp
+SLOT_HDR_BYTES = 96
+SLICE = 0.01                            # longest single sleep (s): bounds a lost wake-up
+_NAME = re.compile(r"^npusim-[A-Za-z0-9_.]+-hccl-r[0-9]+-[0-9a-f]{16}$")
+
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
+_FUTEX_WAIT, _FUTEX_WAKE, _FUTEX_WAKE_OP = 0, 1, 5
+_WAKE_ADD_ONE = (1 << 28) | (1 << 12)   # FUTEX_OP(FUTEX_OP_ADD, 1, FUTEX_OP_CMP_EQ, 0)
+_INT_MAX = 0x7FFFFFFF
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def available() -> bool:
+    """Whether this platform has the futex system call the channel sleeps on."""
+    return _SYS_FUTEX is not None and os.path.isdir("/dev/shm")
+
+
+def _futex_wait(addr: int, value: int, seconds: float) -> None:
+    ts = _Timespec(int(seconds), int((seconds % 1) * 1e9))
+    _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAIT, ctypes.c_uint32(value),
+                  ctypes.byref(ts), None, 0)
+
+
+def _futex_wake_add(addr: int) -> None:
+    _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAKE_OP, _INT_MAX, ctypes.c_void_p(0),
+                  ctypes.c_void_p(addr), _WAKE_ADD_ONE)
+
+
+class ChannelError(Exception):
+    """A segment could not be created or opened (the message says which and why)."""
+
+
+class _Segment:
+    """One rank's inbox mapped into this process."""
+
+    def __init__(self, path: str, fd: int, size: int, create: tuple | None = None):
+        self.path = path
+        try:
+            self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        if create is not None:                 # (rank, rings, slots, slot_bytes) of a new inbox
+            _CTRL.pack_into(self.mm, 0, 0, 0, MAGIC, *create)
+        self.buf = memoryview(self.mm)
+        self.u32 = self.buf.cast("I")
+        self.u64 = self.buf.cast("Q")
+        self._bell = ctypes.c_uint32.from_buffer(self.mm, 0)
+        self.bell_addr = ctypes.addressof(self._bell)
+        _, _, magic, self.rank, self.rings, self.slots, self.slot_bytes = _CTRL.unpack_from(self.mm)
+        self.magic = magic
+
+    def head_index(self, ring: int) -> int:
+        return (CTRL_BYTES + ring * self.ring_bytes) // 8
+
+    @property
+    def ring_bytes(self) -> int:
+        return RING_HDR + self.slots * self.slot_bytes
+
+    def slot_offset(self, ring: int, n: int) -> int:
+        return CTRL_BYTES + ring * self.ring_bytes + RING_HDR + (n % self.slots) * self.slot_bytes
+
+    def ring(self) -> None:
+        """Tell this segment's owner that something changed."""
+        if self.u32[1]:
+            _futex_wake_add(self.bell_addr)
+        else:
+            self.u32[0] = (self.u32[0] + 1) & 0xFFFFFFFF
+
+
+def segment_bytes(rings: int, slots: int, slot_bytes: int) -> int:
+    return CTRL_BYTES + rings * (RING_HDR + slots * slot_bytes)
+
+
+class Channel:
+    """Rank ``rank``'s end of the node's shared-memory rings (see the module note).
+
+    ``post`` writes into a peer's inbox, ``poll`` reads this rank's inbox, ``wait`` sleeps until
+    something changes; the caller (``hccl.transport.node``) decides what messages mean.
+    """
+
+    def __init__(self, rank: int, size: int, job: str, *, slots: int = 32,
+                 slot_bytes: int = 64 << 10, spin: float = 20e-6):
+        if slot_bytes % 64 or slot_bytes <= SLOT_HDR_BYTES or slots < 1:
+            raise ValueError(f"slot_bytes={slot_bytes} must be a multiple of 64 above "
+                             f"{SLOT_HDR_BYTES}, slots={slots} at least 1")
+        self.rank, self.size, self.spin = rank, size, spin
+        self.capacity = slot_bytes - SLOT_HDR_BYTES      # largest payload of one slot
+        self.name = f"npusim-{job}-hccl-r{rank}-{secrets.token_hex(8)}"
+        if not _NAME.match(self.name):
+            raise ChannelError(f"job id {job!r} cannot name a shared-memory segment")
+        path = os.path.join("/dev/shm", self.name)
+        nbytes = segment_bytes(size, slots, slot_bytes)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)
+        except OSError as e:
+            raise ChannelError(f"rank {rank}: cannot create {path}: {e.strerror}") from None
+        try:
+            os.ftruncate(fd, nbytes)
+            self.inbox = _Segment(path, fd, nbytes, create=(rank, size, slots, slot_bytes))
+        except BaseException:
+            os.unlink(path)
+            raise
+        self.unlinked = False
+        self.peers: dict[int, _Segment] = {}
+        self._send_locks = {p: threading.Lock() for p in range(size)}
+        self._recv_locks = {p: threading.Lock() for p in range(size)}
+        self._waiters_lock = threading.Lock()
+
+    # -- set-up ----------------------------------------------------------------------------
+    def attach(self, peer: int, name: str) -> None:
+        """Map rank ``peer``'s inbox ``name`` (as published in the store) read-write."""
+        if not _NAME.match(name or "") or not name.split("-hccl-r", 1)[1].startswith(f"{peer}-"):
+            raise ChannelError(f"rank {self.rank}: {name!r} is not rank {peer}'s segment name")
+        path = os.path.join("/dev/shm", name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            raise ChannelError(f"rank {self.rank}: cannot open rank {peer}'s segment {path}: "
+                               f"{e.strerror}") from None
+        st = os.fstat(fd)
+        if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o600 \
+                or not stat.S_ISREG(st.st_mode) or st.st_size < CTRL_BYTES:
+            os.close(fd)
+            raise ChannelError(f"rank {self.rank}: {path} is not a 0600 file of this user")
+        seg = _Segment(path, fd, st.st_size)
+        if seg.magic != MAGIC or seg.rank != peer or seg.rings != self.size or \
+                segment_bytes(seg.rings, seg.slots, seg.slot_bytes) != st.st_size or \
+                seg.slot_bytes <= SLOT_HDR_BYTES:
+            del seg
+            raise ChannelError(f"rank {self.rank}: {path} does not hold rank {peer}'s rings")
+        self.peers[peer] = seg
+
+    def unlink(self) -> None:
+        """Remove this rank's segment name (every peer has mapped it; mappings stay valid)."""
+        if not self.unlinked:
+            self.unlinked = True
+            try:
+                os.unlink(self.inbox.path)
+            except FileNotFoundError:
+                pass
+
+    # -- sending ---------------------------------------------------------------------------
+    def post(self, peer: int, kind: int, comm_id: int, seq: int, step: int, fp, value: int,
+             payload) -> bool:
+        """Put one message into ``peer``'s inbox; False (nothing sent) if it does not fit a
+        slot or the ring is full."""
+        seg = self.peers[peer]
+        n = len(payload)
+        if n > seg.slot_bytes - SLOT_HDR_BYTES:
+            return False
+        h = seg.head_index(self.rank)
+        with self._send_locks[peer]:
+            head = seg.u64[h]
+            if head - seg.u64[h + 8] >= seg.slots:
+                return False
+            off = seg.slot_offset(self.rank, head)
+            SLOT_HDR.pack_into(seg.mm, off, kind, n, comm_id, seq, step, value, *fp)
+            if n:
+                seg.buf[off + SLOT_HDR_BYTES:off + SLOT_HDR_BYTES + n] = payload
+            seg.u64[h] = head + 1
+        seg.ring()
+        return True
+
+    # -- receiving -------------------------------------------------------------------------
+    def poll(self, peer: int, handle) -> int:
+        """Pass every message waiting from ``peer`` to ``handle(kind, nbytes, comm_id, seq, step,
+        fp, value, payload)`` in order (payload: a view of at most one slot, valid only during
+        the call; ``nbytes`` as the sender wrote it); returns how many. ``handle`` may raise:
+        the message is consumed anyway."""
+        seg = self.inbox
+        h = seg.head_index(peer)
+        u64 = seg.u64
+        if u64[h] == u64[h + 8]:
+            return 0
+        got = 0
+        with self._recv_locks[peer]:
+            tail = u64[h + 8]
+            while tail != u64[h]:
+                off = seg.slot_offset(peer, tail)
+                kind, n, comm_id, seq, step, value, *fp = SLOT_HDR.unpack_from(seg.mm, off)
+                start = off + SLOT_HDR_BYTES
+                tail += 1
+                got += 1
+                try:
+                    handle(kind, n, comm_id, seq, step, tuple(fp), value,
+                           seg.buf[start:start + min(n, self.capacity)])
+                finally:
+                    u64[h + 8] = tail
+        return got
+
+    def bell(self) -> int:
+        """The current bell value: pass it to ``wait`` after checking for work."""
+        return self.inbox.u32[0]
+
+    def wait(self, seen: int, seconds: float) -> None:
+        """Return when the bell differs from ``seen``, after at most ``seconds`` (and SLICE)."""
+        u32 = self.inbox.u32
+        if self.spin > 0:
+            end = time.perf_counter() + min(self.spin, seconds)
+            while u32[0] == seen:
+                if time.perf_counter() >= end:
+                    break
+            else:
+                return
+        else:
+            os.sched_yield()
+            if u32[0] != seen:
+                return
+        with self._waiters_lock:
+            u32[1] += 1
+        try:
+            _futex_wait(self.inbox.bell_addr, seen, max(0.0, min(seconds, SLICE)))
+        finally:
+            with self._waiters_lock:
+                u32[1] -= 1
+
+    def poke(self) -> None:
+        """Wake this rank's own waiters (an abort, a close, a message that came another way)."""
+        self.inbox.ring()
+
+    def close(self) -> None:
+        """Unlink this rank's segment if still linked. The mappings stay until the channel is
+        garbage: a thread still inside ``poll`` or ``wait`` must never touch unmapped memory."""
+        self.unlink()
