@@ -202,26 +202,23 @@ def all_to_all(send, send_count, recv, recv_count, dtype, comm, stream=None, *, 
 
 def send(buf, count, dtype, dest, comm, stream=None, *, _site=None):
     """HcclSend: send ``count`` elements to rank ``dest`` (matched by that rank's ``recv``)."""
-    api = "send"
-    comm, dt, n = _comm(comm, api), _dtype(dtype, api), _count(count, api)
-    d = _rank(dest, comm.size, api, "dest")
-    if d == comm.rank:
-        raise InvalidArgumentError(f"{api}: dest={d} is this rank; send to another rank")
-    _buf(buf, n * dt.itemsize, api, "buf", dt, f"count={n} elements")
-    comm._enqueue(OpType.SEND, api, bufs={"send": buf}, count=n, dtype=dt, peer=d, stream=stream,
-                  site=_site or callsite(2))
+    _point_to_point(OpType.SEND, "send", buf, count, dtype, dest, "dest", comm, stream,
+                    _site or callsite(2))
 
 
 def recv(buf, count, dtype, src, comm, stream=None, *, _site=None):
     """HcclRecv: receive ``count`` elements from rank ``src``."""
-    api = "recv"
+    _point_to_point(OpType.RECV, "recv", buf, count, dtype, src, "src", comm, stream,
+                    _site or callsite(2))
+
+
+def _point_to_point(op, api, buf, count, dtype, peer, peer_arg, comm, stream, site):
     comm, dt, n = _comm(comm, api), _dtype(dtype, api), _count(count, api)
-    s = _rank(src, comm.size, api, "src")
-    if s == comm.rank:
-        raise InvalidArgumentError(f"{api}: src={s} is this rank; receive from another rank")
+    p = _rank(peer, comm.size, api, peer_arg)
+    if p == comm.rank:
+        raise InvalidArgumentError(f"{api}: {peer_arg}={p} is this rank; {api} needs another rank")
     _buf(buf, n * dt.itemsize, api, "buf", dt, f"count={n} elements")
-    comm._enqueue(OpType.RECV, api, bufs={"recv": buf}, count=n, dtype=dt, peer=s, stream=stream,
-                  site=_site or callsite(2))
+    comm._enqueue(op, api, bufs={api: buf}, count=n, dtype=dt, peer=p, stream=stream, site=site)
 
 
 def barrier(comm, stream=None, *, _site=None):

@@ -136,13 +136,7 @@ class HcclProcessGroup(dist.ProcessGroup):
             for a in bufs:
                 C.all_reduce(a, a, a.size, a.dtype, rop, self.comm, self.stream, _site=site)
 
-            def finish():
-                for a, t in zip(bufs, tensors):
-                    if avg:
-                        v = view(a)
-                        v /= v.dtype.type(self.comm.size)
-                    take(a, 0, t)
-            return finish
+            return lambda: self._take_reduced(bufs, tensors, avg)
         return self._call("allreduce", list(tensors), build)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -171,15 +165,18 @@ class HcclProcessGroup(dist.ProcessGroup):
                 C.reduce(a, a, a.size, a.dtype, rop, root, self.comm, self.stream, _site=site)
 
             def finish():
-                if self.comm.rank != root:
-                    return     # only the root's tensor receives the result
-                for a, t in zip(bufs, tensors):
-                    if avg:
-                        v = view(a)
-                        v /= v.dtype.type(self.comm.size)
-                    take(a, 0, t)
+                if self.comm.rank == root:    # only the root's tensor receives the result
+                    self._take_reduced(bufs, tensors, avg)
             return finish
         return self._call("reduce", list(tensors), build)
+
+    def _take_reduced(self, bufs, tensors, avg: bool) -> None:
+        """Copy reduced device buffers back into ``tensors``; AVG divides by the world first."""
+        for a, t in zip(bufs, tensors):
+            if avg:
+                v = view(a)
+                v /= v.dtype.type(self.comm.size)
+            take(a, 0, t)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         n, size = input_tensors[0].numel(), self.comm.size
