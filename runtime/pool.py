@@ -42,8 +42,8 @@ Limits. ``reserved`` never exceeds ``limit`` = capacity * fraction. When a new s
 fit, the pool releases its cached whole free segments (counted in ``num_alloc_retries``) and
 tries again, then raises ``OutOfMemoryError`` with the numbers and the fix.
 
-Handles. malloc returns a ``Block``; free retires it (its memory goes on in a new free block), so
-a handle is never handed out twice and a double free is caught by ``allocated``. Every malloc
+Handles. malloc returns a ``Block``; free retires it (its memory goes on in a free neighbour it
+merges with, or in a new free block), so a handle is never handed out twice and a double free is caught by ``allocated``. Every malloc
 also stamps a generation never used before (``gen``, 0 once freed), which the runtime's
 ``DevicePtr`` keeps and checks on every use.
 
@@ -66,7 +66,7 @@ from . import blocks
 from .blocks import KIND_POOL, LARGE_HUGE, LARGE_NORMAL, SMALL, Block, Segment
 from .errors import InvalidParamError, MemoryAccessError, OutOfMemoryError
 from .free_lists import FreeLists
-from .stats import MemoryStats, summary_table
+from .stats import MemoryStats, move, summary_table
 
 __all__ = ["Block", "CachingAllocator", "MemMallocPolicy", "RawAllocator", "Segment",
            "format_size"]
@@ -98,6 +98,7 @@ _LARGE_KINDS = {
     MemMallocPolicy.NORMAL_ONLY: (LARGE_NORMAL,),
 }
 _SMALL_KINDS = (SMALL,)
+_HUGE_FIRST = MemMallocPolicy.HUGE_FIRST
 
 
 class RawAllocator(Protocol):
@@ -138,7 +139,7 @@ def _check_nbytes(nbytes) -> int:
 
 
 def _policy_kinds(policy) -> tuple:
-    """Large-pool kinds of a policy given as a plain ACL int (slow path), or InvalidParamError."""
+    """Large-pool kinds of a policy (a MemMallocPolicy or its ACL int), or InvalidParamError."""
     kinds = None
     if not isinstance(policy, (bool, float)):
         try:
@@ -219,8 +220,9 @@ class CachingAllocator:
         """
         if type(nbytes) is not int or nbytes <= 0:
             nbytes = _check_nbytes(nbytes)
-        kinds = _LARGE_KINDS.get(policy) if type(policy) in (MemMallocPolicy, int) else None
-        if kinds is None:
+        if policy is _HUGE_FIRST:                    # the default: no enum hash (a Python call)
+            kinds = _LARGE_KINDS[_HUGE_FIRST]
+        else:
             kinds = _policy_kinds(policy)
         try:
             hash(stream)
@@ -233,27 +235,27 @@ class CachingAllocator:
         if b is None:
             b = self._grow(size, nbytes, stream, kinds, policy)
         seg = b.segment
-        pool = KIND_POOL[seg.kind]
-        was_split = b.size != seg.size
         rest = b.size - size
+        # inactive_split (non-releasable free blocks) moves by the net change, as in torch
         if rest > LARGE_SPLIT_MIN or (rest and seg.kind == SMALL):
-            self._lists.insert(blocks.split(b, size))
-            if not was_split:                        # a whole segment got split: rest inactive
-                self._count_inactive(pool, rest, 1)
+            if b.size == seg.size:                   # a whole segment got split: rest inactive
+                inactive = rest, 1
             else:                                    # an inactive block shrank
-                self._count_inactive(pool, -size, 0)
-        elif was_split:                              # an inactive block, taken whole
-            self._count_inactive(pool, -b.size, -1)
+                inactive = -size, 0
+            h = blocks.split(b, size)
+            self._lists.insert(b)
+            b = h
+        elif b.size == seg.size:
+            inactive = 0, 0
+        else:                                        # an inactive block, taken whole
+            inactive = -b.size, -1
         b.allocated = True
         b.requested = nbytes
         b.stream = stream
         b.site = site
         self._gen = b.gen = self._gen + 1
         self._live[b.addr] = b
-        st = self._stats
-        st.allocated_bytes[pool].inc(b.size)
-        st.requested_bytes[pool].inc(nbytes)
-        st.allocation[pool].inc(1)
+        move(self._stats.blocks[KIND_POOL[seg.kind]], (b.size, nbytes, 1) + inactive)
         return b
 
     def free(self, block: Block, ready=None, gen: int | None = None) -> None:
@@ -275,40 +277,23 @@ class CachingAllocator:
         del self._live[block.addr]
         block.allocated = False
         block.gen = 0
-        pool = KIND_POOL[block.segment.kind]
-        st = self._stats
-        st.allocated_bytes[pool].dec(block.size)
-        st.requested_bytes[pool].dec(block.requested)
-        st.allocation[pool].dec(1)
-        b = blocks.replace(block)                # the handle is retired, its memory goes on
         if ready is not None:
             self._seq += 1
-            b.pending, b.seq = ready, self._seq
-        self._merge_and_list(b, b.stream, 0, 0)
+            block.pending, block.seq = ready, self._seq
+        # the handle is retired: its memory goes on in a neighbour or a new free block
+        bytes_, count = self._merge_and_list(block, block.stream, True)
+        move(self._stats.blocks[KIND_POOL[block.segment.kind]],
+             (-block.size, -block.requested, -1, bytes_, count))
 
-    def _merge_and_list(self, b: Block, stream, was_bytes: int, was_count: int) -> None:
-        """Merge the free block ``b`` with its neighbours (those pending on ``stream`` too) and
-        list it; inactive_split moves by the net change, from ``was_*`` counted for ``b``."""
-        merged_bytes, merged = blocks.merge(b, stream, self._lists)
+    def _merge_and_list(self, b: Block, stream, retire: bool = False) -> tuple[int, int]:
+        """Merge the free block ``b`` with its neighbours (those pending on ``stream`` too, see
+        ``blocks.merge``) and list the result. Returns how inactive_split moves (bytes, count),
+        ``b`` itself not counted as inactive before."""
+        b, absorbed, count = blocks.merge(b, stream, self._lists, retire)
         self._lists.insert(b)
         if b.size == b.segment.size:                 # the whole segment is free again
-            now_bytes = now_count = 0
-        else:
-            now_bytes, now_count = b.size, 1
-        self._count_inactive(KIND_POOL[b.segment.kind], now_bytes - merged_bytes - was_bytes,
-                             now_count - merged - was_count)
-
-    def _count_inactive(self, pool: int, nbytes: int, count: int) -> None:
-        """inactive_split (non-releasable free blocks) moves by a net change, as in torch."""
-        st = self._stats
-        if nbytes > 0:
-            st.inactive_split_bytes[pool].inc(nbytes)
-        elif nbytes < 0:
-            st.inactive_split_bytes[pool].dec(-nbytes)
-        if count > 0:
-            st.inactive_split[pool].inc(count)
-        elif count < 0:
-            st.inactive_split[pool].dec(-count)
+            return -absorbed, -count
+        return b.size - absorbed, 1 - count
 
     def _bad_free(self, block, gen=None) -> Exception:
         if not isinstance(block, Block):
@@ -363,9 +348,7 @@ class CachingAllocator:
             insort(self._seg_addrs, addr)
             self._segs[addr] = seg
             self.num_device_alloc += 1
-            st, pool = self._stats, KIND_POOL[kind]
-            st.reserved_bytes[pool].inc(seg_size)
-            st.segment[pool].inc(1)
+            move(self._stats.segments[KIND_POOL[kind]], (seg_size, 1))
             return seg.head
         return None
 
@@ -391,10 +374,10 @@ class CachingAllocator:
         """
         self._lists.remove(b)
         b.pending = None
-        if b.size == b.segment.size:
-            self._merge_and_list(b, blocks.READY_ONLY, 0, 0)
-        else:
-            self._merge_and_list(b, blocks.READY_ONLY, b.size, 1)
+        was = (0, 0) if b.size == b.segment.size else (b.size, 1)
+        bytes_, count = self._merge_and_list(b, blocks.READY_ONLY)
+        move(self._stats.blocks[KIND_POOL[b.segment.kind]],
+             (0, 0, 0, bytes_ - was[0], count - was[1]))
 
     def _release_cached(self) -> int:
         """Release every whole free segment without a pending marker; return the bytes freed."""
@@ -417,9 +400,7 @@ class CachingAllocator:
         seg.head = None
         self._raw.release(seg.addr, seg.size)
         self.num_device_free += 1
-        st, pool = self._stats, KIND_POOL[seg.kind]
-        st.reserved_bytes[pool].dec(seg.size)
-        st.segment[pool].dec(1)
+        move(self._stats.segments[KIND_POOL[seg.kind]], (-seg.size, -1))
         return seg.size
 
     def empty_cache(self) -> None:

@@ -13,12 +13,17 @@ POOL_NAMES = ("all", "small_pool", "large_pool")
 # by its stream, so it counts as cached (see the pool's design note).
 MIRRORS = {"active_bytes": "allocated_bytes", "active": "allocation"}
 FIELDS = ("current", "peak", "allocated", "freed")
+# what a malloc or free moves (bytes, requested bytes, count, non-releasable bytes and count) and
+# what a segment's reserve or release moves
+BLOCK_STATS = ("allocated_bytes", "requested_bytes", "allocation", "inactive_split_bytes",
+               "inactive_split")
+SEGMENT_STATS = ("reserved_bytes", "segment")
 
 
 class Stat:
     """One statistic: ``current`` value, its ``peak``, and the totals ``allocated`` / ``freed``.
 
-    A pool's record also moves ``total``, the record of all pools, when it has one.
+    A pool's record also moves ``total``, the record of all pools, when it has one (``move``).
     """
 
     __slots__ = FIELDS + ("total",)
@@ -27,33 +32,37 @@ class Stat:
         self.current = self.peak = self.allocated = self.freed = 0
         self.total = total
 
-    def inc(self, n: int) -> None:
-        # ``total`` is moved here rather than by a second call: the cached malloc + free moves
-        # ten statistics, and a call each doubles the pool's cost.
-        self.current = c = self.current + n
-        self.allocated += n
-        if c > self.peak:
-            self.peak = c
-        t = self.total
-        if t is not None:
-            t.current = c = t.current + n
-            t.allocated += n
-            if c > t.peak:
-                t.peak = c
-
-    def dec(self, n: int) -> None:
-        self.current -= n
-        self.freed += n
-        t = self.total
-        if t is not None:
-            t.current -= n
-            t.freed += n
-
     def reset_peak(self) -> None:
         self.peak = self.current
 
     def reset_accumulated(self) -> None:
         self.allocated = self.freed = 0
+
+
+def move(records, deltas) -> None:
+    """Move each pool ``Stat`` of ``records`` by the matching delta of ``deltas``, with its total.
+
+    A rise counts in ``allocated`` (and may set a peak), a fall in ``freed``, 0 leaves the record
+    alone. One call moves a whole group: a malloc moves five statistics, and a call each would
+    cost more than the rest of the pool's work.
+    """
+    for st, n in zip(records, deltas):
+        if n > 0:
+            t = st.total
+            st.current = c = st.current + n
+            st.allocated += n
+            if c > st.peak:
+                st.peak = c
+            t.current = c = t.current + n
+            t.allocated += n
+            if c > t.peak:
+                t.peak = c
+        elif n:
+            t = st.total
+            st.current += n
+            st.freed -= n
+            t.current += n
+            t.freed -= n
 
 
 class MemoryStats:
@@ -66,6 +75,10 @@ class MemoryStats:
         for name in STAT_NAMES:
             total = Stat()
             setattr(self, name, (total, Stat(total), Stat(total)))
+        # per pool, the records ``move`` takes with deltas in BLOCK_STATS / SEGMENT_STATS order
+        self.blocks = tuple(tuple(getattr(self, n)[pool] for n in BLOCK_STATS) for pool in range(3))
+        self.segments = tuple(tuple(getattr(self, n)[pool] for n in SEGMENT_STATS)
+                              for pool in range(3))
 
     def records(self):
         """(name, pool name, Stat) of every statistic, mirrors included."""
