@@ -56,15 +56,15 @@ class Block:
 
     Fields: ``addr``, ``size`` (bytes of the block, a multiple of 512, at least the rounded
     request), ``requested`` (bytes asked for), ``stream`` (of the last malloc), ``segment``,
-    ``allocated``, ``site`` (file:line of the malloc), ``huge`` (huge pages), ``pending`` (the
-    marker that must complete before another stream may reuse this memory, or None), ``gen``
-    (the allocation's generation, unique per malloc, 0 once freed). A freed handle is retired:
+    ``site`` (file:line of the malloc), ``huge`` (huge pages), ``pending`` (the marker that must
+    complete before another stream may reuse this memory, or None), ``gen`` (the allocation's
+    generation, unique per malloc, 0 when free: ``allocated`` is ``gen != 0``). A freed handle is retired:
     its memory goes on in a free neighbour or a new free block, so the handle keeps its address, size and site for
     error messages and never goes out again.
     """
 
-    __slots__ = ("addr", "size", "requested", "stream", "segment", "allocated", "site",
-                 "prev", "next", "pending", "seq", "gen")
+    __slots__ = ("addr", "size", "requested", "stream", "segment", "site", "prev", "next",
+                 "pending", "seq", "gen")
 
     def __init__(self, addr: int, size: int, segment: Segment, stream=None):
         self.addr = addr
@@ -72,13 +72,16 @@ class Block:
         self.segment = segment
         self.stream = stream
         self.requested = 0
-        self.allocated = False
         self.site = ""
         self.prev: Block | None = None
         self.next: Block | None = None
         self.pending = None         # marker object with .query(), None when ready
         self.seq = 0                # when the marker was attached; the later marker wins a merge
         self.gen = 0                # the allocation's generation; 0 when free
+
+    @property
+    def allocated(self) -> bool:
+        return self.gen != 0
 
     @property
     def huge(self) -> bool:
@@ -125,7 +128,10 @@ def split(b: Block, size: int) -> Block:
 
 def merge(b: Block, stream, free_lists, retire: bool = False) -> tuple[Block, int, int]:
     """Merge the unlisted free block ``b`` with its free neighbours on both sides, as far as
-    they qualify; return ``(merged block, bytes absorbed, blocks absorbed)``.
+    they qualify, and list the result on ``free_lists``.
+
+    Returns ``(merged block, bytes, count)``: how the non-releasable free memory (free blocks of
+    partly used segments: torch's inactive_split) changed, ``b`` not counted as such before.
 
     A neighbour qualifies when it is ready, or pending on ``stream`` (``READY_ONLY``: none is);
     each absorbed neighbour is taken off ``free_lists``. The merged memory keeps ``b``'s stream
@@ -136,13 +142,16 @@ def merge(b: Block, stream, free_lists, retire: bool = False) -> tuple[Block, in
     """
     first = last = b
     nb = b.prev
-    while nb is not None and not nb.allocated and (nb.pending is None or nb.stream == stream):
+    while nb is not None and not nb.gen and (nb.pending is None or nb.stream == stream):
         first, nb = nb, nb.prev
     nb = b.next
-    while nb is not None and not nb.allocated and (nb.pending is None or nb.stream == stream):
+    while nb is not None and not nb.gen and (nb.pending is None or nb.stream == stream):
         last, nb = nb, nb.next
     if first is last:
-        return (_replace(b) if retire else b), 0, 0
+        if retire:
+            b = _replace(b)
+        free_lists.insert(b)
+        return (b, 0, 0) if b.size == b.segment.size else (b, b.size, 1)
     keep = b if not retire else first if first is not b else b.next
     pending, seq = b.pending, b.seq
     absorbed = count = 0
@@ -170,7 +179,10 @@ def merge(b: Block, stream, free_lists, retire: bool = False) -> tuple[Block, in
         n.prev = keep
     if retire:
         b.prev = b.next = b.pending = None
-    return keep, absorbed, count
+    free_lists.insert(keep)
+    if keep.size == keep.segment.size:          # the whole segment is free again
+        return keep, -absorbed, -count
+    return keep, keep.size - absorbed, 1 - count
 
 
 def _replace(old: Block) -> Block:

@@ -175,6 +175,7 @@ class CachingAllocator:
         self._gen = 0                           # the last generation handed out (Block.gen)
         self._raw_error: str | None = None      # why the last reserve failed, for the OOM
         self._stats = MemoryStats()
+        self._kind_stats = tuple(self._stats.blocks[KIND_POOL[k]] for k in range(len(KIND_POOL)))
         self.num_alloc_retries = 0
         self.num_ooms = 0
         self.num_device_alloc = 0
@@ -235,27 +236,28 @@ class CachingAllocator:
         if b is None:
             b = self._grow(size, nbytes, stream, kinds, policy)
         seg = b.segment
+        whole = b.size == seg.size
         rest = b.size - size
-        # inactive_split (non-releasable free blocks) moves by the net change, as in torch
+        # the statistics' deltas: allocated_bytes, requested_bytes, allocation, and
+        # inactive_split_bytes / inactive_split (non-releasable free blocks), by the net change
         if rest > LARGE_SPLIT_MIN or (rest and seg.kind == SMALL):
-            if b.size == seg.size:                   # a whole segment got split: rest inactive
-                inactive = rest, 1
+            if whole:                                # a whole segment got split: rest inactive
+                deltas = size, nbytes, 1, rest, 1
             else:                                    # an inactive block shrank
-                inactive = -size, 0
+                deltas = size, nbytes, 1, -size, 0
             h = blocks.split(b, size)
             self._lists.insert(b)
             b = h
-        elif b.size == seg.size:
-            inactive = 0, 0
+        elif whole:
+            deltas = b.size, nbytes, 1, 0, 0
         else:                                        # an inactive block, taken whole
-            inactive = -b.size, -1
-        b.allocated = True
+            deltas = b.size, nbytes, 1, -b.size, -1
         b.requested = nbytes
         b.stream = stream
         b.site = site
         self._gen = b.gen = self._gen + 1
         self._live[b.addr] = b
-        move(self._stats.blocks[KIND_POOL[seg.kind]], (b.size, nbytes, 1) + inactive)
+        move(self._kind_stats[seg.kind], deltas)
         return b
 
     def free(self, block: Block, ready=None, gen: int | None = None) -> None:
@@ -275,25 +277,14 @@ class CachingAllocator:
             raise InvalidParamError(
                 f"free: ready={ready!r} must be None or have a query() method (an event)")
         del self._live[block.addr]
-        block.allocated = False
         block.gen = 0
         if ready is not None:
             self._seq += 1
             block.pending, block.seq = ready, self._seq
         # the handle is retired: its memory goes on in a neighbour or a new free block
-        bytes_, count = self._merge_and_list(block, block.stream, True)
-        move(self._stats.blocks[KIND_POOL[block.segment.kind]],
-             (-block.size, -block.requested, -1, bytes_, count))
-
-    def _merge_and_list(self, b: Block, stream, retire: bool = False) -> tuple[int, int]:
-        """Merge the free block ``b`` with its neighbours (those pending on ``stream`` too, see
-        ``blocks.merge``) and list the result. Returns how inactive_split moves (bytes, count),
-        ``b`` itself not counted as inactive before."""
-        b, absorbed, count = blocks.merge(b, stream, self._lists, retire)
-        self._lists.insert(b)
-        if b.size == b.segment.size:                 # the whole segment is free again
-            return -absorbed, -count
-        return b.size - absorbed, 1 - count
+        _, nbytes, count = blocks.merge(block, block.stream, self._lists, True)
+        move(self._kind_stats[block.segment.kind],
+             (-block.size, -block.requested, -1, nbytes, count))
 
     def _bad_free(self, block, gen=None) -> Exception:
         if not isinstance(block, Block):
@@ -375,9 +366,8 @@ class CachingAllocator:
         self._lists.remove(b)
         b.pending = None
         was = (0, 0) if b.size == b.segment.size else (b.size, 1)
-        bytes_, count = self._merge_and_list(b, blocks.READY_ONLY)
-        move(self._stats.blocks[KIND_POOL[b.segment.kind]],
-             (0, 0, 0, bytes_ - was[0], count - was[1]))
+        b, nbytes, count = blocks.merge(b, blocks.READY_ONLY, self._lists)
+        move(self._kind_stats[b.segment.kind], (0, 0, 0, nbytes - was[0], count - was[1]))
 
     def _release_cached(self) -> int:
         """Release every whole free segment without a pending marker; return the bytes freed."""

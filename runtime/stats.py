@@ -24,18 +24,25 @@ class Stat:
     """One statistic of one pool: ``current`` value, its ``peak``, and the totals ``allocated`` /
     ``freed``. ``move`` changes it; ``total`` is the record of all pools it counts in."""
 
-    __slots__ = FIELDS + ("total", "other")
+    # ``freed`` is derived: what was allocated and is no longer current (``base``: current at
+    # the last reset of the totals), so a fall moves one field
+    __slots__ = ("current", "peak", "allocated", "base", "total", "other")
 
     def __init__(self, total: "TotalStat"):
-        self.current = self.peak = self.allocated = self.freed = 0
+        self.current = self.peak = self.allocated = self.base = 0
         self.total = total
         self.other: Stat | None = None      # the other pool's record of the same statistic
+
+    @property
+    def freed(self) -> int:
+        return self.base + self.allocated - self.current
 
     def reset_peak(self) -> None:
         self.peak = self.current
 
     def reset_accumulated(self) -> None:
-        self.allocated = self.freed = 0
+        self.allocated = 0
+        self.base = self.current
 
 
 class TotalStat:
@@ -78,7 +85,6 @@ def move(records, deltas) -> None:
                 t.peak = c
         elif n:
             st.current += n
-            st.freed -= n
 
 
 class MemoryStats:
