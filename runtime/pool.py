@@ -159,6 +159,10 @@ class CachingAllocator:
     caller serializes calls (one lock per device). See the module design note for the policy.
     """
 
+    __slots__ = ("_raw", "device_id", "_capacity", "_fraction", "_limit", "_lists", "_live",
+                 "_seg_addrs", "_segs", "_seq", "_gen", "_raw_error", "_stats", "_kind_stats",
+                 "num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free")
+
     def __init__(self, raw: RawAllocator, capacity: int, device_id: int = 0):
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
             raise InvalidParamError(f"CachingAllocator: capacity={capacity!r} must be an int > 0")
