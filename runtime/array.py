@@ -126,8 +126,7 @@ class DeviceArray(DeviceBuffer):
         out = np.empty(self.shape, self.dtype)
         if self.nbytes:
             src = self._np()
-            _run_sync(s, lambda: np.copyto(out, src), "to_host", "copy", callsite(2),
-                      {"bytes": self.nbytes})
+            _run_sync(s, "to_host", "copy", callsite(2), self.nbytes, np.copyto, out, src)
         return out
 
     def copy_from_host(self, x, stream=None) -> None:
@@ -143,8 +142,8 @@ class DeviceArray(DeviceBuffer):
         dst = self._np()
         site = callsite(2)
         if stream is None:
-            _run_sync(resolve_stream(None), lambda: np.copyto(dst, x), "copy_from_host", "copy", site,
-                      {"bytes": self.nbytes})
+            _run_sync(resolve_stream(None), "copy_from_host", "copy", site, self.nbytes,
+                      np.copyto, dst, x)
         else:
             s = resolve_stream(stream)
             src = x if isinstance(x, HostBuffer) else x.copy()
@@ -193,7 +192,7 @@ def zeros(shape, dtype=np.float32, stream=None) -> DeviceArray:
     if a.nbytes:
         v = a._np().reshape(-1).view(np.uint8)
         if stream is None:
-            _run_sync(resolve_stream(None), lambda: v.fill(0), "zeros", "copy", a._site, {"bytes": a.nbytes})
+            _run_sync(resolve_stream(None), "zeros", "copy", a._site, a.nbytes, v.fill, 0)
         else:
             resolve_stream(stream).enqueue(lambda: v.fill(0), "zeros", "copy", {"bytes": a.nbytes}, a._site)
     return a

@@ -1,7 +1,7 @@
 """Segments and blocks: a segment is one raw reservation, its blocks tile it in address order.
 
-A block is split when malloc needs less than it holds (``split``) and a freed block grows over its
-free neighbours (``merge``); those are the only two places that change the tiling. Which
+A block is split when malloc needs less than it holds (``split``) and a freed block merges with
+its free neighbours (``merge``); those are the only two places that change the tiling. Which
 neighbours may merge, and the free lists and statistics around it, are the allocator's business.
 """
 from __future__ import annotations
@@ -56,15 +56,15 @@ class Block:
 
     Fields: ``addr``, ``size`` (bytes of the block, a multiple of 512, at least the rounded
     request), ``requested`` (bytes asked for), ``stream`` (of the last malloc), ``segment``,
-    ``allocated``, ``site`` (file:line of the malloc), ``huge`` (huge pages), ``pending`` (the
-    marker that must complete before another stream may reuse this memory, or None), ``gen``
-    (the allocation's generation, unique per malloc, 0 once freed). A freed handle is retired:
-    its memory goes on in a new free block, so the handle keeps its address, size and site for
+    ``site`` (file:line of the malloc), ``huge`` (huge pages), ``pending`` (the marker that must
+    complete before another stream may reuse this memory, or None), ``gen`` (the allocation's
+    generation, unique per malloc, 0 when free: ``allocated`` is ``gen != 0``). A freed handle is retired:
+    its memory goes on in a free neighbour or a new free block, so the handle keeps its address, size and site for
     error messages and never goes out again.
     """
 
-    __slots__ = ("addr", "size", "requested", "stream", "segment", "allocated", "site",
-                 "prev", "next", "pending", "seq", "gen")
+    __slots__ = ("addr", "size", "requested", "stream", "segment", "site", "prev", "next",
+                 "pending", "seq", "gen")
 
     def __init__(self, addr: int, size: int, segment: Segment, stream=None):
         self.addr = addr
@@ -72,13 +72,16 @@ class Block:
         self.segment = segment
         self.stream = stream
         self.requested = 0
-        self.allocated = False
         self.site = ""
         self.prev: Block | None = None
         self.next: Block | None = None
         self.pending = None         # marker object with .query(), None when ready
         self.seq = 0                # when the marker was attached; the later marker wins a merge
         self.gen = 0                # the allocation's generation; 0 when free
+
+    @property
+    def allocated(self) -> bool:
+        return self.gen != 0
 
     @property
     def huge(self) -> bool:
@@ -104,21 +107,85 @@ class Block:
 
 
 def split(b: Block, size: int) -> Block:
-    """Cut the free block ``b`` to its first ``size`` bytes; return the rest, a new free block.
+    """Cut the first ``size`` bytes off the free block ``b`` as a new block (malloc's handle);
+    ``b`` keeps the rest, so it must not be listed while this runs.
 
-    The rest keeps ``b``'s stream and marker: memory pending on a stream stays pending.
+    Both parts keep ``b``'s stream and marker: memory pending on a stream stays pending.
     """
-    rest = Block(b.addr + size, b.size - size, b.segment, b.stream)
-    rest.pending, rest.seq = b.pending, b.seq
-    rest.prev, rest.next = b, b.next
-    if b.next is not None:
-        b.next.prev = rest
-    b.next = rest
-    b.size = size
-    return rest
+    h = Block(b.addr, size, b.segment, b.stream)
+    h.pending, h.seq = b.pending, b.seq
+    h.prev = p = b.prev
+    h.next = b
+    if p is None:
+        b.segment.head = h
+    else:
+        p.next = h
+    b.prev = h
+    b.addr += size
+    b.size -= size
+    return h
 
 
-def replace(old: Block) -> Block:
+def merge(b: Block, stream, free_lists, retire: bool = False) -> tuple[Block, int, int]:
+    """Merge the unlisted free block ``b`` with its free neighbours on both sides, as far as
+    they qualify, and list the result on ``free_lists``.
+
+    Returns ``(merged block, bytes, count)``: how the non-releasable free memory (free blocks of
+    partly used segments: torch's inactive_split) changed, ``b`` not counted as such before.
+
+    A neighbour qualifies when it is ready, or pending on ``stream`` (``READY_ONLY``: none is);
+    each absorbed neighbour is taken off ``free_lists``. The merged memory keeps ``b``'s stream
+    and the latest marker: a later marker of a stream covers that stream's earlier work.
+    ``b`` is the merged block, except with ``retire``: ``b`` is then a freed handle that must not
+    be handed out again, so a neighbour takes the memory over (a new block when none qualifies)
+    and ``b`` is unlinked.
+    """
+    first = last = b
+    nb = b.prev
+    while nb is not None and not nb.gen and (nb.pending is None or nb.stream == stream):
+        first, nb = nb, nb.prev
+    nb = b.next
+    while nb is not None and not nb.gen and (nb.pending is None or nb.stream == stream):
+        last, nb = nb, nb.next
+    if first is last:
+        if retire:
+            b = _replace(b)
+        free_lists.insert(b)
+        return (b, 0, 0) if b.size == b.segment.size else (b, b.size, 1)
+    keep = b if not retire else first if first is not b else b.next
+    pending, seq = b.pending, b.seq
+    absorbed = count = 0
+    x = first
+    while True:
+        if x is not b:
+            free_lists.remove(x)
+            absorbed += x.size
+            count += 1
+            if x.pending is not None and (pending is None or x.seq > seq):
+                pending, seq = x.pending, x.seq
+        if x is last:
+            break
+        x = x.next
+    keep.pending, keep.seq, keep.stream = pending, seq, b.stream
+    end = last.addr + last.size
+    keep.addr = first.addr
+    keep.size = end - first.addr
+    keep.prev, keep.next = p, n = first.prev, last.next
+    if p is None:
+        keep.segment.head = keep
+    else:
+        p.next = keep
+    if n is not None:
+        n.prev = keep
+    if retire:
+        b.prev = b.next = b.pending = None
+    free_lists.insert(keep)
+    if keep.size == keep.segment.size:          # the whole segment is free again
+        return keep, -absorbed, -count
+    return keep, keep.size - absorbed, 1 - count
+
+
+def _replace(old: Block) -> Block:
     """A new free block in ``old``'s place (same memory, stream and marker); ``old`` is unlinked."""
     b = Block(old.addr, old.size, old.segment, old.stream)
     b.pending, b.seq = old.pending, old.seq
@@ -129,38 +196,5 @@ def replace(old: Block) -> Block:
         b.prev.next = b
     if b.next is not None:
         b.next.prev = b
-    old.prev = old.next = None
+    old.prev = old.next = old.pending = None
     return b
-
-
-def merge(b: Block, stream, free_lists) -> tuple[int, int]:
-    """Grow the free block ``b`` over its free neighbours on both sides, as far as they qualify.
-
-    A neighbour qualifies when it is ready, or pending on ``stream`` (``READY_ONLY``: none is);
-    each absorbed neighbour is taken off ``free_lists`` first. Merged memory keeps the latest
-    marker: a later marker of a stream covers that stream's earlier work.
-    Returns ``(bytes, blocks)`` absorbed.
-    """
-    absorbed = count = 0
-    for backwards in (True, False):
-        nb = b.prev if backwards else b.next
-        while nb is not None and not nb.allocated and (
-                nb.pending is None or nb.stream == stream):
-            free_lists.remove(nb)
-            if nb.pending is not None and (b.pending is None or nb.seq > b.seq):
-                b.pending, b.seq = nb.pending, nb.seq
-            absorbed += nb.size
-            count += 1
-            b.size += nb.size
-            if backwards:
-                b.addr = nb.addr
-                b.prev = nb = nb.prev
-                if nb is None:
-                    b.segment.head = b
-                else:
-                    nb.next = b
-            else:
-                b.next = nb = nb.next
-                if nb is not None:
-                    nb.prev = b
-    return absorbed, count

@@ -17,6 +17,8 @@ ADDR_BITS = 64
 class FreeLists:
     """The free blocks of one allocator. A block must not change size or address while listed."""
 
+    __slots__ = ("_ready", "_pending", "_blocks", "n_pending")
+
     def __init__(self, kinds: int = 3):
         self._ready: list[list[int]] = [[] for _ in range(kinds)]
         self._pending: list[dict] = [{} for _ in range(kinds)]   # kind -> {stream: keys}

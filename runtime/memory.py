@@ -6,12 +6,13 @@ overrun either buffer raises at the call, and the pool and the streams stay as t
 from __future__ import annotations
 
 import enum
+from functools import partial
 
 import numpy as np
 
 from . import profiler
 from .callsite import callsite
-from .context import _contexts, current_context, current_stream_of, resolve_stream
+from .context import _contexts, current_context, current_stream, current_stream_of, resolve_stream
 from .errors import InvalidParamError, MemoryAccessError
 from .pool import MemMallocPolicy
 
@@ -94,10 +95,7 @@ class DeviceBuffer:
 
 _DEVICE_TYPES = (DevicePtr, DeviceBuffer)
 _KINDS = tuple(MemcpyKind)
-
-
-def _is_device(obj) -> bool:
-    return isinstance(obj, _DEVICE_TYPES)
+_COPY_NAMES = {k: "memcpy " + k.name for k in MemcpyKind}
 
 
 def _device_region(obj, name: str):
@@ -275,19 +273,13 @@ def free_host(buf) -> None:
 
 # ---------------------------------------------------------------------- copies
 def _resolve_copy(dst, src, nbytes, kind, name="memcpy"):
-    n = _check_nbytes(nbytes)
-    if isinstance(kind, bool) or kind not in _KINDS:
-        raise InvalidParamError(f"{name}: kind={kind!r} is not a MemcpyKind "
-                                f"({', '.join(k.name for k in MemcpyKind)})")
-    dd, sd = _is_device(dst), _is_device(src)
-    actual = _KINDS[1 if not sd and dd else 2 if sd and not dd else 3 if sd else 0]
-    if kind != 4 and kind != actual:
-        raise InvalidParamError(f"{name}: kind={MemcpyKind(kind).name} but dst is {'device' if dd else 'host'} "
-                                f"and src is {'device' if sd else 'host'} memory ({actual.name})")
-    if dd:
-        dst_view = host_view(dst, name="dst")
-    else:
-        dst_view = _host_region(dst, "dst", writable=True)
+    """(dst view, src view, actual MemcpyKind) of a copy of ``nbytes``, every argument checked."""
+    n = nbytes if type(nbytes) is int and nbytes >= 0 else _check_nbytes(nbytes)
+    dd, sd = isinstance(dst, _DEVICE_TYPES), isinstance(src, _DEVICE_TYPES)
+    actual = _KINDS[2 * sd + dd]
+    if kind is not MemcpyKind.DEFAULT and kind is not actual:
+        _check_kind(kind, actual, dd, sd, name)
+    dst_view = host_view(dst, name="dst") if dd else _host_region(dst, "dst", writable=True)
     src_view = host_view(src, name="src") if sd else _host_region(src, "src", writable=False)
     if n > dst_view.nbytes:
         raise MemoryAccessError(f"{name}: copy of {n} bytes overruns dst: only {dst_view.nbytes} "
@@ -302,20 +294,34 @@ def _resolve_copy(dst, src, nbytes, kind, name="memcpy"):
     return dst_view, src_view, actual
 
 
-def _run_sync(s, fn, name: str, category: str, site: str | None = None, meta=None) -> None:
-    """Run ``fn`` after the work enqueued on ``s``; return when it is done.
+def _check_kind(kind, actual: MemcpyKind, dd: bool, sd: bool, name: str) -> None:
+    """Raise InvalidParamError unless ``kind`` is DEFAULT or names the ``actual`` direction."""
+    if isinstance(kind, bool) or kind not in _KINDS:
+        raise InvalidParamError(f"{name}: kind={kind!r} is not a MemcpyKind "
+                                f"({', '.join(k.name for k in MemcpyKind)})")
+    if kind != 4 and kind != actual:
+        raise InvalidParamError(f"{name}: kind={MemcpyKind(kind).name} but dst is {'device' if dd else 'host'} "
+                                f"and src is {'device' if sd else 'host'} memory ({actual.name})")
+
+
+def _run_sync(s, name: str, category: str, site: str | None, nbytes: int, fn, *args) -> None:
+    """Run ``fn(*args)`` after the work enqueued on ``s``; return when it is done.
 
     On an idle stream ``fn`` runs inline (after raising the stream's pending task error, as
-    synchronize would); otherwise it is enqueued and waited for.
+    synchronize would; timed when the profiler is on); otherwise it is enqueued and waited for.
     """
+    if s.idle() and not profiler.active():     # the common case: nothing to wait for or report
+        fn(*args)
+        return
+    if args:
+        fn = partial(fn, *args)
+    meta = {"bytes": nbytes}
     if s.query():
         s.synchronize()
+        t0 = profiler.now_us()
+        fn()
         if profiler.active():
-            t0 = profiler.now_us()
-            fn()
             profiler.record(s.id, name, category, t0, profiler.now_us(), meta)
-        else:
-            fn()
         return
     s.enqueue(fn, name, category, meta, site or callsite(3))
     s.synchronize()
@@ -324,8 +330,7 @@ def _run_sync(s, fn, name: str, category: str, site: str | None = None, meta=Non
 def memcpy(dst, src, nbytes: int, kind: MemcpyKind = MemcpyKind.DEFAULT) -> None:
     """Copy ``nbytes`` from ``src`` to ``dst`` after the current stream's work; return when done."""
     d, s_, k = _resolve_copy(dst, src, nbytes, kind)
-    _run_sync(resolve_stream(None), lambda: np.copyto(d, s_), "memcpy " + k.name, "copy", None,
-              {"bytes": d.nbytes})
+    _run_sync(current_stream(), _COPY_NAMES[k], "copy", None, d.nbytes, np.copyto, d, s_)
 
 
 def memcpy_async(dst, src, nbytes: int, kind: MemcpyKind = MemcpyKind.DEFAULT, stream=None) -> None:
@@ -336,9 +341,9 @@ def memcpy_async(dst, src, nbytes: int, kind: MemcpyKind = MemcpyKind.DEFAULT, s
     """
     s = resolve_stream(stream)
     d, s_, k = _resolve_copy(dst, src, nbytes, kind, "memcpy_async")
-    if not _is_device(src) and not isinstance(src, HostBuffer):
+    if not isinstance(src, (*_DEVICE_TYPES, HostBuffer)):
         s_ = s_.copy()
-    s.enqueue(lambda: np.copyto(d, s_), "memcpy_async " + MemcpyKind(k).name, "copy",
+    s.enqueue(partial(np.copyto, d, s_), "memcpy_async " + k.name, "copy",
                {"bytes": int(d.nbytes)}, callsite(2))
 
 
@@ -346,7 +351,7 @@ def _memset_region(ptr, value, nbytes, name):
     n = _check_nbytes(nbytes)
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= 255:
         raise InvalidParamError(f"{name}: value={value!r} must be a byte value in [0, 255]")
-    if not _is_device(ptr):
+    if not isinstance(ptr, _DEVICE_TYPES):
         raise InvalidParamError(f"{name}: ptr={ptr!r} must be a DevicePtr or DeviceArray")
     view = host_view(ptr, name="ptr")
     if n > view.nbytes:
@@ -358,7 +363,7 @@ def _memset_region(ptr, value, nbytes, name):
 def memset(ptr, value: int, nbytes: int) -> None:
     """Set ``nbytes`` bytes at ``ptr`` to ``value`` after the current stream's work."""
     v, val = _memset_region(ptr, value, nbytes, "memset")
-    _run_sync(resolve_stream(None), lambda: v.fill(val), "memset", "copy", None, {"bytes": v.nbytes})
+    _run_sync(current_stream(), "memset", "copy", None, v.nbytes, v.fill, val)
 
 
 def memset_async(ptr, value: int, nbytes: int, stream=None) -> None:

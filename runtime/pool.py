@@ -42,8 +42,8 @@ Limits. ``reserved`` never exceeds ``limit`` = capacity * fraction. When a new s
 fit, the pool releases its cached whole free segments (counted in ``num_alloc_retries``) and
 tries again, then raises ``OutOfMemoryError`` with the numbers and the fix.
 
-Handles. malloc returns a ``Block``; free retires it (its memory goes on in a new free block), so
-a handle is never handed out twice and a double free is caught by ``allocated``. Every malloc
+Handles. malloc returns a ``Block``; free retires it (its memory goes on in a free neighbour it
+merges with, or in a new free block), so a handle is never handed out twice and a double free is caught by ``allocated``. Every malloc
 also stamps a generation never used before (``gen``, 0 once freed), which the runtime's
 ``DevicePtr`` keeps and checks on every use.
 
@@ -66,7 +66,7 @@ from . import blocks
 from .blocks import KIND_POOL, LARGE_HUGE, LARGE_NORMAL, SMALL, Block, Segment
 from .errors import InvalidParamError, MemoryAccessError, OutOfMemoryError
 from .free_lists import FreeLists
-from .stats import MemoryStats, summary_table
+from .stats import MemoryStats, move, summary_table
 
 __all__ = ["Block", "CachingAllocator", "MemMallocPolicy", "RawAllocator", "Segment",
            "format_size"]
@@ -98,6 +98,7 @@ _LARGE_KINDS = {
     MemMallocPolicy.NORMAL_ONLY: (LARGE_NORMAL,),
 }
 _SMALL_KINDS = (SMALL,)
+_HUGE_FIRST = MemMallocPolicy.HUGE_FIRST
 
 
 class RawAllocator(Protocol):
@@ -138,7 +139,7 @@ def _check_nbytes(nbytes) -> int:
 
 
 def _policy_kinds(policy) -> tuple:
-    """Large-pool kinds of a policy given as a plain ACL int (slow path), or InvalidParamError."""
+    """Large-pool kinds of a policy (a MemMallocPolicy or its ACL int), or InvalidParamError."""
     kinds = None
     if not isinstance(policy, (bool, float)):
         try:
@@ -158,6 +159,10 @@ class CachingAllocator:
     caller serializes calls (one lock per device). See the module design note for the policy.
     """
 
+    __slots__ = ("_raw", "device_id", "_capacity", "_fraction", "_limit", "_lists", "_live",
+                 "_seg_addrs", "_segs", "_seq", "_gen", "_raw_error", "_stats", "_kind_stats",
+                 "num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free")
+
     def __init__(self, raw: RawAllocator, capacity: int, device_id: int = 0):
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
             raise InvalidParamError(f"CachingAllocator: capacity={capacity!r} must be an int > 0")
@@ -174,6 +179,7 @@ class CachingAllocator:
         self._gen = 0                           # the last generation handed out (Block.gen)
         self._raw_error: str | None = None      # why the last reserve failed, for the OOM
         self._stats = MemoryStats()
+        self._kind_stats = tuple(self._stats.blocks[KIND_POOL[k]] for k in range(len(KIND_POOL)))
         self.num_alloc_retries = 0
         self.num_ooms = 0
         self.num_device_alloc = 0
@@ -219,8 +225,9 @@ class CachingAllocator:
         """
         if type(nbytes) is not int or nbytes <= 0:
             nbytes = _check_nbytes(nbytes)
-        kinds = _LARGE_KINDS.get(policy) if type(policy) in (MemMallocPolicy, int) else None
-        if kinds is None:
+        if policy is _HUGE_FIRST:                    # the default: no enum hash (a Python call)
+            kinds = _LARGE_KINDS[_HUGE_FIRST]
+        else:
             kinds = _policy_kinds(policy)
         try:
             hash(stream)
@@ -233,27 +240,28 @@ class CachingAllocator:
         if b is None:
             b = self._grow(size, nbytes, stream, kinds, policy)
         seg = b.segment
-        pool = KIND_POOL[seg.kind]
-        was_split = b.size != seg.size
+        whole = b.size == seg.size
         rest = b.size - size
+        # the statistics' deltas: allocated_bytes, requested_bytes, allocation, and
+        # inactive_split_bytes / inactive_split (non-releasable free blocks), by the net change
         if rest > LARGE_SPLIT_MIN or (rest and seg.kind == SMALL):
-            self._lists.insert(blocks.split(b, size))
-            if not was_split:                        # a whole segment got split: rest inactive
-                self._count_inactive(pool, rest, 1)
+            if whole:                                # a whole segment got split: rest inactive
+                deltas = size, nbytes, 1, rest, 1
             else:                                    # an inactive block shrank
-                self._count_inactive(pool, -size, 0)
-        elif was_split:                              # an inactive block, taken whole
-            self._count_inactive(pool, -b.size, -1)
-        b.allocated = True
+                deltas = size, nbytes, 1, -size, 0
+            h = blocks.split(b, size)
+            self._lists.insert(b)
+            b = h
+        elif whole:
+            deltas = b.size, nbytes, 1, 0, 0
+        else:                                        # an inactive block, taken whole
+            deltas = b.size, nbytes, 1, -b.size, -1
         b.requested = nbytes
         b.stream = stream
         b.site = site
         self._gen = b.gen = self._gen + 1
         self._live[b.addr] = b
-        st = self._stats
-        st.allocated_bytes[pool].inc(b.size)
-        st.requested_bytes[pool].inc(nbytes)
-        st.allocation[pool].inc(1)
+        move(self._kind_stats[seg.kind], deltas)
         return b
 
     def free(self, block: Block, ready=None, gen: int | None = None) -> None:
@@ -273,42 +281,14 @@ class CachingAllocator:
             raise InvalidParamError(
                 f"free: ready={ready!r} must be None or have a query() method (an event)")
         del self._live[block.addr]
-        block.allocated = False
         block.gen = 0
-        pool = KIND_POOL[block.segment.kind]
-        st = self._stats
-        st.allocated_bytes[pool].dec(block.size)
-        st.requested_bytes[pool].dec(block.requested)
-        st.allocation[pool].dec(1)
-        b = blocks.replace(block)                # the handle is retired, its memory goes on
         if ready is not None:
             self._seq += 1
-            b.pending, b.seq = ready, self._seq
-        self._merge_and_list(b, b.stream, 0, 0)
-
-    def _merge_and_list(self, b: Block, stream, was_bytes: int, was_count: int) -> None:
-        """Merge the free block ``b`` with its neighbours (those pending on ``stream`` too) and
-        list it; inactive_split moves by the net change, from ``was_*`` counted for ``b``."""
-        merged_bytes, merged = blocks.merge(b, stream, self._lists)
-        self._lists.insert(b)
-        if b.size == b.segment.size:                 # the whole segment is free again
-            now_bytes = now_count = 0
-        else:
-            now_bytes, now_count = b.size, 1
-        self._count_inactive(KIND_POOL[b.segment.kind], now_bytes - merged_bytes - was_bytes,
-                             now_count - merged - was_count)
-
-    def _count_inactive(self, pool: int, nbytes: int, count: int) -> None:
-        """inactive_split (non-releasable free blocks) moves by a net change, as in torch."""
-        st = self._stats
-        if nbytes > 0:
-            st.inactive_split_bytes[pool].inc(nbytes)
-        elif nbytes < 0:
-            st.inactive_split_bytes[pool].dec(-nbytes)
-        if count > 0:
-            st.inactive_split[pool].inc(count)
-        elif count < 0:
-            st.inactive_split[pool].dec(-count)
+            block.pending, block.seq = ready, self._seq
+        # the handle is retired: its memory goes on in a neighbour or a new free block
+        _, nbytes, count = blocks.merge(block, block.stream, self._lists, True)
+        move(self._kind_stats[block.segment.kind],
+             (-block.size, -block.requested, -1, nbytes, count))
 
     def _bad_free(self, block, gen=None) -> Exception:
         if not isinstance(block, Block):
@@ -363,9 +343,7 @@ class CachingAllocator:
             insort(self._seg_addrs, addr)
             self._segs[addr] = seg
             self.num_device_alloc += 1
-            st, pool = self._stats, KIND_POOL[kind]
-            st.reserved_bytes[pool].inc(seg_size)
-            st.segment[pool].inc(1)
+            move(self._stats.segments[KIND_POOL[kind]], (seg_size, 1))
             return seg.head
         return None
 
@@ -391,10 +369,9 @@ class CachingAllocator:
         """
         self._lists.remove(b)
         b.pending = None
-        if b.size == b.segment.size:
-            self._merge_and_list(b, blocks.READY_ONLY, 0, 0)
-        else:
-            self._merge_and_list(b, blocks.READY_ONLY, b.size, 1)
+        was = (0, 0) if b.size == b.segment.size else (b.size, 1)
+        b, nbytes, count = blocks.merge(b, blocks.READY_ONLY, self._lists)
+        move(self._kind_stats[b.segment.kind], (0, 0, 0, nbytes - was[0], count - was[1]))
 
     def _release_cached(self) -> int:
         """Release every whole free segment without a pending marker; return the bytes freed."""
@@ -417,9 +394,7 @@ class CachingAllocator:
         seg.head = None
         self._raw.release(seg.addr, seg.size)
         self.num_device_free += 1
-        st, pool = self._stats, KIND_POOL[seg.kind]
-        st.reserved_bytes[pool].dec(seg.size)
-        st.segment[pool].dec(1)
+        move(self._stats.segments[KIND_POOL[seg.kind]], (-seg.size, -1))
         return seg.size
 
     def empty_cache(self) -> None:

@@ -1,8 +1,8 @@
 """Memory statistics as torch.cuda.memory_stats keeps them: ``Stat`` records with flat dotted keys.
 
-Each statistic (``allocated_bytes``, ``segment``, ...) is three ``Stat`` records: one per pool
-(small, large) and one for all pools. ``all``'s totals equal the sums of the pools'; its peak is
-its own (the pools need not peak at the same moment).
+Each statistic (``allocated_bytes``, ``segment``, ...) is three records: a ``Stat`` per pool
+(small, large) and a ``TotalStat`` for all pools, whose values are the sums of the pools' and
+whose peak is its own (the pools need not peak at the same moment).
 """
 from __future__ import annotations
 
@@ -13,59 +13,98 @@ POOL_NAMES = ("all", "small_pool", "large_pool")
 # by its stream, so it counts as cached (see the pool's design note).
 MIRRORS = {"active_bytes": "allocated_bytes", "active": "allocation"}
 FIELDS = ("current", "peak", "allocated", "freed")
+# what a malloc or free moves (bytes, requested bytes, count, non-releasable bytes and count) and
+# what a segment's reserve or release moves
+BLOCK_STATS = ("allocated_bytes", "requested_bytes", "allocation", "inactive_split_bytes",
+               "inactive_split")
+SEGMENT_STATS = ("reserved_bytes", "segment")
 
 
 class Stat:
-    """One statistic: ``current`` value, its ``peak``, and the totals ``allocated`` / ``freed``.
+    """One statistic of one pool: ``current`` value, its ``peak``, and the totals ``allocated`` /
+    ``freed``. ``move`` changes it; ``total`` is the record of all pools it counts in."""
 
-    A pool's record also moves ``total``, the record of all pools, when it has one.
-    """
+    # ``freed`` is derived: what was allocated and is no longer current (``base``: current at
+    # the last reset of the totals), so a fall moves one field
+    __slots__ = ("current", "peak", "allocated", "base", "total", "other")
 
-    __slots__ = FIELDS + ("total",)
-
-    def __init__(self, total: "Stat | None" = None):
-        self.current = self.peak = self.allocated = self.freed = 0
+    def __init__(self, total: "TotalStat"):
+        self.current = self.peak = self.allocated = self.base = 0
         self.total = total
+        self.other: Stat | None = None      # the other pool's record of the same statistic
 
-    def inc(self, n: int) -> None:
-        # ``total`` is moved here rather than by a second call: the cached malloc + free moves
-        # ten statistics, and a call each doubles the pool's cost.
-        self.current = c = self.current + n
-        self.allocated += n
-        if c > self.peak:
-            self.peak = c
-        t = self.total
-        if t is not None:
-            t.current = c = t.current + n
-            t.allocated += n
-            if c > t.peak:
-                t.peak = c
-
-    def dec(self, n: int) -> None:
-        self.current -= n
-        self.freed += n
-        t = self.total
-        if t is not None:
-            t.current -= n
-            t.freed += n
+    @property
+    def freed(self) -> int:
+        return self.base + self.allocated - self.current
 
     def reset_peak(self) -> None:
         self.peak = self.current
 
     def reset_accumulated(self) -> None:
-        self.allocated = self.freed = 0
+        self.allocated = 0
+        self.base = self.current
+
+
+class TotalStat:
+    """A statistic over all pools: the sums of the pools' records, and a ``peak`` of its own
+    (the pools need not peak at the same moment), kept by ``move``."""
+
+    __slots__ = ("parts", "peak")
+
+    def __init__(self):
+        self.parts: tuple[Stat, ...] = ()
+        self.peak = 0
+
+    current = property(lambda self: sum(p.current for p in self.parts))
+    allocated = property(lambda self: sum(p.allocated for p in self.parts))
+    freed = property(lambda self: sum(p.freed for p in self.parts))
+
+    def reset_peak(self) -> None:
+        self.peak = self.current
+
+    def reset_accumulated(self) -> None:
+        pass                                # the pools' records hold the totals
+
+
+def move(records, deltas) -> None:
+    """Move each pool ``Stat`` of ``records`` by the matching delta of ``deltas``.
+
+    A rise counts in ``allocated`` and may set a peak (the pool's, and its total's), a fall in
+    ``freed``; 0 leaves the record alone. One call moves a whole group: a malloc moves five
+    statistics, and a call each would cost more than the rest of the pool's work.
+    """
+    for st, n in zip(records, deltas):
+        if n > 0:
+            st.current = c = st.current + n
+            st.allocated += n
+            if c > st.peak:
+                st.peak = c
+            c += st.other.current
+            t = st.total
+            if c > t.peak:
+                t.peak = c
+        elif n:
+            st.current += n
 
 
 class MemoryStats:
     """Every statistic of one allocator: ``stats.allocated_bytes[pool]`` is a ``Stat``.
 
-    ``pool`` is 0 (all), 1 (small) or 2 (large); a pool's record moves the ``all`` record too.
+    ``pool`` is 0 (all: a ``TotalStat``), 1 (small) or 2 (large).
     """
 
     def __init__(self):
         for name in STAT_NAMES:
-            total = Stat()
-            setattr(self, name, (total, Stat(total), Stat(total)))
+            total = TotalStat()
+            small, large = Stat(total), Stat(total)
+            small.other, large.other = large, small
+            total.parts = (small, large)
+            setattr(self, name, (total, small, large))
+        # per pool, the records ``move`` takes with deltas in BLOCK_STATS / SEGMENT_STATS order
+        self.blocks = (None,) + tuple(tuple(getattr(self, n)[pool] for n in BLOCK_STATS)
+                                      for pool in (1, 2))
+        self.segments = (None,) + tuple(tuple(getattr(self, n)[pool] for n in SEGMENT_STATS)
+                                        for pool in (1, 2))
 
     def records(self):
         """(name, pool name, Stat) of every statistic, mirrors included."""

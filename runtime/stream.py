@@ -95,6 +95,11 @@ class Stream:
         """True when every task enqueued so far has finished (the stream is idle)."""
         return self._done >= self._issued
 
+    def idle(self) -> bool:
+        """True when every task enqueued so far has finished and no task error waits for a
+        synchronize: work run inline now follows the stream's work and hides no failure."""
+        return self._done >= self._issued and self._error is None
+
     # ------------------------------------------------------------------ enqueue
     def enqueue(self, fn, name: str, category: str = "kernel", meta=None,
                 site: str | None = None) -> int:
