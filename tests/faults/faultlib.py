@@ -35,8 +35,10 @@ class Ranks:
         return os.path.join(self.out, name)
 
     def wait_ready(self, timeout=90):
-        wait_for(lambda: all(os.path.exists(self.path(f"ready.{r}")) for r in range(self.n))
-                 or any(p.poll() is not None for p in self.procs), timeout, what="ranks ready")
+        # every rank ready, or exited (a victim may die right after its own ready file, before
+        # the others wrote theirs; a rank that exited without one failed init)
+        wait_for(lambda: all(os.path.exists(self.path(f"ready.{r}")) or p.poll() is not None
+                             for r, p in enumerate(self.procs)), timeout, what="ranks ready")
         for r, p in enumerate(self.procs):
             assert os.path.exists(self.path(f"ready.{r}")), self.output(r)
 
