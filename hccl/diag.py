@@ -35,7 +35,7 @@ from .flight import recorder
 
 log = logging.getLogger("hccl.diag")
 _RECENT = 64
-FLUSH_TIMEOUT = 2.0   # s a failing collective may spend publishing its state
+FLUSH_TIMEOUT = 10.0  # s a failing collective may spend publishing its state (a cut link)
 
 _lock = threading.Lock()
 _reporter: "Reporter | None" = None

@@ -120,11 +120,22 @@ class Diagnoser:
                                           alive=w is not None and w.proc.alive()))
         return infos
 
+    def _collective_failed(self) -> bool:
+        """A local rank exited with a collective's error (its error file's typed kind): a verdict
+        is due even if the rank's last state did not reach the store in time."""
+        for w in self.agent.workers:
+            if not w.proc.alive():
+                rec, _ = _error(w.proc.files.error_file)
+                if rec is not None and rec.get("kind") not in (None, "exception"):
+                    return True
+        return False
+
     def before_stop(self, agent, reason: str) -> None:
         if agent.stop_signal:          # the user asked to stop: no verdict needed
             return
         states = self.states()
-        if not any(s.get("in_flight") or s.get("failed") for s in states.values()):
+        if not (any(s.get("in_flight") or s.get("failed") for s in states.values())
+                or self._collective_failed()):
             return                 # no collective involved: the failure summary says it all
         t0 = time.time()
         agent.poll_live()                    # a rank that has exited since is not asked
