@@ -87,16 +87,18 @@ class Reporter:
                 "threads": {f"0x{t.ident:016x}": t.name for t in threading.enumerate() if t.ident}}
 
     def write(self, timeout: float | None = None) -> None:
-        """Publish the state now; give up after ``timeout`` s (None: the store client's).
+        """Publish the state now; give up after ``timeout`` s (None: FLUSH_TIMEOUT), waiting for
+        a write in progress included.
 
         A failing collective calls this with a short timeout: its error must not wait on a store
         that may be unreachable (a cut link), and npurun reads the error files too.
         """
-        if not self._write_lock.acquire(timeout=-1 if timeout is None else timeout):
+        deadline = time.monotonic() + (FLUSH_TIMEOUT if timeout is None else timeout)
+        if not self._write_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             return
         try:
             self.store.set(self.key, json.dumps(self.snapshot(), default=str).encode(),
-                           timeout=timeout)
+                           timeout=max(0.1, deadline - time.monotonic()))
         except Exception as e:  # the launcher may be gone at shutdown
             log.debug("cannot publish state: %s", e)
         finally:
