@@ -8,7 +8,10 @@ are just (stream, value) pairs, so recording one costs no task unless it needs a
 Waking a sleeping thread costs tens of microseconds here, more than a small kernel, and spinning
 under the GIL only makes it worse (measured). So a thread that synchronizes without a timeout
 runs the tasks the worker has not started yet itself, in order, under the stream's execution
-lock; the worker runs everything else. An idle stream sleeps on its condition: no core burns.
+lock; the worker runs everything else (a worker woken for a task such a thread is already
+running goes back to sleep instead of queueing on the lock). A thread blocked on the timeline
+is woken only when it reaches the value it waits for, not at every task: each needless wake-up
+is a GIL hand-off with the worker. An idle stream sleeps on its condition: no core burns.
 
 A task that raises puts the stream in an error state: tasks already enqueued behind it are
 skipped; the error is raised once, by the first synchronize that observes it, as TaskError
