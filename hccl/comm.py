@@ -16,6 +16,7 @@ communicator stays aborted: create a new one.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import threading
@@ -168,12 +169,10 @@ class Comm:
                 raise InvalidArgumentError(
                     f"{api}: {name} is on device {_device_of(b)} but the stream is on device {s.device_id}")
         p2p = op in (OpType.SEND, OpType.RECV)
-        fp_op = OpType.SEND if p2p else op
-        fp = Fingerprint.make(fp_op, count, dtype, redop, root)
         inplace = bufs.get("send") is not None and _same(bufs.get("send"), bufs.get("recv"))
         algo = config.algo() if config.algo_set() else "auto"   # auto: schedule.choose by size
-        steps = schedule.build(op, self.rank, self.size, count, dtype.itemsize, config.slice_bytes(),
-                               root=root, peer=peer, inplace=inplace, algo=algo)
+        steps, nbytes, fp, rec_fp = _plan(op, self.rank, self.size, count, dtype, redop, root, peer,
+                                          inplace, algo, config.slice_bytes())
         with self._lock:
             if p2p:
                 key = ("send" if op == OpType.SEND else "recv", peer)
@@ -184,15 +183,10 @@ class Comm:
                 seq = self._seq
         cid = self.comm_id | _P2P_BIT if p2p else self.comm_id
         site = site or callsite(3)
-        rec = recorder.enqueue(self, seq, Fingerprint.make(op, count, dtype, redop, root),
-                               stream=s.name, site=site, peer=peer,
+        rec = recorder.enqueue(self, seq, rec_fp, stream=s.name, site=site, peer=peer,
                                nbytes=count * dtype.itemsize)
         timeout, source = self._timeout()
         transport = self.world.transport
-        ext = schedule.buffer_extents(steps)
-        nbytes = {name: ext.get(name, 0) for name in ("send", "recv")}
-        if inplace:
-            nbytes["send"] = nbytes["recv"] = max(nbytes.values())
 
         def task():
             recorder.start(rec)
@@ -315,6 +309,23 @@ class Comm:
 
     def barrier(self, stream=None):
         collectives.barrier(self, stream, _site=callsite(2))
+
+
+@functools.lru_cache(maxsize=512)
+def _plan(op, rank, size, count, dtype, redop, root, peer, inplace, algo, slice_bytes):
+    """What a call needs that depends only on its shape, computed once per shape: the schedule,
+    the bytes of send and recv it touches, the wire fingerprint and the recorder's fingerprint
+    (Send and Recv share one wire fingerprint, so that a send matches its recv)."""
+    steps = schedule.build(op, rank, size, count, dtype.itemsize, slice_bytes, root=root, peer=peer,
+                           inplace=inplace, algo=algo)
+    ext = schedule.buffer_extents(steps)
+    nbytes = {name: ext.get(name, 0) for name in ("send", "recv")}
+    if inplace:
+        nbytes["send"] = nbytes["recv"] = max(nbytes.values())
+    rec_fp = Fingerprint.make(op, count, dtype, redop, root)
+    fp = Fingerprint.make(OpType.SEND, count, dtype, redop, root) \
+        if op in (OpType.SEND, OpType.RECV) else rec_fp
+    return steps, nbytes, fp, rec_fp
 
 
 _API_NAMES = {OpType.ALLREDUCE: "AllReduce", OpType.ALLGATHER: "AllGather",

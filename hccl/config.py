@@ -148,7 +148,7 @@ def shm_slot_bytes() -> int:
 
 
 def shm_spin_us() -> float | None:
-    """NPUSIM_SHM_SPIN_US: microseconds a waiter spins before it sleeps (default: 20, or 0
+    """NPUSIM_SHM_SPIN_US: microseconds a waiter spins before it sleeps (default: 200, or 0
     when the node runs more ranks than this process may use cores)."""
     if _raw("NPUSIM_SHM_SPIN_US") is None:
         return None

@@ -20,7 +20,7 @@ from hccl import abortrec
 from hccl.errors import (CollectiveMismatchError, HcclError, HcclTimeoutError,
                          InvalidArgumentError, RemoteRankError)
 from hccl.reduction import reduce_into
-from hccl.schedule import NONE, SCRATCH, Copy, LocalReduce, Recv, Send, buffer_extents
+from hccl.schedule import NONE, SCRATCH, Copy, LocalReduce, Recv, Send, buffer_extents, reduces
 from hccl.transport.base import (Aborted, FingerprintMismatch, PeerGone, PeerTimeout,
                                  TransportClosed, TransportError)
 from hccl.types import DataType, Fingerprint, ReduceOp, Result
@@ -81,6 +81,19 @@ def _address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
+class _Addresses(dict):
+    """Base address of each view, looked up only when a hazard check needs it (most small
+    collectives have no pending send, and reading an address costs microseconds)."""
+
+    def __init__(self, views: dict):
+        super().__init__()
+        self.views = views
+
+    def __missing__(self, name: str) -> int:
+        a = self[name] = _address(self.views[name])
+        return a
+
+
 def prepare_buffers(steps, buffers: dict) -> dict[str, np.ndarray]:
     """Flat uint8 views of ``buffers``, checked against what ``steps`` touch; allocates scratch.
 
@@ -132,14 +145,17 @@ def run(steps: Sequence, buffers: dict, op: ReduceOp | None, dtype, transport, c
     aborted or destroyed.
     """
     views = prepare_buffers(steps, buffers)
-    addr = {name: _address(v) for name, v in views.items()}
-    np_dtype = DataType.of(dtype).numpy if dtype is not None else None
-    if any(type(s) is Recv and s.reduce for s in steps):
+    addr = _Addresses(views)
+    if dtype is None:
+        np_dtype = None
+    else:
+        np_dtype = (dtype if type(dtype) is DataType else DataType.of(dtype)).numpy
+    if reduces(steps):
         if np_dtype is None or op is None:
             raise InvalidArgumentError("a reducing schedule needs op and dtype")
         op = ReduceOp.of(op)
     pending = _Pending(timeout, on_wait)
-    world = list(peers)
+    world = peers if type(peers) is list else list(peers)
     step = None
     try:
         for step in steps:
@@ -148,8 +164,9 @@ def run(steps: Sequence, buffers: dict, op: ReduceOp | None, dtype, transport, c
                 off, nb = step.offset, step.nbytes
                 payload = views[step.buf][off:off + nb] if nb else _EMPTY
                 handle = transport.send(world[step.peer], comm_id, seq, step.step, fp, payload)
-                lo = addr[step.buf] + off
-                pending.add(lo, lo + nb, handle, step.peer, step.step)
+                if nb and not handle.done():
+                    lo = addr[step.buf] + off
+                    pending.add(lo, lo + nb, handle, step.peer, step.step)
             elif kind is Recv:
                 if on_wait is not None:
                     on_wait(step.peer)
@@ -157,19 +174,21 @@ def run(steps: Sequence, buffers: dict, op: ReduceOp | None, dtype, transport, c
                                     _consumer(step, views, addr, pending, np_dtype, op, seq))
             elif kind is Copy:
                 nb = step.nbytes
-                src_lo = addr[step.src_buf] + step.src_off
-                dst_lo = addr[step.dst_buf] + step.dst_off
-                if nb and src_lo != dst_lo:
-                    pending.settle(dst_lo, dst_lo + nb)
-                    np.copyto(views[step.dst_buf][step.dst_off:step.dst_off + nb],
-                              views[step.src_buf][step.src_off:step.src_off + nb])
+                if nb and not (views[step.src_buf] is views[step.dst_buf]
+                               and step.src_off == step.dst_off):
+                    dst_lo = addr[step.dst_buf] + step.dst_off if pending.items else 0
+                    if not pending.items or addr[step.src_buf] + step.src_off != dst_lo:
+                        pending.settle(dst_lo, dst_lo + nb)
+                        np.copyto(views[step.dst_buf][step.dst_off:step.dst_off + nb],
+                                  views[step.src_buf][step.src_off:step.src_off + nb])
             elif kind is LocalReduce:
                 nb = step.nbytes
                 if nb:
                     if np_dtype is None or op is None:
                         raise InvalidArgumentError("a reducing schedule needs op and dtype")
-                    dst_lo = addr[step.dst_buf] + step.dst_off
-                    pending.settle(dst_lo, dst_lo + nb)
+                    if pending.items:
+                        dst_lo = addr[step.dst_buf] + step.dst_off
+                        pending.settle(dst_lo, dst_lo + nb)
                     reduce_into(views[step.dst_buf][step.dst_off:step.dst_off + nb].view(np_dtype),
                                 views[step.src_buf][step.src_off:step.src_off + nb].view(np_dtype), op)
             else:
@@ -190,8 +209,9 @@ def _consumer(step: Recv, views: dict, addr: dict, pending: _Pending, np_dtype, 
                 f"{step.step}, expected {nb}; the ranks disagree on the buffer layout",
                 Result.E_INTERNAL, seq=seq, peer=step.peer, step=step.step)
         if nb:
-            lo = addr[step.buf] + step.offset
-            pending.settle(lo, lo + nb)
+            if pending.items:
+                lo = addr[step.buf] + step.offset
+                pending.settle(lo, lo + nb)
             dst = views[step.buf][step.offset:step.offset + nb]
             if step.reduce:
                 reduce_into(dst.view(np_dtype), np.frombuffer(data, np_dtype), op)

@@ -600,9 +600,10 @@ def algorithms(name: str) -> dict[OpType, Builder]:
 
 class Schedule(list):
     """One rank's steps, shared by every call with the same arguments (never modify it);
-    remembers its ``buffer_extents``."""
+    remembers its ``buffer_extents`` and whether it ``reduces``."""
 
     extents: dict | None = None
+    reduces: bool | None = None
 
 
 def build(op, rank: int, size: int, count: int, itemsize: int, slice_bytes: int, *,
@@ -626,6 +627,18 @@ def build(op, rank: int, size: int, count: int, itemsize: int, slice_bytes: int,
 def _build(op, rank, size, count, itemsize, slice_bytes, root, peer, inplace, algo) -> Schedule:
     return Schedule(algorithms(algo)[op](rank, size, count, itemsize, slice_bytes, root=root,
                                          peer=peer, inplace=inplace))
+
+
+def reduces(steps) -> bool:
+    """True when a Recv of ``steps`` reduces into its region (needs op and dtype); remembered
+    by a ``Schedule``."""
+    cached = getattr(steps, "reduces", None)
+    if cached is not None:
+        return cached
+    out = any(type(s) is Recv and s.reduce for s in steps)
+    if isinstance(steps, Schedule):
+        steps.reduces = out
+    return out
 
 
 def buffer_extents(steps) -> dict[str, int]:

@@ -8,7 +8,10 @@ are just (stream, value) pairs, so recording one costs no task unless it needs a
 Waking a sleeping thread costs tens of microseconds here, more than a small kernel, and spinning
 under the GIL only makes it worse (measured). So a thread that synchronizes without a timeout
 runs the tasks the worker has not started yet itself, in order, under the stream's execution
-lock; the worker runs everything else. An idle stream sleeps on its condition: no core burns.
+lock; the worker runs everything else (a worker woken for a task such a thread is already
+running goes back to sleep instead of queueing on the lock). A thread blocked on the timeline
+is woken only when it reaches the value it waits for, not at every task: each needless wake-up
+is a GIL hand-off with the worker. An idle stream sleeps on its condition: no core burns.
 
 A task that raises puts the stream in an error state: tasks already enqueued behind it are
 skipped; the error is raised once, by the first synchronize that observes it, as TaskError
@@ -30,6 +33,7 @@ from .errors import InvalidParamError, SyncTimeoutError, TaskError, task_error_c
 log = logging.getLogger("runtime.stream")
 _ids = itertools.count(1)
 _perf = time.perf_counter
+_NEVER = float("inf")
 
 
 class _Task:
@@ -66,7 +70,8 @@ class Stream:
         self._error: TaskError | None = None
         self._error_seq = 0
         self._sleeping = False
-        self._waiters = 0
+        self._stealing = False        # a synchronizing thread holds _exec and runs the queue
+        self._wake_at = _NEVER          # lowest timeline value a blocked waiter needs
         self._running: _Task | None = None
         self._running_since = 0.0
         self._destroyed = False
@@ -131,9 +136,10 @@ class Stream:
     def _work(self):
         q, cv, ex = self._q, self._cv, self._exec
         while True:
-            if not q:
+            if not q or self._stealing:
                 with cv:
-                    while not q:
+                    # a synchronizing thread running the queue itself wakes us if it leaves work
+                    while not q or self._stealing:
                         self._sleeping = True
                         cv.wait()
                         self._sleeping = False
@@ -159,7 +165,8 @@ class Stream:
             self._running = None
         with self._cv:
             self._done = task.seq
-            if self._waiters:
+            if task.seq >= self._wake_at:   # not at every task: a waiter woken early only
+                self._wake_at = _NEVER      # sleeps again, at a GIL hand-off's cost
                 self._cv.notify_all()
 
     def _fail(self, task: _Task, exc: BaseException) -> None:
@@ -201,15 +208,12 @@ class Stream:
         if self._done < value:
             deadline = None if timeout is None else _perf() + timeout
             with self._cv:
-                self._waiters += 1
-                try:
-                    while self._done < value:
-                        left = None if deadline is None else deadline - _perf()
-                        if left is not None and left <= 0:
-                            raise self._timeout_error(timeout, what, value)
-                        self._cv.wait(left)
-                finally:
-                    self._waiters -= 1
+                while self._done < value:
+                    left = None if deadline is None else deadline - _perf()
+                    if left is not None and left <= 0:
+                        raise self._timeout_error(timeout, what, value)
+                    self._wake_at = min(self._wake_at, value)
+                    self._cv.wait(left)
         self._raise_error_upto(value)
 
     def _steal(self, value: int) -> None:
@@ -220,11 +224,18 @@ class Stream:
         """
         q = self._q
         if q and q[0] is not None and self._exec.acquire(blocking=False):
+            # while _stealing, a worker woken by enqueue goes back to sleep instead of blocking
+            # on the execution lock and waking a second time when it is released
+            self._stealing = True
             try:
                 while self._done < value and q and q[0] is not None:
                     self._run(q.popleft())
             finally:
-                self._exec.release()
+                with self._cv:
+                    self._stealing = False
+                    self._exec.release()
+                    if q and self._sleeping:
+                        self._cv.notify()
 
     def _raise_error_upto(self, value: int) -> None:
         if self._error is not None and self._error_seq <= value:
@@ -280,12 +291,9 @@ class Stream:
         if self._done >= value:
             return
         with self._cv:
-            self._waiters += 1
-            try:
-                while self._done < value:
-                    self._cv.wait(1.0)
-            finally:
-                self._waiters -= 1
+            while self._done < value:
+                self._wake_at = min(self._wake_at, value)
+                self._cv.wait(1.0)
 
     def record_event(self, event=None):
         """Record ``event`` (a new one when None) on this stream and return it."""

@@ -12,17 +12,22 @@ through the authenticated store; the ranks of its node map it read-write. Layout
 
 A sender copies header and payload into slot ``head % slots``, then advances ``head`` (x86 keeps
 stores in order, so a reader that sees the new head sees the slot), then rings the receiver's
-bell: a plain increment when nobody sleeps (spinning waiters see any change), else FUTEX_WAKE_OP,
-which adds to the bell and wakes the sleepers in one atomic system call. A full ring or a payload
-larger than a slot is refused (``post`` returns False): the caller sends it another way, so a
-send never blocks.
+bell: a plain increment, *then* a look at the bell's sleeper count and, if anyone sleeps, a
+FUTEX_WAKE (a system call costs 1-6 us, so it is made only when needed). A waiter counts itself
+as a sleeper *before* FUTEX_WAIT, which sleeps only if the bell still holds the value it read:
+so either the sender sees the sleeper and wakes it, or the sleeper sees the new bell. (The other
+order, look then increment, lost wake-ups whenever the sender was preempted in between: each
+cost a whole SLICE, measured often on a loaded machine.) The wake keeps the GIL: it never
+blocks. A full ring or a payload larger than a slot is refused (``post`` returns False): the
+caller sends it another way, so a send never blocks.
 
 A waiter reads the bell, looks for what it waits for, and if it is not there spins on the bell
 for ``spin`` seconds (0 when the node has more ranks than cores: spinning would starve the very
 rank it waits for; then it yields once), then sleeps in FUTEX_WAIT on the bell's old value: any
 post or ``poke`` after the read changes the bell, so the kernel refuses to sleep or wakes it.
-Sleeps are bounded by ``SLICE`` seconds anyway, so a wake-up lost to a race between two plain
-increments costs at most that, never a hang.
+Sleeps are bounded by ``SLICE`` seconds anyway (the wait re-checks close, abort and liveness),
+so the remaining window (two increments of one bell racing, a store reordered past a load, both
+nanoseconds wide) costs at most that, never a hang.
 
 Nothing in a slot is executable or unpickled: fixed-size integers and raw bytes. A segment is
 opened only by the name the store gave (checked against the job's naming), must belong to this
@@ -42,7 +47,7 @@ import threading
 import time
 
 MAGIC = 0x4E50_5553_4849_4D31          # "NPUSHIM1"
-_CTRL = struct.Struct("=IIQIIII")       # bell, waiters, magic, rank, rings, slots, slot_bytes
+_CTRL = struct.Struct("=IIQIIII")       # bell, sleepers, magic, rank, rings, slots, slot_bytes
 CTRL_BYTES = 64
 RING_HDR = 128                          # head at +0, tail at +64 (separate cache lines)
 SLOT_HDR = struct.Struct("=IIQQQq5q")   # kind, nbytes, comm_id, seq, step, value, fp
@@ -51,11 +56,12 @@ SLICE = 0.01                            # longest single sleep (s): bounds a los
 _NAME = re.compile(r"^npusim-[A-Za-z0-9_.]+-hccl-r[0-9]+-[0-9a-f]{16}$")
 
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
-_FUTEX_WAIT, _FUTEX_WAKE, _FUTEX_WAKE_OP = 0, 1, 5
-_WAKE_ADD_ONE = (1 << 28) | (1 << 12)   # FUTEX_OP(FUTEX_OP_ADD, 1, FUTEX_OP_CMP_EQ, 0)
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _INT_MAX = 0x7FFFFFFF
-_libc = ctypes.CDLL(None, use_errno=True)
+_libc = ctypes.CDLL(None, use_errno=True)          # releases the GIL: for the blocking wait
 _libc.syscall.restype = ctypes.c_long
+_pylibc = ctypes.PyDLL(None, use_errno=True)       # keeps the GIL: the wake never blocks, and
+_pylibc.syscall.restype = ctypes.c_long            # releasing it would hand it to another thread
 
 
 class _Timespec(ctypes.Structure):
@@ -73,9 +79,8 @@ def _futex_wait(addr: int, value: int, seconds: float) -> None:
                   ctypes.byref(ts), None, 0)
 
 
-def _futex_wake_add(addr: int) -> None:
-    _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAKE_OP, _INT_MAX, ctypes.c_void_p(0),
-                  ctypes.c_void_p(addr), _WAKE_ADD_ONE)
+def _futex_wake(addr: int) -> None:
+    _pylibc.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAKE, _INT_MAX, None, None, 0)
 
 
 class ChannelError(Exception):
@@ -112,11 +117,12 @@ class _Segment:
         return CTRL_BYTES + ring * self.ring_bytes + RING_HDR + (n % self.slots) * self.slot_bytes
 
     def ring(self) -> None:
-        """Tell this segment's owner that something changed."""
-        if self.u32[1]:
-            _futex_wake_add(self.bell_addr)
-        else:
-            self.u32[0] = (self.u32[0] + 1) & 0xFFFFFFFF
+        """Tell this segment's owner that something changed (the bell first, then the sleepers:
+        see the module note)."""
+        u32 = self.u32
+        u32[0] = (u32[0] + 1) & 0xFFFFFFFF
+        if u32[1]:
+            _futex_wake(self.bell_addr)
 
 
 def segment_bytes(rings: int, slots: int, slot_bytes: int) -> int:
