@@ -184,32 +184,27 @@ class Transport:
         may be in flight); then ``comm_id`` is aborted on every rank with a reason naming ``peer``
         and this wait raises ``PeerGone``.
         """
-        t0 = time.monotonic()
-        deadline = math.inf if timeout is None else t0 + max(0.0, timeout)
-        tick = config.liveness_interval()
-        next_check, gone, gone_at = t0 + tick, None, math.inf
+        wait = PeerWait(self, peer, timeout)
         with self._cond:
             while True:
-                if self._closed:
-                    raise TransportClosed(f"rank {self.rank}: transport closed")
-                ab = self._aborted.get(comm_id) or self._failed
-                if ab is not None:
-                    raise Aborted(*ab)
-                value = ready()
+                value = self._take(ready, comm_id)
                 if value is not None:
                     return value
-                now = time.monotonic()
-                if now >= deadline:
-                    raise PeerTimeout(peer, now - t0, self._timeout_note())
-                if gone is None and now >= next_check:
-                    gone = self._dead_peer(peer)
-                    next_check = now + tick
-                    if gone is not None:
-                        gone_at = now + DEAD_PEER_GRACE
-                if now >= gone_at:
+                pause = wait.pause()
+                if pause is None:
                     break
-                self._cond.wait(min(deadline, next_check if gone is None else gone_at) - now)
-        raise self._peer_gone(comm_id, peer, gone)   # outside the Condition: it takes link locks
+                self._cond.wait(pause)
+        raise self._peer_gone(comm_id, peer, wait.gone)   # outside the Condition: it takes link locks
+
+    def _take(self, ready: Callable[[], Any], comm_id: int) -> Any:
+        """``ready()``, unless the transport was closed or ``comm_id`` aborted (those raise);
+        call with the Condition held."""
+        if self._closed:
+            raise TransportClosed(f"rank {self.rank}: transport closed")
+        ab = self._aborted.get(comm_id) or self._failed
+        if ab is not None:
+            raise Aborted(*ab)
+        return ready()
 
     def _peer_gone(self, comm_id: int, peer: int, gone: str) -> PeerGone:
         """Abort ``comm_id`` on every rank naming the dead ``peer``; the wait raises the result."""
@@ -347,6 +342,37 @@ class Transport:
             self._boxes.clear()
             self._cond.notify_all()
             return True
+
+
+class PeerWait:
+    """The deadline and the liveness rule of one wait on ``peer``, for every transport's wait loop.
+
+    ``pause()`` gives the seconds to sleep before looking again, raises ``PeerTimeout`` once the
+    deadline passed, and returns None once ``_dead_peer`` named a reason (``gone``) and the grace
+    for what the peer sent before dying ran out.
+    """
+
+    __slots__ = ("t", "peer", "t0", "deadline", "tick", "look", "gone", "gone_at")
+
+    def __init__(self, t: "Transport", peer: int, timeout: float | None):
+        self.t, self.peer = t, peer
+        self.t0 = time.monotonic()
+        self.deadline = math.inf if timeout is None else self.t0 + max(0.0, timeout)
+        self.tick = config.liveness_interval()
+        self.look, self.gone, self.gone_at = self.t0 + self.tick, None, math.inf
+
+    def pause(self) -> float | None:
+        now = time.monotonic()
+        if now >= self.deadline:
+            raise PeerTimeout(self.peer, now - self.t0, self.t._timeout_note())
+        if self.gone is None and now >= self.look:
+            self.look = now + self.tick
+            self.gone = self.t._dead_peer(self.peer)
+            if self.gone is not None:
+                self.gone_at = now + DEAD_PEER_GRACE
+        if now >= self.gone_at:
+            return None
+        return min(self.deadline, self.look if self.gone is None else self.gone_at) - now
 
 
 def norm_fp(fp: Any) -> Fingerprint:

@@ -31,17 +31,15 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import os
-import time
 from typing import Any
 
 import numpy as np
 
 from hccl import config, wire
 from hccl.transport import shm
-from hccl.transport.base import (DEAD_PEER_GRACE, DONE, Aborted, Fingerprint, PeerTimeout, SendHandle,
-                                 Transport, TransportClosed, as_bytes_view, norm_fp)
+from hccl.transport.base import (DONE, Fingerprint, PeerWait, SendHandle, Transport,
+                                 as_bytes_view, norm_fp)
 from hccl.transport.zmq import MAX_MESSAGE, ZmqTransport, _AckHandle, _ShmRef
 from runtime import ipc
 
@@ -181,33 +179,18 @@ class NodeTransport(ZmqTransport):
         if handle is None:
             return super()._wait_until(ready, comm_id, peer, timeout)
         ch = self.channel
-        t0 = time.monotonic()
-        deadline = math.inf if timeout is None else t0 + max(0.0, timeout)
-        tick = config.liveness_interval()
-        look, gone, gone_at = t0 + tick, None, math.inf
+        wait = PeerWait(self, peer, timeout)          # the deadline and liveness rule of base
         while True:
             seen = ch.bell()
             ch.poll(peer, handle)
             with self._cond:
-                if self._closed:
-                    raise TransportClosed(f"rank {self.rank}: transport closed")
-                ab = self._aborted.get(comm_id) or self._failed
-                if ab is not None:
-                    raise Aborted(*ab)
-                value = ready()
-                if value is not None:
-                    return value
-            now = time.monotonic()
-            if now >= deadline:
-                raise PeerTimeout(peer, now - t0, self._timeout_note())
-            if gone is None and now >= look:      # the liveness rule of base.Transport
-                look = now + tick
-                gone = self._dead_peer(peer)
-                if gone is not None:
-                    gone_at = now + DEAD_PEER_GRACE
-            if now >= gone_at:
-                raise self._peer_gone(comm_id, peer, gone)
-            ch.wait(seen, min(deadline, gone_at) - now)
+                value = self._take(ready, comm_id)
+            if value is not None:
+                return value
+            pause = wait.pause()
+            if pause is None:
+                raise self._peer_gone(comm_id, peer, wait.gone)
+            ch.wait(seen, pause)
 
     # -- everything that can end a wait rings the bell ------------------------------------
     def _deliver(self, peer, comm_id, seq, step, fp, payload) -> None:
