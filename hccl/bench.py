@@ -37,7 +37,9 @@ def _busbw_factor(op: str, n: int) -> float:
     return 1.0
 
 
-def _run_once(op, comm, send, recv, count, dt, redop, stream):
+def enqueue(op: str, comm, send, recv, count, dt, redop, stream, root: int = 0) -> None:
+    """Enqueue collective ``op`` (its hccl function's name) with the bench's argument
+    conventions (AllToAll: ``count`` per peer both ways); hccl.stress uses it too."""
     if op == "all_reduce":
         hccl.all_reduce(send, recv, count, dt, redop, comm, stream)
     elif op == "all_gather":
@@ -45,11 +47,13 @@ def _run_once(op, comm, send, recv, count, dt, redop, stream):
     elif op == "reduce_scatter":
         hccl.reduce_scatter(send, recv, count, dt, redop, comm, stream)
     elif op == "broadcast":
-        hccl.broadcast(recv, count, dt, 0, comm, stream)
+        hccl.broadcast(recv, count, dt, root, comm, stream)
     elif op == "reduce":
-        hccl.reduce(send, recv, count, dt, redop, 0, comm, stream)
+        hccl.reduce(send, recv, count, dt, redop, root, comm, stream)
     elif op == "all_to_all":
         hccl.all_to_all(send, count, recv, count, dt, comm, stream)
+    elif op == "barrier":
+        hccl.barrier(comm, stream)
     else:
         raise SystemExit(f"hccl.bench: unknown collective {op!r}")
 
@@ -111,7 +115,7 @@ def main(argv=None) -> int:
         send = runtime.to_device(np.full(ns, rank + 1, dt.numpy))
         recv = send if a.op == "broadcast" else runtime.empty(nr, dt.numpy)
         for _ in range(a.warmup_iters):
-            _run_once(a.op, comm, send, recv, count, dt, redop, s)
+            enqueue(a.op, comm, send, recv, count, dt, redop, s)
         comm.barrier(stream=s)
         s.synchronize()
         if a.timing == "median":
@@ -119,7 +123,7 @@ def main(argv=None) -> int:
         else:
             t0 = time.perf_counter()
             for _ in range(a.iters):
-                _run_once(a.op, comm, send, recv, count, dt, redop, s)
+                enqueue(a.op, comm, send, recv, count, dt, redop, s)
             s.synchronize()
             t = (time.perf_counter() - t0) / max(a.iters, 1)
             t_dev.copy_from_host(np.array([t]))
@@ -161,7 +165,7 @@ def _median_of_slowest(a, comm, send, recv, count, dt, redop, s) -> float:
     ts = np.empty(a.iters, np.float64)
     for i in range(a.iters):
         t0 = time.perf_counter()
-        _run_once(a.op, comm, send, recv, count, dt, redop, s)
+        enqueue(a.op, comm, send, recv, count, dt, redop, s)
         s.synchronize()
         ts[i] = time.perf_counter() - t0
     dev = runtime.to_device(ts)

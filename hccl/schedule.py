@@ -9,12 +9,9 @@ reduces it into, or copies it to, its region; a Copy moves bytes between local b
 and sizes are bytes; buffers are named: ``"send"`` and ``"recv"`` (the user's), ``"scratch"``
 (staging the executor allocates, sized by ``buffer_extents``) and ``"none"`` (zero-byte messages).
 
-Chunks and slices. The buffer of a ring collective is cut into ``size`` chunks (rank r owns
-chunk r); chunks differ by at most one element when ``count`` is not divisible by ``size``. A
-chunk larger than ``slice_bytes`` (HCCL_BUFFSIZE) travels as slices of at most that many bytes,
-and each slice is a message. An empty chunk still sends one zero-byte message, so every rank
-exchanges messages (and fingerprints) with its ring neighbours whatever the count: a rank that
-called a different collective is detected on the first message instead of by a timeout.
+Chunks, slices and tags are defined in hccl/steps.py; Broadcast and Reduce by chain, tree or
+scatter live in hccl/rooted.py. This module holds the rest and the registry (``ALGORITHMS``,
+``choose``, ``build``).
 
 Ring AllReduce on n ranks = ReduceScatter (n-1 steps) then AllGather (n-1 steps) on ``recv``
 (after one ``send -> recv`` copy when out of place). In ReduceScatter step s rank r receives
@@ -30,10 +27,6 @@ step streams instead of waiting for the whole chunk. A region is never overwritt
 zero-copy Send still reads it: the executor waits that send first (write-after-send hazard), so
 schedules may reuse memory (ReduceScatter's two scratch slots, Reduce's two slice slots).
 
-Tags. ``step`` of Send/Recv is the message tag: ``ring_step * width + slice`` with ``width`` the
-most slices any chunk has, unique per (collective, peer, direction) and computed identically by
-sender and receiver.
-
 In place. ``inplace=True`` means recv is the same memory as send. AllReduce then skips its first
 copy; AllToAll stages send in scratch (its pairwise exchange overwrites chunks not yet sent). The
 other schedules are correct for aliased buffers as they are (the executor skips self-copies and
@@ -42,115 +35,22 @@ tracks hazards by address, not by buffer name).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import Callable, Union
 
 from hccl.errors import InvalidArgumentError
+from hccl.rooted import (chain_broadcast, chain_reduce, scatter_all_gather_broadcast,
+                         tree_broadcast, tree_reduce)
+from hccl.steps import (NONE, RECV, SCRATCH, SEND, Builder, Copy, Layout, LocalReduce, Recv,
+                        Send, Step, add_copy, check_args, check_rank, pieces, ring_gather, split)
 from hccl.types import OpType
 
-SEND = "send"
-RECV = "recv"
-SCRATCH = "scratch"
-NONE = "none"
-
-
-@dataclass(frozen=True, slots=True)
-class Send:
-    """Post ``buf[offset:offset+nbytes]`` to comm rank ``peer`` with tag ``step`` (non-blocking)."""
-
-    peer: int
-    buf: str
-    offset: int
-    nbytes: int
-    step: int
-
-
-@dataclass(frozen=True, slots=True)
-class Recv:
-    """Wait for tag ``step`` from ``peer``; reduce it into (``reduce``) or copy it to the region."""
-
-    peer: int
-    buf: str
-    offset: int
-    nbytes: int
-    step: int
-    reduce: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Copy:
-    """Local copy ``dst_buf[dst_off:+nbytes] = src_buf[src_off:+nbytes]``."""
-
-    src_buf: str
-    src_off: int
-    dst_buf: str
-    dst_off: int
-    nbytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class LocalReduce:
-    """Local reduction ``dst_buf[dst_off:+nbytes] op= src_buf[src_off:+nbytes]``."""
-
-    src_buf: str
-    src_off: int
-    dst_buf: str
-    dst_off: int
-    nbytes: int
-
-
-Step = Union[Send, Recv, Copy, LocalReduce]
-Builder = Callable[..., list]
-
-
-# --- layout helpers ---------------------------------------------------------------------------
-
-def split(count: int, parts: int) -> list[tuple[int, int]]:
-    """``(first element, elements)`` of each of ``parts`` chunks; sizes differ by at most one."""
-    base, extra = divmod(count, parts)
-    return [(i * base + min(i, extra), base + (1 if i < extra else 0)) for i in range(parts)]
-
-
-class _Layout:
-    """Byte slices of each chunk, and the tag stride that keeps tags unique."""
-
-    def __init__(self, chunks: list[tuple[int, int]], itemsize: int, slice_bytes: int):
-        per = max(1, slice_bytes // itemsize)
-        self.slices = []
-        for first, n in chunks:
-            pieces = [(first, 0)] if n == 0 else [
-                (first + o, min(per, n - o)) for o in range(0, n, per)]
-            self.slices.append([(f * itemsize, m * itemsize) for f, m in pieces])
-        self.width = max(len(s) for s in self.slices)
-
-    def tag(self, step: int, k: int) -> int:
-        return step * self.width + k
-
-
-def _check(rank: int, size: int, count: int, itemsize: int, slice_bytes: int) -> None:
-    if size < 1:
-        raise InvalidArgumentError(f"world size must be >= 1, got {size}")
-    if not 0 <= rank < size:
-        raise InvalidArgumentError(f"rank {rank} is out of range for size {size}")
-    if count < 0:
-        raise InvalidArgumentError(f"count must be >= 0, got {count}")
-    if itemsize < 1 or slice_bytes < 1:
-        raise InvalidArgumentError(
-            f"itemsize ({itemsize}) and slice_bytes ({slice_bytes}) must be positive")
-
-
-def _check_rank(name: str, value, size: int, rank: int | None = None) -> int:
-    if value is None or not 0 <= value < size:
-        raise InvalidArgumentError(f"{name} {value} is out of range for a communicator of {size}")
-    if rank is not None and value == rank:
-        raise InvalidArgumentError(f"{name} {value} is this rank itself; pick another rank")
-    return value
-
-
-def _copy(steps: list, src: str, src_off: int, dst: str, dst_off: int, nbytes: int) -> None:
-    if nbytes:
-        steps.append(Copy(src, src_off, dst, dst_off, nbytes))
-
+__all__ = [  # the steps and rooted builders are re-exported: callers import them from here
+    "NONE", "RECV", "SCRATCH", "SEND", "Builder", "Copy", "LocalReduce", "Recv", "Send", "Step",
+    "split", "chain_broadcast", "chain_reduce", "scatter_all_gather_broadcast", "tree_broadcast",
+    "tree_reduce", "one_shot_all_reduce", "ring_all_reduce", "ring_reduce_scatter",
+    "ring_all_gather", "rhd_all_reduce", "pairwise_all_to_all", "p2p_send", "p2p_recv",
+    "dissemination_barrier", "ALGORITHMS", "ONE_SHOT_BYTES", "HD_BYTES", "TREE_BYTES",
+    "SCATTER_MIN_RANKS", "choose", "algorithms", "Schedule", "build", "reduces",
+    "buffer_extents"]
 
 # --- one-shot AllReduce (small messages) -------------------------------------------------------
 
@@ -165,7 +65,7 @@ def one_shot_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, 
     same on every rank, so results are still bitwise identical. Own data is staged in scratch
     first, so in place is safe. Buffers larger than ``slice_bytes`` fall back to the ring.
     """
-    _check(rank, size, count, itemsize, slice_bytes)
+    check_args(rank, size, count, itemsize, slice_bytes)
     nb = count * itemsize
     if size == 1 or nb == 0 or nb > slice_bytes:
         return ring_all_reduce(rank, size, count, itemsize, slice_bytes, inplace=inplace)
@@ -183,16 +83,22 @@ def one_shot_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, 
 
 # --- ring collectives -------------------------------------------------------------------------
 
+def _all_reduce_start(rank, size, count, itemsize, slice_bytes, inplace) -> list:
+    """Check the arguments; out of place, AllReduce works on ``recv`` after one copy of ``send``."""
+    check_args(rank, size, count, itemsize, slice_bytes)
+    steps: list = []
+    if not inplace:
+        add_copy(steps, SEND, 0, RECV, 0, count * itemsize)
+    return steps
+
+
 def ring_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
                     inplace=False) -> list:
     """Ring AllReduce = ReduceScatter + AllGather on ``recv``: 2(n-1) ring steps."""
-    _check(rank, size, count, itemsize, slice_bytes)
-    steps: list = []
-    if not inplace:
-        _copy(steps, SEND, 0, RECV, 0, count * itemsize)
+    steps = _all_reduce_start(rank, size, count, itemsize, slice_bytes, inplace)
     if size == 1:
         return steps
-    lay = _Layout(split(count, size), itemsize, slice_bytes)
+    lay = Layout(split(count, size), itemsize, slice_bytes)
     nxt, prv = (rank + 1) % size, (rank - 1) % size
     total = 2 * (size - 1)
     for k, (off, nb) in enumerate(lay.slices[(rank - 1) % size]):
@@ -214,14 +120,14 @@ def ring_reduce_scatter(rank, size, count, itemsize, slice_bytes, *, root=None, 
     Partial sums live in two scratch slots of one chunk each (step s uses slot s % 2), so the
     user's send buffer is never written; the last step reduces straight into ``recv``.
     """
-    _check(rank, size, count, itemsize, slice_bytes)
+    check_args(rank, size, count, itemsize, slice_bytes)
     cb = count * itemsize
     steps: list = []
     if size == 1:
         if not inplace:
-            _copy(steps, SEND, 0, RECV, 0, cb)
+            add_copy(steps, SEND, 0, RECV, 0, cb)
         return steps
-    lay = _Layout([(c * count, count) for c in range(size)], itemsize, slice_bytes)
+    lay = Layout([(c * count, count) for c in range(size)], itemsize, slice_bytes)
     nxt, prv = (rank + 1) % size, (rank - 1) % size
     for k, (off, nb) in enumerate(lay.slices[(rank - 1) % size]):
         steps.append(Send(nxt, SEND, off, nb, lay.tag(0, k)))
@@ -231,7 +137,7 @@ def ring_reduce_scatter(rank, size, count, itemsize, slice_bytes, *, root=None, 
         for k, (off, nb) in enumerate(lay.slices[c]):
             rel = off - c * cb
             dst, dst_off = (RECV, rel) if last else (SCRATCH, (s % 2) * cb + rel)
-            _copy(steps, SEND, off, dst, dst_off, nb)
+            add_copy(steps, SEND, off, dst, dst_off, nb)
             steps.append(Recv(prv, dst, dst_off, nb, lay.tag(s, k), True))
             if not last:
                 steps.append(Send(nxt, dst, dst_off, nb, lay.tag(s + 1, k)))
@@ -241,32 +147,18 @@ def ring_reduce_scatter(rank, size, count, itemsize, slice_bytes, *, root=None, 
 def ring_all_gather(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
                     inplace=False) -> list:
     """Ring AllGather: ``count`` is the per-rank (send) count; n-1 ring steps on ``recv``."""
-    _check(rank, size, count, itemsize, slice_bytes)
+    check_args(rank, size, count, itemsize, slice_bytes)
     cb = count * itemsize
     steps: list = []
-    _copy(steps, SEND, 0, RECV, rank * cb, cb)
+    add_copy(steps, SEND, 0, RECV, rank * cb, cb)
     if size == 1:
         return steps
-    lay = _Layout([(c * count, count) for c in range(size)], itemsize, slice_bytes)
-    nxt, prv = (rank + 1) % size, (rank - 1) % size
-    for k, (off, nb) in enumerate(lay.slices[rank]):
-        steps.append(Send(nxt, RECV, off, nb, lay.tag(0, k)))
-    for t in range(size - 1):
-        c = (rank - t - 1) % size
-        for k, (off, nb) in enumerate(lay.slices[c]):
-            steps.append(Recv(prv, RECV, off, nb, lay.tag(t, k)))
-            if t < size - 2:
-                steps.append(Send(nxt, RECV, off, nb, lay.tag(t + 1, k)))
+    lay = Layout([(c * count, count) for c in range(size)], itemsize, slice_bytes)
+    ring_gather(steps, rank, size, lay, first=0)
     return steps
 
 
 # --- recursive halving / doubling AllReduce (medium messages) -----------------------------------
-
-def _pieces(first: int, n: int, itemsize: int, slice_bytes: int) -> list[tuple[int, int]]:
-    """Byte (offset, length) slices of elements [first, first+n); one empty piece if n is 0."""
-    return _Layout([(first, n)], itemsize, slice_bytes).slices[0]
-
-
 def rhd_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
                    inplace=False) -> list:
     """Recursive halving (ReduceScatter) then recursive doubling (AllGather): 2 log2 p rounds.
@@ -280,22 +172,19 @@ def rhd_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, peer=
     identical on every rank, like the ring. Each rank sends and receives about 2 (p-1)/p S
     bytes (plus S twice for a folded pair) in 2 log2 p rounds instead of 2 (n-1).
     """
-    _check(rank, size, count, itemsize, slice_bytes)
-    steps: list = []
-    if not inplace:
-        _copy(steps, SEND, 0, RECV, 0, count * itemsize)
+    steps = _all_reduce_start(rank, size, count, itemsize, slice_bytes, inplace)
     if size == 1:
         return steps
     p = 1 << (size.bit_length() - 1)
     rounds = p.bit_length() - 1
-    whole = _pieces(0, count, itemsize, slice_bytes)
+    whole = pieces(0, count, itemsize, slice_bytes)
     chunks = split(count, p)
-    width = max(len(whole), max(len(_pieces(f, m, itemsize, slice_bytes)) for f, m in chunks))
+    width = max(len(whole), max(len(pieces(f, m, itemsize, slice_bytes)) for f, m in chunks))
 
     def span(lo, hi):                    # chunks [lo, hi) as one element range
         first = chunks[lo][0]
         last = chunks[hi - 1][0] + chunks[hi - 1][1]
-        return _pieces(first, last - first, itemsize, slice_bytes)
+        return pieces(first, last - first, itemsize, slice_bytes)
 
     def exchange(other, give, take, tag, reduce):
         for k, (off, nb) in enumerate(give):
@@ -332,153 +221,6 @@ def rhd_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, peer=
     return steps
 
 
-# --- rooted collectives -----------------------------------------------------------------------
-
-def chain_broadcast(rank, size, count, itemsize, slice_bytes, *, root=0, peer=None,
-                    inplace=False) -> list:
-    """Pipelined chain root -> root+1 -> ... -> root-1 on ``recv``: n-1+slices-1 slice times."""
-    _check(rank, size, count, itemsize, slice_bytes)
-    _check_rank("root", root, size)
-    if size == 1:
-        return []
-    pos = (rank - root) % size
-    nxt, prv = (rank + 1) % size, (rank - 1) % size
-    steps: list = []
-    for k, (off, nb) in enumerate(_Layout([(0, count)], itemsize, slice_bytes).slices[0]):
-        if pos > 0:
-            steps.append(Recv(prv, RECV, off, nb, k))
-        if pos < size - 1:
-            steps.append(Send(nxt, RECV, off, nb, k))
-    return steps
-
-
-def chain_reduce(rank, size, count, itemsize, slice_bytes, *, root=0, peer=None,
-                 inplace=False) -> list:
-    """Pipelined chain root+1 -> root+2 -> ... -> root, reducing on the way.
-
-    Intermediate ranks accumulate in two scratch slots of one slice each (slice k uses slot
-    k % 2); only the root writes ``recv``.
-    """
-    _check(rank, size, count, itemsize, slice_bytes)
-    _check_rank("root", root, size)
-    steps: list = []
-    if rank == root:
-        _copy(steps, SEND, 0, RECV, 0, count * itemsize)
-    if size == 1:
-        return steps
-    pos = (rank - root - 1) % size          # 0 = head of the chain, size-1 = root
-    nxt, prv = (rank + 1) % size, (rank - 1) % size
-    pieces = _Layout([(0, count)], itemsize, slice_bytes).slices[0]
-    slot = pieces[0][1]
-    for k, (off, nb) in enumerate(pieces):
-        if pos == 0:
-            steps.append(Send(nxt, SEND, off, nb, k))
-        elif rank == root:
-            steps.append(Recv(prv, RECV, off, nb, k, True))
-        else:
-            acc = (k % 2) * slot
-            _copy(steps, SEND, off, SCRATCH, acc, nb)
-            steps.append(Recv(prv, SCRATCH, acc, nb, k, True))
-            steps.append(Send(nxt, SCRATCH, acc, nb, k))
-    return steps
-
-
-def scatter_all_gather_broadcast(rank, size, count, itemsize, slice_bytes, *, root=0,
-                                 peer=None, inplace=False) -> list:
-    """Broadcast as a scatter (the root sends chunk c to rank c) then a ring AllGather of the
-    chunks on ``recv``: the root sends (n-1)/n S instead of S, and every link carries S/n at a
-    time, so large buffers finish in about 2 S/n per link time instead of one rank's S."""
-    _check(rank, size, count, itemsize, slice_bytes)
-    _check_rank("root", root, size)
-    if size == 1:
-        return []
-    lay = _Layout(split(count, size), itemsize, slice_bytes)
-    steps: list = []
-    if rank == root:
-        for c in range(1, size):
-            dst = (root + c) % size
-            for k, (off, nb) in enumerate(lay.slices[dst]):
-                steps.append(Send(dst, RECV, off, nb, lay.tag(0, k)))
-    else:
-        for k, (off, nb) in enumerate(lay.slices[rank]):
-            steps.append(Recv(root, RECV, off, nb, lay.tag(0, k)))
-    nxt, prv = (rank + 1) % size, (rank - 1) % size
-    for k, (off, nb) in enumerate(lay.slices[rank]):
-        steps.append(Send(nxt, RECV, off, nb, lay.tag(1, k)))
-    for t in range(size - 1):
-        c = (rank - t - 1) % size
-        for k, (off, nb) in enumerate(lay.slices[c]):
-            steps.append(Recv(prv, RECV, off, nb, lay.tag(1 + t, k)))
-            if t < size - 2:
-                steps.append(Send(nxt, RECV, off, nb, lay.tag(2 + t, k)))
-    return steps
-
-
-def _binomial(v: int, size: int) -> tuple[int | None, list[int]]:
-    """Parent and children (largest subtree first) of relative rank ``v`` in a binomial tree."""
-    parent, mask = None, 1
-    while mask < size:
-        if v & mask:
-            parent = v - mask
-            break
-        mask <<= 1
-    children = []
-    mask >>= 1
-    while mask > 0:
-        if v + mask < size:
-            children.append(v + mask)
-        mask >>= 1
-    return parent, children
-
-
-def tree_broadcast(rank, size, count, itemsize, slice_bytes, *, root=0, peer=None,
-                   inplace=False) -> list:
-    """Pipelined binomial-tree Broadcast on ``recv``: ceil(log2 n) hops."""
-    _check(rank, size, count, itemsize, slice_bytes)
-    _check_rank("root", root, size)
-    if size == 1:
-        return []
-    parent, children = _binomial((rank - root) % size, size)
-    real = lambda v: (v + root) % size  # noqa: E731
-    steps: list = []
-    for k, (off, nb) in enumerate(_Layout([(0, count)], itemsize, slice_bytes).slices[0]):
-        if parent is not None:
-            steps.append(Recv(real(parent), RECV, off, nb, k))
-        for child in children:
-            steps.append(Send(real(child), RECV, off, nb, k))
-    return steps
-
-
-def tree_reduce(rank, size, count, itemsize, slice_bytes, *, root=0, peer=None,
-                inplace=False) -> list:
-    """Pipelined binomial-tree Reduce: children (smallest subtree first) reduce into a parent."""
-    _check(rank, size, count, itemsize, slice_bytes)
-    _check_rank("root", root, size)
-    steps: list = []
-    if rank == root:
-        _copy(steps, SEND, 0, RECV, 0, count * itemsize)
-    if size == 1:
-        return steps
-    parent, children = _binomial((rank - root) % size, size)
-    real = lambda v: (v + root) % size  # noqa: E731
-    pieces = _Layout([(0, count)], itemsize, slice_bytes).slices[0]
-    slot = pieces[0][1]
-    for k, (off, nb) in enumerate(pieces):
-        if parent is None:
-            buf, at = RECV, off
-        elif not children:
-            steps.append(Send(real(parent), SEND, off, nb, k))
-            continue
-        else:
-            buf, at = SCRATCH, (k % 2) * slot
-            _copy(steps, SEND, off, buf, at, nb)
-        for child in reversed(children):
-            steps.append(Recv(real(child), buf, at, nb, k, True))
-        if parent is not None:
-            steps.append(Send(real(parent), buf, at, nb, k))
-    return steps
-
-
 # --- all-to-all, point-to-point, barrier ------------------------------------------------------
 
 def pairwise_all_to_all(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
@@ -488,15 +230,15 @@ def pairwise_all_to_all(rank, size, count, itemsize, slice_bytes, *, root=None, 
     ``count`` is the per-peer count (send_count == recv_count). In place, ``send`` is staged in
     scratch first, because receiving chunk r-i would overwrite data not yet sent.
     """
-    _check(rank, size, count, itemsize, slice_bytes)
+    check_args(rank, size, count, itemsize, slice_bytes)
     cb = count * itemsize
     steps: list = []
     src = SEND
     if inplace and size > 1:
-        _copy(steps, SEND, 0, SCRATCH, 0, size * cb)
+        add_copy(steps, SEND, 0, SCRATCH, 0, size * cb)
         src = SCRATCH
-    _copy(steps, src, rank * cb, RECV, rank * cb, cb)
-    lay = _Layout([(c * count, count) for c in range(size)], itemsize, slice_bytes)
+    add_copy(steps, src, rank * cb, RECV, rank * cb, cb)
+    lay = Layout([(c * count, count) for c in range(size)], itemsize, slice_bytes)
     for i in range(1, size):
         to, frm = (rank + i) % size, (rank - i) % size
         for k, (off, nb) in enumerate(lay.slices[to]):
@@ -506,28 +248,30 @@ def pairwise_all_to_all(rank, size, count, itemsize, slice_bytes, *, root=None, 
     return steps
 
 
+def _p2p_slices(rank, size, count, itemsize, slice_bytes, peer) -> list[tuple[int, int]]:
+    check_args(rank, size, count, itemsize, slice_bytes)
+    check_rank("peer", peer, size, rank)
+    return pieces(0, count, itemsize, slice_bytes)
+
+
 def p2p_send(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
              inplace=False) -> list:
     """Point-to-point send of ``send[:count]`` to ``peer``, sliced; tags 0, 1, ..."""
-    _check(rank, size, count, itemsize, slice_bytes)
-    _check_rank("peer", peer, size, rank)
-    pieces = _Layout([(0, count)], itemsize, slice_bytes).slices[0]
-    return [Send(peer, SEND, off, nb, k) for k, (off, nb) in enumerate(pieces)]
+    return [Send(peer, SEND, off, nb, k) for k, (off, nb) in
+            enumerate(_p2p_slices(rank, size, count, itemsize, slice_bytes, peer))]
 
 
 def p2p_recv(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
              inplace=False) -> list:
     """Point-to-point receive of ``recv[:count]`` from ``peer``; mirror of ``p2p_send``."""
-    _check(rank, size, count, itemsize, slice_bytes)
-    _check_rank("peer", peer, size, rank)
-    pieces = _Layout([(0, count)], itemsize, slice_bytes).slices[0]
-    return [Recv(peer, RECV, off, nb, k) for k, (off, nb) in enumerate(pieces)]
+    return [Recv(peer, RECV, off, nb, k) for k, (off, nb) in
+            enumerate(_p2p_slices(rank, size, count, itemsize, slice_bytes, peer))]
 
 
 def dissemination_barrier(rank, size, count=0, itemsize=1, slice_bytes=1, *, root=None,
                           peer=None, inplace=False) -> list:
     """Dissemination barrier: in round j send to r+2^j, receive from r-2^j; ceil(log2 n) rounds."""
-    _check(rank, size, 0, 1, 1)
+    check_args(rank, size, 0, 1, 1)
     steps: list = []
     j, dist = 0, 1
     while dist < size:

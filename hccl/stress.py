@@ -118,23 +118,12 @@ def _prepare(comm_size: int, rank: int, spec: str, index: int, salt: int):
 def _enqueue(comm, spec: str, index: int, send, recv, stream) -> None:
     import hccl
     from hccl import DataType, ReduceOp
+    from hccl.bench import enqueue
     op, dtype, count, root, _, redop = _parse(spec, index)
     dt, rop = DataType.of(dtype), ReduceOp[redop]
     rank, size = comm.rank, comm.size
-    if op == "all_reduce":
-        hccl.all_reduce(send, recv, count, dt, rop, comm, stream)
-    elif op == "all_gather":
-        hccl.all_gather(send, recv, count, dt, comm, stream)
-    elif op == "reduce_scatter":
-        hccl.reduce_scatter(send, recv, count, dt, rop, comm, stream)
-    elif op == "broadcast":
-        hccl.broadcast(recv, count, dt, root, comm, stream)
-    elif op == "reduce":
-        hccl.reduce(send, recv, count, dt, rop, root, comm, stream)
-    elif op == "all_to_all":
-        hccl.all_to_all(send, count, recv, count, dt, comm, stream)
-    elif op == "barrier":
-        hccl.barrier(comm, stream)
+    if op != "sendrecv":
+        enqueue(op, comm, send, recv, count, dt, rop, stream, root)
     else:  # ring shift; even ranks send first so the order never deadlocks
         nxt, prv = (rank + 1) % size, (rank - 1) % size
         calls = [lambda: hccl.send(send, count, dt, nxt, comm, stream),

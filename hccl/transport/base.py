@@ -42,53 +42,59 @@ DEAD_PEER_GRACE = 2.0       # s a wait still takes what a dead peer sent (in fli
 
 
 class TransportError(Exception):
-    """Base of the transport's exceptions (the executor translates them into hccl errors)."""
+    """Base of the transport's exceptions (the executor translates them into hccl errors).
+
+    A subclass names its constructor arguments in ``fields`` (kept as attributes of the same
+    names) and its message in ``template``, formatted with those attributes."""
+
+    fields: tuple[str, ...] = ()
+    template = ""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        for name, value in zip(self.fields, args):
+            setattr(self, name, value)
+
+    def __str__(self) -> str:
+        if not self.template:
+            return super().__str__()
+        return self.template.format(**{f: getattr(self, f) for f in self.fields})
 
 
 class PeerTimeout(TransportError, TimeoutError):
     """Nothing arrived from ``peer`` for the awaited tag within ``waited`` seconds; ``note`` says
     what else the transport saw meanwhile (e.g. unauthenticated messages it dropped)."""
 
+    fields = ("peer", "waited", "note")
+    template = "no message from rank {peer} after {waited:.1f} s{note}"
+
     def __init__(self, peer: int, waited: float, note: str = ""):
         super().__init__(peer, waited, note)
-        self.peer, self.waited, self.note = peer, waited, note
-
-    def __str__(self) -> str:
-        return f"no message from rank {self.peer} after {self.waited:.1f} s{self.note}"
 
 
 class FingerprintMismatch(TransportError):
     """Rank ``peer`` sent, for the same ``seq``, a message of another collective (``theirs``)."""
 
-    def __init__(self, peer: int, seq: int, theirs: Fingerprint, mine: Fingerprint):
-        super().__init__(peer, seq, theirs, mine)
-        self.peer, self.seq, self.theirs, self.mine = peer, seq, tuple(theirs), tuple(mine)
+    fields = ("peer", "seq", "theirs", "mine")
+    template = ("seq {seq}: rank {peer} is in collective {theirs}, this rank in {mine} "
+                "(op, count, dtype, redop, root)")
 
-    def __str__(self) -> str:
-        return (f"seq {self.seq}: rank {self.peer} is in collective {self.theirs}, this rank in "
-                f"{self.mine} (op, count, dtype, redop, root)")
+    def __init__(self, peer: int, seq: int, theirs: Fingerprint, mine: Fingerprint):
+        super().__init__(peer, seq, tuple(theirs), tuple(mine))
 
 
 class Aborted(TransportError):
     """``comm_id`` was aborted by rank ``peer`` (this rank for a local abort) because of ``reason``."""
 
-    def __init__(self, peer: int, reason: str):
-        super().__init__(peer, reason)
-        self.peer, self.reason = peer, reason
-
-    def __str__(self) -> str:
-        return f"aborted by rank {self.peer}: {self.reason}"
+    fields = ("peer", "reason")
+    template = "aborted by rank {peer}: {reason}"
 
 
 class PeerGone(TransportError):
     """Rank ``peer``'s process has exited: what it announced can no longer be read."""
 
-    def __init__(self, peer: int, detail: str):
-        super().__init__(peer, detail)
-        self.peer, self.detail = peer, detail
-
-    def __str__(self) -> str:
-        return f"rank {self.peer}'s process has exited ({self.detail})"
+    fields = ("peer", "detail")
+    template = "rank {peer}'s process has exited ({detail})"
 
 
 class TransportClosed(TransportError):
