@@ -203,14 +203,23 @@ class Transport:
         raise self._peer_gone(comm_id, peer, wait.gone)   # outside the Condition: it takes link locks
 
     def _take(self, ready: Callable[[], Any], comm_id: int) -> Any:
-        """``ready()``, unless the transport was closed or ``comm_id`` aborted (those raise);
-        call with the Condition held."""
+        """``ready()``; if nothing is ready, raise when the transport was closed or ``comm_id``
+        aborted. Call with the Condition held.
+
+        A message that arrived before the abort is still taken: a rank that was only slow to
+        consume the last messages of a collective completes it (its peers have), so the abort
+        fails the collectives that cannot finish, not the ones already delivered. That keeps
+        the report's picture right: the slow rank goes on to its next call, which is recorded.
+        """
         if self._closed:
             raise TransportClosed(f"rank {self.rank}: transport closed")
+        value = ready()
+        if value is not None:
+            return value
         ab = self._aborted.get(comm_id) or self._failed
         if ab is not None:
             raise Aborted(*ab)
-        return ready()
+        return None
 
     def _peer_gone(self, comm_id: int, peer: int, gone: str) -> PeerGone:
         """Abort ``comm_id`` on every rank naming the dead ``peer``; the wait raises the result."""
