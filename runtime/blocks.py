@@ -194,12 +194,13 @@ def replace(old: Block) -> Block:
     (a freed handle is retired: it never goes out again)."""
     b = Block(old.addr, old.size, old.segment, old.stream)
     b.pending, b.seq = old.pending, old.seq
-    b.prev, b.next = old.prev, old.next
-    if b.prev is None:
+    b.prev = p = old.prev
+    b.next = n = old.next
+    if p is None:
         b.segment.head = b
     else:
-        b.prev.next = b
-    if b.next is not None:
-        b.next.prev = b
+        p.next = b
+    if n is not None:
+        n.prev = b
     old.prev = old.next = old.pending = None
     return b

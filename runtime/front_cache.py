@@ -29,10 +29,8 @@ class FrontCache:
         self.count = 0
         self.limit = limit
 
-    def park(self, b: Block) -> bool:
-        """Keep the free block ``b`` for its stream; False (nothing kept) when the cache is full."""
-        if self.count >= self.limit:
-            return False
+    def park(self, b: Block) -> None:
+        """Keep the free block ``b`` for its stream; the caller checks ``count < limit`` first."""
         key = (b.stream, b.size)
         lst = self._parked.get(key)
         if lst is None:
@@ -41,7 +39,6 @@ class FrontCache:
             lst.append(b)
         b.parked = True
         self.count += 1
-        return True
 
     def take(self, stream, size: int) -> Block | None:
         """Remove and return a block parked by ``stream`` of exactly ``size`` bytes, or None."""

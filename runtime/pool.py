@@ -3,12 +3,14 @@
 Design note
 -----------
 Layers, as in CuPy and torch's CUDACachingAllocator: ``CachingAllocator`` (this module: the
-policy; pure, no device, no threads, the caller serializes calls) -> ``FreeLists`` (best fit,
-``free_lists.py``) -> *segments* (one ``RawAllocator.reserve`` each) -> *blocks* (slices of a
-segment, split on malloc and merged with free neighbours on free: ``blocks.py``), with
-``Stat`` records for the statistics (``stats.py``). The raw allocator is injected, so the whole
-policy is tested without a device. Every call completes before it returns: what a caller
-observes after a free is the pool with that memory merged back into the free lists.
+policy; pure, no device, no threads, the caller serializes calls) -> ``FrontCache`` (parked
+blocks, ``front_cache.py``; optional) and ``FreeLists`` (best fit, ``free_lists.py``) ->
+*segments* (one ``RawAllocator.reserve`` each) -> *blocks* (slices of a segment, split on malloc
+and merged with free neighbours on free: ``blocks.py``), with ``Stat`` records for the
+statistics (``stats.py``); argument checks and ``MemMallocPolicy`` are in ``pool_args.py``. The
+raw allocator is injected, so the whole policy is tested without a device. Every call completes
+before it returns: what a caller observes after a free is the pool with that memory merged back
+into the free lists, or parked in the front cache (below).
 
 Sizes. Requests are rounded up to 512 bytes. Requests of at most 1 MiB come from the *small pool*,
 whose segments are 2 MiB of normal pages whatever the policy (a huge page per tiny tensor is the
@@ -38,6 +40,20 @@ ones (so a busy loop on one stream does not pile markers up). A block handed out
 memory carries its marker, so freeing it with ``ready=None`` keeps it pending. ``empty_cache``
 releases only whole free segments with no pending marker.
 
+Front cache. The runtime's pools (``front_cache=FRONT_CACHE_BLOCKS``; 0, the default here,
+turns it off) keep up to that many freed small-pool blocks *parked*: a free puts the memory in a
+new free block and leaves it unmerged in ``FrontCache`` (``front_cache.py``), under its stream
+and size, and a malloc of the same stream and rounded size takes it back before looking at the
+free lists. That skips the split and the merge of a loop that allocates and frees the same
+sizes. The rules, all of them: only small-pool blocks are parked (they never span their segment,
+so huge and normal pages never mix); when the cache is full a free merges as usual; a parked
+block keeps its stream and marker and only that stream takes it (stream order makes that safe
+while the marker is pending); no merge absorbs a parked block; and the cache is *flushed* (every
+parked block merged into the free lists as its free would have done) before a malloc reserves a
+segment, and by ``empty_cache``, ``set_memory_fraction`` and ``release_all``. A parked block is
+free memory in every statistic and query: not allocated, non-releasable (``inactive_split``),
+``inactive`` with ``parked`` set in the snapshot, counted by ``largest_free_block``.
+
 Limits. ``reserved`` never exceeds ``limit`` = capacity * fraction. When a new segment does not
 fit, the pool releases its cached whole free segments (counted in ``num_alloc_retries``) and
 tries again, then raises ``OutOfMemoryError`` with the numbers and the fix.
@@ -56,9 +72,7 @@ moves.
 """
 from __future__ import annotations
 
-import enum
 import math
-import operator
 from bisect import bisect_left, bisect_right, insort
 from typing import Protocol
 
@@ -67,14 +81,12 @@ from .blocks import KIND_POOL, LARGE_HUGE, LARGE_NORMAL, SMALL, Block, Segment
 from .errors import InvalidParamError, MemoryAccessError, OutOfMemoryError
 from .free_lists import FreeLists
 from .front_cache import FrontCache
+from .pool_args import (LARGE_KINDS, SMALL_KINDS, GiB, KiB, MemMallocPolicy, MiB, check_nbytes,
+                        format_size, policy_kinds)
 from .stats import MemoryStats, free_moved, malloc_moved, move, summary_table
 
 __all__ = ["Block", "CachingAllocator", "MemMallocPolicy", "RawAllocator", "Segment",
            "format_size"]
-
-KiB = 1 << 10
-MiB = 1 << 20
-GiB = 1 << 30
 
 ROUND = 512                    # every block size is a multiple of this
 SMALL_SIZE = 1 * MiB           # largest request served by the small pool
@@ -86,20 +98,6 @@ FRONT_CACHE_BLOCKS = 16        # blocks the runtime's pools may park (front_cach
 _ADDR_LIMIT = 1 << 64
 
 
-class MemMallocPolicy(enum.IntEnum):
-    """Page policy of ``malloc``; the values are ACL's ``aclrtMemMallocPolicy``."""
-
-    HUGE_FIRST = 0
-    HUGE_ONLY = 1
-    NORMAL_ONLY = 2
-
-
-_LARGE_KINDS = {
-    MemMallocPolicy.HUGE_FIRST: (LARGE_HUGE, LARGE_NORMAL),
-    MemMallocPolicy.HUGE_ONLY: (LARGE_HUGE,),
-    MemMallocPolicy.NORMAL_ONLY: (LARGE_NORMAL,),
-}
-_SMALL_KINDS = (SMALL,)
 _HUGE_FIRST = MemMallocPolicy.HUGE_FIRST
 
 
@@ -111,47 +109,6 @@ class RawAllocator(Protocol):
 
     def release(self, addr: int, nbytes: int) -> None:
         """Give back a range returned by ``reserve`` (same address and size)."""
-
-
-def format_size(nbytes: int) -> str:
-    """Human-readable size with two decimals: ``512 B``, ``1.50 KiB``, ``3.00 GiB``."""
-    if nbytes < KiB:
-        return f"{nbytes} B"
-    for unit, scale in (("TiB", 1 << 40), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.2f} {unit}"
-    return f"{nbytes} B"  # unreachable
-
-
-def _check_nbytes(nbytes) -> int:
-    """Return ``nbytes`` as an int > 0 or raise InvalidParamError (slow path of malloc)."""
-    if isinstance(nbytes, bool) or isinstance(nbytes, float):
-        raise InvalidParamError(
-            f"malloc: nbytes={nbytes!r} must be an int > 0 (got {type(nbytes).__name__})")
-    try:
-        n = operator.index(nbytes)
-    except TypeError:
-        raise InvalidParamError(
-            f"malloc: nbytes={nbytes!r} must be an int > 0 (got {type(nbytes).__name__})") from None
-    if n <= 0:
-        raise InvalidParamError(
-            f"malloc: nbytes={n} must be > 0; zero-size and negative allocations are not allowed "
-            f"(zero-size arrays take no device memory: do not malloc them)")
-    return n
-
-
-def _policy_kinds(policy) -> tuple:
-    """Large-pool kinds of a policy (a MemMallocPolicy or its ACL int), or InvalidParamError."""
-    kinds = None
-    if not isinstance(policy, (bool, float)):
-        try:
-            kinds = _LARGE_KINDS.get(operator.index(policy))
-        except TypeError:
-            pass
-    if kinds is None:
-        valid = ", ".join(f"MemMallocPolicy.{p.name} ({p.value})" for p in MemMallocPolicy)
-        raise InvalidParamError(f"malloc: unknown policy={policy!r}; valid policies: {valid}")
-    return kinds
 
 
 class CachingAllocator:
@@ -234,18 +191,18 @@ class CachingAllocator:
         OutOfMemoryError when the limit or the address space leaves no room.
         """
         if type(nbytes) is not int or nbytes <= 0:
-            nbytes = _check_nbytes(nbytes)
+            nbytes = check_nbytes(nbytes)
         if policy is _HUGE_FIRST:                    # the default: no enum hash (a Python call)
-            kinds = _LARGE_KINDS[_HUGE_FIRST]
+            kinds = LARGE_KINDS[_HUGE_FIRST]
         else:
-            kinds = _policy_kinds(policy)
+            kinds = policy_kinds(policy)
         try:
             hash(stream)
         except TypeError:
             raise InvalidParamError(f"malloc: stream={stream!r} must be hashable") from None
         size = (nbytes + ROUND - 1) // ROUND * ROUND
         if size <= SMALL_SIZE:
-            kinds = _SMALL_KINDS
+            kinds = SMALL_KINDS
             if self._front is not None:              # a block this stream parked, same size
                 b = self._front.take(stream, size)
                 if b is not None:                    # it was non-releasable (never a whole

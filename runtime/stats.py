@@ -134,19 +134,28 @@ def malloc_moved(records, size: int, requested: int, idle_bytes: int, idle_count
 def free_moved(records, size: int, requested: int, idle_bytes: int, idle_count: int) -> None:
     """The moves of a free (``records`` as for ``malloc_moved``): one block of ``size`` bytes
     (``requested`` asked for) less, the non-releasable free memory changed by ``idle_bytes`` in
-    ``idle_count`` blocks."""
+    ``idle_count`` blocks (a rise of both, spelled out: the common case)."""
     alloc, req, count, idle, idle_n = records
     alloc.current -= size
     req.current -= requested
     count.current -= 1
-    if idle_bytes > 0:
-        rise(idle, idle_bytes)
+    if idle_bytes > 0 and idle_count > 0:
+        idle.current = c = idle.current + idle_bytes
+        idle.allocated += idle_bytes
+        if c > idle.peak:
+            idle.peak = c
+        c += idle.other.current
+        if c > idle.total.peak:
+            idle.total.peak = c
+        idle_n.current = c = idle_n.current + idle_count
+        idle_n.allocated += idle_count
+        if c > idle_n.peak:
+            idle_n.peak = c
+        c += idle_n.other.current
+        if c > idle_n.total.peak:
+            idle_n.total.peak = c
     else:
-        idle.current += idle_bytes
-    if idle_count > 0:
-        rise(idle_n, idle_count)
-    else:
-        idle_n.current += idle_count
+        move((idle, idle_n), (idle_bytes, idle_count))
 
 
 class MemoryStats:
