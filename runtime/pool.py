@@ -77,11 +77,11 @@ from bisect import bisect_left, bisect_right, insort
 from typing import Protocol
 
 from . import blocks
-from .blocks import KIND_POOL, LARGE_HUGE, LARGE_NORMAL, SMALL, Block, Segment
+from .blocks import KIND_POOL, LARGE_HUGE, SMALL, Block, Segment
 from .errors import InvalidParamError, MemoryAccessError, OutOfMemoryError
 from .free_lists import FreeLists
 from .front_cache import FrontCache
-from .pool_args import (LARGE_KINDS, SMALL_KINDS, GiB, KiB, MemMallocPolicy, MiB, check_nbytes,
+from .pool_args import (LARGE_KINDS, SMALL_KINDS, KiB, MemMallocPolicy, MiB, check_nbytes,
                         format_size, policy_kinds)
 from .stats import MemoryStats, free_moved, malloc_moved, move, summary_table
 
