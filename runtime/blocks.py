@@ -57,14 +57,15 @@ class Block:
     Fields: ``addr``, ``size`` (bytes of the block, a multiple of 512, at least the rounded
     request), ``requested`` (bytes asked for), ``stream`` (of the last malloc), ``segment``,
     ``site`` (file:line of the malloc), ``huge`` (huge pages), ``pending`` (the marker that must
-    complete before another stream may reuse this memory, or None), ``gen`` (the allocation's
+    complete before another stream may reuse this memory, or None), ``parked`` (a free block
+    kept whole in the front cache: no merge absorbs it), ``gen`` (the allocation's
     generation, unique per malloc, 0 when free: ``allocated`` is ``gen != 0``). A freed handle is retired:
     its memory goes on in a free neighbour or a new free block, so the handle keeps its address, size and site for
     error messages and never goes out again.
     """
 
     __slots__ = ("addr", "size", "requested", "stream", "segment", "site", "prev", "next",
-                 "pending", "seq", "gen")
+                 "pending", "seq", "gen", "parked")
 
     def __init__(self, addr: int, size: int, segment: Segment, stream=None):
         self.addr = addr
@@ -78,6 +79,7 @@ class Block:
         self.pending = None         # marker object with .query(), None when ready
         self.seq = 0                # when the marker was attached; the later marker wins a merge
         self.gen = 0                # the allocation's generation; 0 when free
+        self.parked = False         # in the front cache: free, but not to be merged
 
     @property
     def allocated(self) -> bool:
@@ -133,8 +135,8 @@ def merge(b: Block, stream, free_lists, retire: bool = False) -> tuple[Block, in
     Returns ``(merged block, bytes, count)``: how the non-releasable free memory (free blocks of
     partly used segments: torch's inactive_split) changed, ``b`` not counted as such before.
 
-    A neighbour qualifies when it is ready, or pending on ``stream`` (``READY_ONLY``: none is);
-    each absorbed neighbour is taken off ``free_lists``. The merged memory keeps ``b``'s stream
+    A neighbour qualifies when it is free, not parked, and ready or pending on ``stream``
+    (``READY_ONLY``: none is); each absorbed neighbour is taken off ``free_lists``. The merged memory keeps ``b``'s stream
     and the latest marker: a later marker of a stream covers that stream's earlier work.
     ``b`` is the merged block, except with ``retire``: ``b`` is then a freed handle that must not
     be handed out again, so a neighbour takes the memory over (a new block when none qualifies)
@@ -142,14 +144,16 @@ def merge(b: Block, stream, free_lists, retire: bool = False) -> tuple[Block, in
     """
     first = last = b
     nb = b.prev
-    while nb is not None and not nb.gen and (nb.pending is None or nb.stream == stream):
+    while nb is not None and not nb.gen and not nb.parked and (
+            nb.pending is None or nb.stream == stream):
         first, nb = nb, nb.prev
     nb = b.next
-    while nb is not None and not nb.gen and (nb.pending is None or nb.stream == stream):
+    while nb is not None and not nb.gen and not nb.parked and (
+            nb.pending is None or nb.stream == stream):
         last, nb = nb, nb.next
     if first is last:
         if retire:
-            b = _replace(b)
+            b = replace(b)
         free_lists.insert(b)
         return (b, 0, 0) if b.size == b.segment.size else (b, b.size, 1)
     keep = b if not retire else first if first is not b else b.next
@@ -185,16 +189,18 @@ def merge(b: Block, stream, free_lists, retire: bool = False) -> tuple[Block, in
     return keep, keep.size - absorbed, 1 - count
 
 
-def _replace(old: Block) -> Block:
-    """A new free block in ``old``'s place (same memory, stream and marker); ``old`` is unlinked."""
+def replace(old: Block) -> Block:
+    """A new free block in ``old``'s place (same memory, stream and marker); ``old`` is unlinked
+    (a freed handle is retired: it never goes out again)."""
     b = Block(old.addr, old.size, old.segment, old.stream)
     b.pending, b.seq = old.pending, old.seq
-    b.prev, b.next = old.prev, old.next
-    if b.prev is None:
+    b.prev = p = old.prev
+    b.next = n = old.next
+    if p is None:
         b.segment.head = b
     else:
-        b.prev.next = b
-    if b.next is not None:
-        b.next.prev = b
+        p.next = b
+    if n is not None:
+        n.prev = b
     old.prev = old.next = old.pending = None
     return b

@@ -45,11 +45,12 @@ class Context:
     """Everything one simulated NPU owns in this process: memory, pool, streams."""
 
     def __init__(self, device_id: int):
-        from .pool import CachingAllocator
+        from .pool import FRONT_CACHE_BLOCKS, CachingAllocator
         self.device_id = device_id
         self.capacity = config.hbm_bytes()
         self.memory = DeviceMemory(device_id, self.capacity)
-        self.pool = CachingAllocator(self.memory, self.capacity, device_id)
+        self.pool = CachingAllocator(self.memory, self.capacity, device_id,
+                                     front_cache=FRONT_CACHE_BLOCKS)
         # a plain lock: a finalizer run by the garbage collector inside a pool call must not
         # re-enter the pool (see memory.free_from_gc); ``deferred`` holds what it hands over
         self.lock = threading.Lock()

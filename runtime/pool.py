@@ -3,12 +3,14 @@
 Design note
 -----------
 Layers, as in CuPy and torch's CUDACachingAllocator: ``CachingAllocator`` (this module: the
-policy; pure, no device, no threads, the caller serializes calls) -> ``FreeLists`` (best fit,
-``free_lists.py``) -> *segments* (one ``RawAllocator.reserve`` each) -> *blocks* (slices of a
-segment, split on malloc and merged with free neighbours on free: ``blocks.py``), with
-``Stat`` records for the statistics (``stats.py``). The raw allocator is injected, so the whole
-policy is tested without a device. Every call completes before it returns: what a caller
-observes after a free is the pool with that memory merged back into the free lists.
+policy; pure, no device, no threads, the caller serializes calls) -> ``FrontCache`` (parked
+blocks, ``front_cache.py``; optional) and ``FreeLists`` (best fit, ``free_lists.py``) ->
+*segments* (one ``RawAllocator.reserve`` each) -> *blocks* (slices of a segment, split on malloc
+and merged with free neighbours on free: ``blocks.py``), with ``Stat`` records for the
+statistics (``stats.py``); argument checks and ``MemMallocPolicy`` are in ``pool_args.py``. The
+raw allocator is injected, so the whole policy is tested without a device. Every call completes
+before it returns: what a caller observes after a free is the pool with that memory merged back
+into the free lists, or parked in the front cache (below).
 
 Sizes. Requests are rounded up to 512 bytes. Requests of at most 1 MiB come from the *small pool*,
 whose segments are 2 MiB of normal pages whatever the policy (a huge page per tiny tensor is the
@@ -38,6 +40,20 @@ ones (so a busy loop on one stream does not pile markers up). A block handed out
 memory carries its marker, so freeing it with ``ready=None`` keeps it pending. ``empty_cache``
 releases only whole free segments with no pending marker.
 
+Front cache. The runtime's pools (``front_cache=FRONT_CACHE_BLOCKS``; 0, the default here,
+turns it off) keep up to that many freed small-pool blocks *parked*: a free puts the memory in a
+new free block and leaves it unmerged in ``FrontCache`` (``front_cache.py``), under its stream
+and size, and a malloc of the same stream and rounded size takes it back before looking at the
+free lists. That skips the split and the merge of a loop that allocates and frees the same
+sizes. The rules, all of them: only small-pool blocks are parked (they never span their segment,
+so huge and normal pages never mix); when the cache is full a free merges as usual; a parked
+block keeps its stream and marker and only that stream takes it (stream order makes that safe
+while the marker is pending); no merge absorbs a parked block; and the cache is *flushed* (every
+parked block merged into the free lists as its free would have done) before a malloc reserves a
+segment, and by ``empty_cache``, ``set_memory_fraction`` and ``release_all``. A parked block is
+free memory in every statistic and query: not allocated, non-releasable (``inactive_split``),
+``inactive`` with ``parked`` set in the snapshot, counted by ``largest_free_block``.
+
 Limits. ``reserved`` never exceeds ``limit`` = capacity * fraction. When a new segment does not
 fit, the pool releases its cached whole free segments (counted in ``num_alloc_retries``) and
 tries again, then raises ``OutOfMemoryError`` with the numbers and the fix.
@@ -56,24 +72,21 @@ moves.
 """
 from __future__ import annotations
 
-import enum
 import math
-import operator
 from bisect import bisect_left, bisect_right, insort
 from typing import Protocol
 
 from . import blocks
-from .blocks import KIND_POOL, LARGE_HUGE, LARGE_NORMAL, SMALL, Block, Segment
+from .blocks import KIND_POOL, LARGE_HUGE, SMALL, Block, Segment
 from .errors import InvalidParamError, MemoryAccessError, OutOfMemoryError
 from .free_lists import FreeLists
-from .stats import MemoryStats, move, summary_table
+from .front_cache import FrontCache
+from .pool_args import (LARGE_KINDS, SMALL_KINDS, KiB, MemMallocPolicy, MiB, check_nbytes,
+                        format_size, policy_kinds)
+from .stats import MemoryStats, free_moved, malloc_moved, move, summary_table
 
 __all__ = ["Block", "CachingAllocator", "MemMallocPolicy", "RawAllocator", "Segment",
            "format_size"]
-
-KiB = 1 << 10
-MiB = 1 << 20
-GiB = 1 << 30
 
 ROUND = 512                    # every block size is a multiple of this
 SMALL_SIZE = 1 * MiB           # largest request served by the small pool
@@ -81,23 +94,10 @@ SMALL_SEGMENT = 2 * MiB        # size of every small-pool segment
 HUGE_PAGE = 2 * MiB
 NORMAL_PAGE = 4 * KiB
 LARGE_SPLIT_MIN = 1 * MiB      # a large block is split only if more than this remains
+FRONT_CACHE_BLOCKS = 16        # blocks the runtime's pools may park (front_cache.py)
 _ADDR_LIMIT = 1 << 64
 
 
-class MemMallocPolicy(enum.IntEnum):
-    """Page policy of ``malloc``; the values are ACL's ``aclrtMemMallocPolicy``."""
-
-    HUGE_FIRST = 0
-    HUGE_ONLY = 1
-    NORMAL_ONLY = 2
-
-
-_LARGE_KINDS = {
-    MemMallocPolicy.HUGE_FIRST: (LARGE_HUGE, LARGE_NORMAL),
-    MemMallocPolicy.HUGE_ONLY: (LARGE_HUGE,),
-    MemMallocPolicy.NORMAL_ONLY: (LARGE_NORMAL,),
-}
-_SMALL_KINDS = (SMALL,)
 _HUGE_FIRST = MemMallocPolicy.HUGE_FIRST
 
 
@@ -111,47 +111,6 @@ class RawAllocator(Protocol):
         """Give back a range returned by ``reserve`` (same address and size)."""
 
 
-def format_size(nbytes: int) -> str:
-    """Human-readable size with two decimals: ``512 B``, ``1.50 KiB``, ``3.00 GiB``."""
-    if nbytes < KiB:
-        return f"{nbytes} B"
-    for unit, scale in (("TiB", 1 << 40), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.2f} {unit}"
-    return f"{nbytes} B"  # unreachable
-
-
-def _check_nbytes(nbytes) -> int:
-    """Return ``nbytes`` as an int > 0 or raise InvalidParamError (slow path of malloc)."""
-    if isinstance(nbytes, bool) or isinstance(nbytes, float):
-        raise InvalidParamError(
-            f"malloc: nbytes={nbytes!r} must be an int > 0 (got {type(nbytes).__name__})")
-    try:
-        n = operator.index(nbytes)
-    except TypeError:
-        raise InvalidParamError(
-            f"malloc: nbytes={nbytes!r} must be an int > 0 (got {type(nbytes).__name__})") from None
-    if n <= 0:
-        raise InvalidParamError(
-            f"malloc: nbytes={n} must be > 0; zero-size and negative allocations are not allowed "
-            f"(zero-size arrays take no device memory: do not malloc them)")
-    return n
-
-
-def _policy_kinds(policy) -> tuple:
-    """Large-pool kinds of a policy (a MemMallocPolicy or its ACL int), or InvalidParamError."""
-    kinds = None
-    if not isinstance(policy, (bool, float)):
-        try:
-            kinds = _LARGE_KINDS.get(operator.index(policy))
-        except TypeError:
-            pass
-    if kinds is None:
-        valid = ", ".join(f"MemMallocPolicy.{p.name} ({p.value})" for p in MemMallocPolicy)
-        raise InvalidParamError(f"malloc: unknown policy={policy!r}; valid policies: {valid}")
-    return kinds
-
-
 class CachingAllocator:
     """Caching pool of one device: malloc/free of blocks carved from raw segments.
 
@@ -160,18 +119,24 @@ class CachingAllocator:
     """
 
     __slots__ = ("_raw", "device_id", "_capacity", "_fraction", "_limit", "_lists", "_live",
-                 "_seg_addrs", "_segs", "_seq", "_gen", "_raw_error", "_stats", "_kind_stats",
+                 "_seg_addrs", "_segs", "_seq", "_gen", "_raw_error", "_stats", "_kind_stats", "_front",
                  "num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free")
 
-    def __init__(self, raw: RawAllocator, capacity: int, device_id: int = 0):
+    def __init__(self, raw: RawAllocator, capacity: int, device_id: int = 0,
+                 front_cache: int = 0):
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
             raise InvalidParamError(f"CachingAllocator: capacity={capacity!r} must be an int > 0")
+        if isinstance(front_cache, bool) or not isinstance(front_cache, int) or front_cache < 0:
+            raise InvalidParamError(
+                f"CachingAllocator: front_cache={front_cache!r} must be an int >= 0 (blocks)")
         self._raw = raw
         self.device_id = device_id
         self._capacity = capacity
         self._fraction = 1.0
         self._limit = capacity
         self._lists = FreeLists()
+        # parked small blocks (see front_cache.py); None: every free merges at once
+        self._front = FrontCache(front_cache) if front_cache else None
         self._live: dict[int, Block] = {}       # addr -> allocated block
         self._seg_addrs: list[int] = []         # sorted segment addresses
         self._segs: dict[int, Segment] = {}
@@ -211,8 +176,10 @@ class CachingAllocator:
                             doc="Peak of ``reserved`` since the last ``reset_peak_stats``.")
 
     def largest_free_block(self) -> int:
-        """Size of the largest cached free block (ready or pending), 0 if none."""
-        return self._lists.largest()
+        """Size of the largest cached free block (ready, pending or parked), 0 if none."""
+        if self._front is None:
+            return self._lists.largest()
+        return max(self._lists.largest(), self._front.largest())
 
     # ------------------------------------------------------------------ malloc / free
     def malloc(self, nbytes: int, stream, policy=MemMallocPolicy.HUGE_FIRST,
@@ -224,44 +191,53 @@ class CachingAllocator:
         OutOfMemoryError when the limit or the address space leaves no room.
         """
         if type(nbytes) is not int or nbytes <= 0:
-            nbytes = _check_nbytes(nbytes)
+            nbytes = check_nbytes(nbytes)
         if policy is _HUGE_FIRST:                    # the default: no enum hash (a Python call)
-            kinds = _LARGE_KINDS[_HUGE_FIRST]
+            kinds = LARGE_KINDS[_HUGE_FIRST]
         else:
-            kinds = _policy_kinds(policy)
+            kinds = policy_kinds(policy)
         try:
             hash(stream)
         except TypeError:
             raise InvalidParamError(f"malloc: stream={stream!r} must be hashable") from None
         size = (nbytes + ROUND - 1) // ROUND * ROUND
         if size <= SMALL_SIZE:
-            kinds = _SMALL_KINDS
+            kinds = SMALL_KINDS
+            if self._front is not None:              # a block this stream parked, same size
+                b = self._front.take(stream, size)
+                if b is not None:                    # it was non-releasable (never a whole
+                    return self._hand_out(b, nbytes, stream, site, -size, -1)   # segment)
         b = self._lists.take(size, stream, kinds)
         if b is None:
             b = self._grow(size, nbytes, stream, kinds, policy)
         seg = b.segment
         whole = b.size == seg.size
         rest = b.size - size
-        # the statistics' deltas: allocated_bytes, requested_bytes, allocation, and
-        # inactive_split_bytes / inactive_split (non-releasable free blocks), by the net change
+        # how the non-releasable free memory (inactive_split) changes, by the net change
         if rest > LARGE_SPLIT_MIN or (rest and seg.kind == SMALL):
             if whole:                                # a whole segment got split: rest inactive
-                deltas = size, nbytes, 1, rest, 1
+                idle = rest, 1
             else:                                    # an inactive block shrank
-                deltas = size, nbytes, 1, -size, 0
+                idle = -size, 0
             h = blocks.split(b, size)
             self._lists.insert(b)
             b = h
         elif whole:
-            deltas = b.size, nbytes, 1, 0, 0
+            idle = 0, 0
         else:                                        # an inactive block, taken whole
-            deltas = b.size, nbytes, 1, -b.size, -1
+            idle = -b.size, -1
+        return self._hand_out(b, nbytes, stream, site, *idle)
+
+    def _hand_out(self, b: Block, nbytes: int, stream, site: str, idle_bytes: int,
+                  idle_count: int) -> Block:
+        """Make the unlisted free block ``b`` an allocation of ``nbytes`` on ``stream``, with a
+        new generation; the non-releasable free memory changed by ``idle_bytes`` / ``idle_count``."""
         b.requested = nbytes
         b.stream = stream
         b.site = site
         self._gen = b.gen = self._gen + 1
         self._live[b.addr] = b
-        move(self._kind_stats[seg.kind], deltas)
+        malloc_moved(self._kind_stats[b.segment.kind], b.size, nbytes, idle_bytes, idle_count)
         return b
 
     def free(self, block: Block, ready=None, gen: int | None = None) -> None:
@@ -285,10 +261,16 @@ class CachingAllocator:
         if ready is not None:
             self._seq += 1
             block.pending, block.seq = ready, self._seq
-        # the handle is retired: its memory goes on in a neighbour or a new free block
-        _, nbytes, count = blocks.merge(block, block.stream, self._lists, True)
-        move(self._kind_stats[block.segment.kind],
-             (-block.size, -block.requested, -1, nbytes, count))
+        seg = block.segment
+        front = self._front
+        # the handle is retired: its memory goes on in a new parked block, or in a neighbour
+        # or a new free block
+        if front is not None and seg.kind == SMALL and front.count < front.limit:
+            front.park(blocks.replace(block))
+            nbytes, count = block.size, 1            # a small block never spans its segment
+        else:
+            _, nbytes, count = blocks.merge(block, block.stream, self._lists, True)
+        free_moved(self._kind_stats[seg.kind], block.size, block.requested, nbytes, count)
 
     def _bad_free(self, block, gen=None) -> Exception:
         if not isinstance(block, Block):
@@ -307,6 +289,11 @@ class CachingAllocator:
     def _grow(self, size: int, nbytes: int, stream, kinds, policy) -> Block:
         """No cached fit: poll markers, reserve a segment, flush the cache and retry, or OOM."""
         self._raw_error = None
+        if self._front is not None and self._front.count:
+            self._flush_front()
+            b = self._lists.take(size, stream, kinds)
+            if b is not None:
+                return b
         if self._lists.n_pending and self._poll():
             b = self._lists.take(size, stream, kinds)
             if b is not None:
@@ -373,14 +360,27 @@ class CachingAllocator:
         b, nbytes, count = blocks.merge(b, blocks.READY_ONLY, self._lists)
         move(self._kind_stats[b.segment.kind], (0, 0, 0, nbytes - was[0], count - was[1]))
 
+    def _flush_front(self) -> None:
+        """Merge every parked block into the free lists, as its free would have done."""
+        for b in self._front.drain():
+            b.parked = False                         # the rest stay parked until their turn
+            size = b.size                            # counted as non-releasable: never a whole
+            _, nbytes, count = blocks.merge(b, b.stream, self._lists)    # segment (small)
+            move(self._kind_stats[SMALL], (0, 0, 0, nbytes - size, count - 1))
+
     def _release_cached(self) -> int:
         """Release every whole free segment without a pending marker; return the bytes freed."""
+        if self._front is not None and self._front.count:
+            self._flush_front()
         if self._lists.n_pending:
             self._poll()
         return sum(self._release_segment(b) for b in self._lists.whole_segments())
 
     def _releasable(self) -> int:
-        """Bytes ``_release_cached`` would give back now (after polling markers)."""
+        """Bytes ``_release_cached`` would give back now (after flushing the front cache and
+        polling markers)."""
+        if self._front is not None and self._front.count:
+            self._flush_front()
         if self._lists.n_pending:
             self._poll()
         return sum(b.size for b in self._lists.whole_segments())
@@ -410,6 +410,8 @@ class CachingAllocator:
         leaks = self.live_blocks()
         for b in leaks:
             self.free(b)
+        if self._front is not None:
+            self._flush_front()
         for b in self._lists.pending():
             self._make_ready(b)
         self._release_cached()
@@ -511,6 +513,7 @@ class CachingAllocator:
                     "site": b.site if b.allocated else "",
                     "stream": b.stream if b.allocated or b.pending is not None else None,
                     "pending": b.pending is not None and not b.allocated,
+                    "parked": b.parked,
                 })
             out.append({
                 "device": self.device_id,

@@ -55,9 +55,9 @@ class Marker:
         return self.done
 
 
-def make(capacity: int = 64 * MiB) -> tuple[CachingAllocator, FakeRaw]:
+def make(capacity: int = 64 * MiB, front_cache: int = 0) -> tuple[CachingAllocator, FakeRaw]:
     raw = FakeRaw()
-    return CachingAllocator(raw, capacity, device_id=0), raw
+    return CachingAllocator(raw, capacity, device_id=0, front_cache=front_cache), raw
 
 
 def seg_of(pool: CachingAllocator, block: Block) -> dict:
@@ -151,7 +151,8 @@ def test_best_fit_picks_the_smallest_block_that_fits():
     assert (x.addr, x.size) == (blocks[0].addr, 5 * KiB)
     rest = [b for b in seg_of(p, x)["blocks"] if b["address"] == x.addr + 5 * KiB]
     assert rest == [{"address": x.addr + 5 * KiB, "size": 3 * KiB, "requested_size": 0,
-                     "state": "inactive", "site": "", "stream": None, "pending": False}]
+                     "state": "inactive", "site": "", "stream": None, "pending": False,
+                     "parked": False}]
     assert p.malloc(10 * KiB, S1).addr == blocks[4].addr
 
 
@@ -538,9 +539,10 @@ def test_snapshot_structure():
         "requested_size": 1000, "stream": S1, "segment_type": "small", "huge": False,
         "blocks": [
             {"address": a.addr, "size": 1024, "requested_size": 1000, "state": "active_allocated",
-             "site": "a.py:1", "stream": S1, "pending": False},
+             "site": "a.py:1", "stream": S1, "pending": False, "parked": False},
             {"address": a.addr + 1024, "size": 2 * MiB - 1024, "requested_size": 0,
-             "state": "inactive", "site": "", "stream": None, "pending": False}]}
+             "state": "inactive", "site": "", "stream": None, "pending": False,
+             "parked": False}]}
     large = seg_of(p, b)
     assert (large["segment_type"], large["huge"], large["total_size"], large["stream"]) == \
         ("large", True, 4 * MiB, S2)
@@ -692,6 +694,7 @@ def _check(p: CachingAllocator, raw: FakeRaw, guards: list) -> None:
             assert b["address"] == addr and b["size"] > 0 and b["size"] % 512 == 0
             addr += b["size"]
             if b["state"] == "active_allocated":
+                assert not b["parked"]
                 live.append((b["address"], b["size"]))
                 acc["alloc"] += b["size"]
                 acc["req"] += b["requested_size"]
@@ -701,11 +704,15 @@ def _check(p: CachingAllocator, raw: FakeRaw, guards: list) -> None:
                 if len(blocks) > 1:
                     acc["inact"] += b["size"]
                     acc["inact_n"] += 1
-                if i and blocks[i - 1]["state"] == "inactive":   # merging is complete
-                    prev = blocks[i - 1]
+                parked = b["parked"] or i and blocks[i - 1]["parked"]
+                if i and blocks[i - 1]["state"] == "inactive" and not parked:
+                    prev = blocks[i - 1]                    # merging is complete (but parked)
                     assert prev["pending"] or b["pending"], "two ready free neighbours"
                     assert not (prev["pending"] and b["pending"] and prev["stream"] == b["stream"])
         assert addr == seg["address"] + seg["total_size"]
+    parked = [b for seg in snap for b in seg["blocks"] if b["parked"]]
+    assert all(b["state"] == "inactive" and b["size"] <= MiB for b in parked)
+    assert len(parked) <= (p._front.limit if p._front is not None else 0)
     live.sort()
     for (a0, n0), (a1, _) in zip(live, live[1:]):
         assert a0 + n0 <= a1, "live blocks overlap"
@@ -738,30 +745,36 @@ _ops = st.lists(st.one_of(
     st.tuples(st.just("progress"), st.integers(0, 2), st.integers(1, 3)),
     st.tuples(st.just("empty_cache")),
     st.tuples(st.just("fraction"), st.sampled_from([0.25, 0.5, 0.75, 1.0])),
+    # free, then about the same size again on the same stream (what the front cache serves)
+    st.tuples(st.just("again"), st.integers(0, 10 ** 6), st.booleans(), st.integers(-600, 600)),
 ), max_size=50)
 
 
+@pytest.mark.parametrize("front_cache", [0, 2, 16])
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_ops)
-def test_random_sequences_keep_invariants(ops):
-    p, raw = make(capacity=40 * MiB)
+@given(ops=_ops)
+def test_random_sequences_keep_invariants(front_cache, ops):
+    """Also with a front cache: parked blocks are free memory in every statistic."""
+    p, raw = make(capacity=40 * MiB, front_cache=front_cache)
     streams = [_StreamState() for _ in range(3)]
     live: list[tuple[Block, int]] = []
     guards: list[tuple[int, int, int, _OrderedMarker]] = []   # (lo, hi, stream, marker)
+    def alloc(n, si, policy):
+        try:
+            b = p.malloc(n, si, policy)
+        except OutOfMemoryError as e:
+            assert "capacity" in str(e)
+        else:
+            assert b.requested == n and b.size >= n and b.stream == si
+            for lo, hi, gs, m in guards:
+                if gs != si and lo < b.addr + b.size and b.addr < hi:
+                    assert m.query(), "pending memory handed to another stream"
+            live.append((b, si))
+
     for op in ops:
         if op[0] == "alloc":
-            _, n, si, policy = op
-            try:
-                b = p.malloc(n, si, policy)
-            except OutOfMemoryError as e:
-                assert "capacity" in str(e)
-            else:
-                assert b.requested == n and b.size >= n and b.stream == si
-                for lo, hi, gs, m in guards:
-                    if gs != si and lo < b.addr + b.size and b.addr < hi:
-                        assert m.query(), "pending memory handed to another stream"
-                live.append((b, si))
-        elif op[0] == "free" and live:
+            alloc(*op[1:])
+        elif op[0] in ("free", "again") and live:
             b, si = live.pop(op[1] % len(live))
             if op[2]:
                 s = streams[si]
@@ -771,6 +784,9 @@ def test_random_sequences_keep_invariants(ops):
                 p.free(b, m)
             else:
                 p.free(b)
+            if op[0] == "again":
+                _check(p, raw, guards)
+                alloc(max(1, b.requested + op[3]), si, MemMallocPolicy.HUGE_FIRST)
         elif op[0] == "progress":
             s = streams[op[1]]
             s.done = min(s.issued, s.done + op[2])
