@@ -39,14 +39,21 @@ class FlightRecorder:
         # (comm id, rank) -> [last enqueued seq, last completed seq, comm name]
         self.progress: dict[tuple, list] = {}
 
-    def enqueue(self, comm, seq: int, fp, *, stream: str, site: str, peer=None, nbytes=0) -> Record:
+    @staticmethod
+    def names(fp) -> tuple:
+        """(op, count, dtype, redop, root) of a fingerprint as a record shows them; a caller
+        that sees the same fingerprint often computes this once and passes it to ``enqueue``."""
+        return (str(_name(fp.op)), fp.count, str(_name(fp.dtype)),
+                str(_name(fp.redop)) if fp.redop != -1 else None,
+                fp.root if fp.root != -1 else None)
+
+    def enqueue(self, comm, seq: int, fp, *, stream: str, site: str, peer=None, nbytes=0,
+                names: tuple | None = None) -> Record:
+        """A new record, in state "enqueued"; ``names`` is ``names(fp)`` when already known."""
         r = Record()
         r.comm, r.comm_id, r.rank, r.seq = comm.name, comm.comm_id, comm.rank, seq
         r.members = list(comm.ranks)
-        r.op = str(_name(fp.op))
-        r.count, r.dtype = fp.count, str(_name(fp.dtype))
-        r.redop = str(_name(fp.redop)) if fp.redop != -1 else None
-        r.root = fp.root if fp.root != -1 else None
+        r.op, r.count, r.dtype, r.redop, r.root = names or self.names(fp)
         r.peer, r.stream, r.site, r.nbytes = peer, stream, site, nbytes
         r.state, r.t_enqueued = "enqueued", time.time()
         r.t_started = r.t_completed = r.waiting_for = r.waiting_since = r.error = None
