@@ -83,7 +83,7 @@ class Comm:
         self.comm_id = comm_id
         self.name = name
         self.exec_timeout: float | None = None
-        self._knobs: tuple | None = None        # (algorithm, slice bytes), read at the first call
+        self._knobs: tuple | None = None        # (algorithm, slice bytes): _read_knobs
         self._env_timeout: float | None = None  # HCCL_EXEC_TIMEOUT, read at the first use
         self._seq = 0
         self._p2p: dict[tuple[str, int], int] = {}
@@ -111,13 +111,6 @@ class Comm:
         if t is None:
             t = self._env_timeout = config.exec_timeout()
         return t, f"HCCL_EXEC_TIMEOUT={t:g}"
-
-    def _read_knobs(self) -> tuple:
-        """HCCL_ALGO and the slice size, read once per communicator (at its first collective,
-        so a bad value fails that call as it always did, and fails it again if not fixed)."""
-        algo = config.algo() if config.algo_set() else "auto"   # auto: schedule.choose by size
-        self._knobs = (algo, config.slice_bytes())
-        return self._knobs
 
     def destroy(self) -> None:
         """Release the communicator (HcclCommDestroy); later calls on it raise E_PARA."""
@@ -181,9 +174,10 @@ class Comm:
                     f"{api}: {name} is on device {_device_of(b)} but the stream is on device {s.device_id}")
         p2p = op in (OpType.SEND, OpType.RECV)
         inplace = bufs.get("send") is not None and _same(bufs.get("send"), bufs.get("recv"))
-        algo, slice_bytes = self._knobs or self._read_knobs()
+        knobs = self._knobs or _read_knobs()
         steps, nbytes, fp, rec_fp, names = _plan(op, self.rank, self.size, count, dtype, redop,
-                                                 root, peer, inplace, algo, slice_bytes)
+                                                 root, peer, inplace, *knobs)
+        self._knobs = knobs     # kept once a call was planned with them (a bad one is not kept)
         with self._lock:
             if p2p:
                 key = ("send" if op == OpType.SEND else "recv", peer)
@@ -320,6 +314,13 @@ class Comm:
 
     def barrier(self, stream=None):
         collectives.barrier(self, stream, _site=callsite(2))
+
+
+def _read_knobs() -> tuple:
+    """(HCCL_ALGO, slice bytes) for ``_plan``. A communicator keeps them from its first planned
+    collective on; a bad value fails each call until it is fixed, as when read at every call."""
+    algo = config.algo() if config.algo_set() else "auto"   # auto: schedule.choose by size
+    return algo, config.slice_bytes()
 
 
 @functools.lru_cache(maxsize=512)

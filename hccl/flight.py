@@ -7,6 +7,7 @@ a collective fails. Updates are plain attribute writes under one lock: cheap eno
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import threading
@@ -98,12 +99,35 @@ class FlightRecorder:
             recs = sorted(self._inflight.values(), key=lambda r: r.t_enqueued)
         return [r.to_dict() for r in recs]
 
+    def tail(self, recent: int, failed: int) -> dict:
+        """What a frequent publisher needs, converting only those records (the ring holds up to
+        NPUSIM_TRACE_BUFFER; a full ``dump`` of 2000 costs tens of ms): ``recent``, the last
+        ``recent`` records; ``failed``, the last ``failed`` failed ones still in the ring (both
+        oldest first); ``in_flight`` and ``progress`` as ``dump`` gives them."""
+        with self._lock:
+            records = self._records
+            last = [r.to_dict() for r in itertools.islice(
+                reversed(records), recent)][::-1] if recent > 0 else []
+            bad = []
+            if failed > 0:
+                for r in reversed(records):
+                    if r.state == "failed":
+                        bad.append(r.to_dict())
+                        if len(bad) == failed:
+                            break
+            progress = self._progress_list()
+        return {"recent": last, "failed": bad[::-1], "in_flight": self.in_flight(),
+                "progress": progress}
+
+    def _progress_list(self) -> list[dict]:
+        return [{"comm": v[2], "comm_id": c, "rank": rk, "last_enqueued": v[0],
+                 "last_completed": v[1]} for (c, rk), v in self.progress.items()]
+
     def dump(self) -> dict:
         """Everything as JSON-able data: records (oldest first), in-flight ones, progress."""
         with self._lock:
             records = [r.to_dict() for r in self._records]
-            progress = [{"comm": v[2], "comm_id": c, "rank": rk, "last_enqueued": v[0],
-                         "last_completed": v[1]} for (c, rk), v in self.progress.items()]
+            progress = self._progress_list()
         return {"pid": os.getpid(), "rank": os.environ.get("RANK"), "time": time.time(),
                 "records": records, "in_flight": self.in_flight(), "progress": progress}
 
