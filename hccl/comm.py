@@ -83,6 +83,8 @@ class Comm:
         self.comm_id = comm_id
         self.name = name
         self.exec_timeout: float | None = None
+        self._knobs: tuple | None = None        # (algorithm, slice bytes): _read_knobs
+        self._env_timeout: float | None = None  # HCCL_EXEC_TIMEOUT, read at the first use
         self._seq = 0
         self._p2p: dict[tuple[str, int], int] = {}
         self._subs: dict[tuple, int] = {}
@@ -105,7 +107,9 @@ class Comm:
     def _timeout(self) -> tuple[float, str]:
         if self.exec_timeout is not None:
             return self.exec_timeout, f"comm.set_exec_timeout({self.exec_timeout:g})"
-        t = config.exec_timeout()
+        t = self._env_timeout
+        if t is None:
+            t = self._env_timeout = config.exec_timeout()
         return t, f"HCCL_EXEC_TIMEOUT={t:g}"
 
     def destroy(self) -> None:
@@ -170,9 +174,10 @@ class Comm:
                     f"{api}: {name} is on device {_device_of(b)} but the stream is on device {s.device_id}")
         p2p = op in (OpType.SEND, OpType.RECV)
         inplace = bufs.get("send") is not None and _same(bufs.get("send"), bufs.get("recv"))
-        algo = config.algo() if config.algo_set() else "auto"   # auto: schedule.choose by size
-        steps, nbytes, fp, rec_fp = _plan(op, self.rank, self.size, count, dtype, redop, root, peer,
-                                          inplace, algo, config.slice_bytes())
+        knobs = self._knobs or _read_knobs()
+        steps, nbytes, fp, rec_fp, names = _plan(op, self.rank, self.size, count, dtype, redop,
+                                                 root, peer, inplace, *knobs)
+        self._knobs = knobs     # kept once a call was planned with them (a bad one is not kept)
         with self._lock:
             if p2p:
                 key = ("send" if op == OpType.SEND else "recv", peer)
@@ -184,7 +189,7 @@ class Comm:
         cid = self.comm_id | _P2P_BIT if p2p else self.comm_id
         site = site or callsite(3)
         rec = recorder.enqueue(self, seq, rec_fp, stream=s.name, site=site, peer=peer,
-                               nbytes=count * dtype.itemsize)
+                               nbytes=count * dtype.itemsize, names=names)
         timeout, source = self._timeout()
         transport = self.world.transport
 
@@ -311,11 +316,19 @@ class Comm:
         collectives.barrier(self, stream, _site=callsite(2))
 
 
+def _read_knobs() -> tuple:
+    """(HCCL_ALGO, slice bytes) for ``_plan``. A communicator keeps them from its first planned
+    collective on; a bad value fails each call until it is fixed, as when read at every call."""
+    algo = config.algo() if config.algo_set() else "auto"   # auto: schedule.choose by size
+    return algo, config.slice_bytes()
+
+
 @functools.lru_cache(maxsize=512)
 def _plan(op, rank, size, count, dtype, redop, root, peer, inplace, algo, slice_bytes):
     """What a call needs that depends only on its shape, computed once per shape: the schedule,
-    the bytes of send and recv it touches, the wire fingerprint and the recorder's fingerprint
-    (Send and Recv share one wire fingerprint, so that a send matches its recv)."""
+    the bytes of send and recv it touches, the wire fingerprint, the recorder's fingerprint
+    (Send and Recv share one wire fingerprint, so that a send matches its recv) and the
+    recorder's names for it."""
     steps = schedule.build(op, rank, size, count, dtype.itemsize, slice_bytes, root=root, peer=peer,
                            inplace=inplace, algo=algo)
     ext = schedule.buffer_extents(steps)
@@ -325,7 +338,7 @@ def _plan(op, rank, size, count, dtype, redop, root, peer, inplace, algo, slice_
     rec_fp = Fingerprint.make(op, count, dtype, redop, root)
     fp = Fingerprint.make(OpType.SEND, count, dtype, redop, root) \
         if op in (OpType.SEND, OpType.RECV) else rec_fp
-    return steps, nbytes, fp, rec_fp
+    return steps, nbytes, fp, rec_fp, recorder.names(rec_fp)
 
 
 _API_NAMES = {OpType.ALLREDUCE: "AllReduce", OpType.ALLGATHER: "AllGather",

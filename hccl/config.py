@@ -1,4 +1,7 @@
-"""Every environment knob of hccl, read in one place, at call time.
+"""Every environment knob of hccl, read in one place.
+
+A communicator reads the knobs of its collectives (HCCL_ALGO, the slice size,
+HCCL_EXEC_TIMEOUT) once, at its first use of them, and keeps them.
 
 Names and units follow HCCL. A bad value raises ``InvalidArgumentError`` naming the variable, the
 value and what is expected, instead of being silently replaced by the default.

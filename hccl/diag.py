@@ -75,13 +75,13 @@ class Reporter:
         self.worlds.append(world)
 
     def snapshot(self) -> dict:
-        d = recorder.dump()
-        records = d["records"]
+        # every interval: only the records published are converted, not the whole ring
+        d = recorder.tail(_RECENT, 8)
         return {"rank": self.rank, "pid": os.getpid(), "time": time.time(),
                 "interval": self.interval, "host": self.host, "node": self.node,
                 "in_flight": d["in_flight"], "progress": d["progress"],
-                "recent": records[-_RECENT:],
-                "failed": [r for r in records if r["state"] == "failed"][-8:],
+                "recent": d["recent"],
+                "failed": d["failed"],
                 "aborted": self.aborted,
                 # faulthandler prints thread ids only: the launcher names them with this
                 "threads": {f"0x{t.ident:016x}": t.name for t in threading.enumerate() if t.ident}}

@@ -7,6 +7,7 @@ a collective fails. Updates are plain attribute writes under one lock: cheap eno
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import threading
@@ -39,14 +40,21 @@ class FlightRecorder:
         # (comm id, rank) -> [last enqueued seq, last completed seq, comm name]
         self.progress: dict[tuple, list] = {}
 
-    def enqueue(self, comm, seq: int, fp, *, stream: str, site: str, peer=None, nbytes=0) -> Record:
+    @staticmethod
+    def names(fp) -> tuple:
+        """(op, count, dtype, redop, root) of a fingerprint as a record shows them; a caller
+        that sees the same fingerprint often computes this once and passes it to ``enqueue``."""
+        return (str(_name(fp.op)), fp.count, str(_name(fp.dtype)),
+                str(_name(fp.redop)) if fp.redop != -1 else None,
+                fp.root if fp.root != -1 else None)
+
+    def enqueue(self, comm, seq: int, fp, *, stream: str, site: str, peer=None, nbytes=0,
+                names: tuple | None = None) -> Record:
+        """A new record, in state "enqueued"; ``names`` is ``names(fp)`` when already known."""
         r = Record()
         r.comm, r.comm_id, r.rank, r.seq = comm.name, comm.comm_id, comm.rank, seq
         r.members = list(comm.ranks)
-        r.op = str(_name(fp.op))
-        r.count, r.dtype = fp.count, str(_name(fp.dtype))
-        r.redop = str(_name(fp.redop)) if fp.redop != -1 else None
-        r.root = fp.root if fp.root != -1 else None
+        r.op, r.count, r.dtype, r.redop, r.root = names or self.names(fp)
         r.peer, r.stream, r.site, r.nbytes = peer, stream, site, nbytes
         r.state, r.t_enqueued = "enqueued", time.time()
         r.t_started = r.t_completed = r.waiting_for = r.waiting_since = r.error = None
@@ -91,12 +99,35 @@ class FlightRecorder:
             recs = sorted(self._inflight.values(), key=lambda r: r.t_enqueued)
         return [r.to_dict() for r in recs]
 
+    def tail(self, recent: int, failed: int) -> dict:
+        """What a frequent publisher needs, converting only those records (the ring holds up to
+        NPUSIM_TRACE_BUFFER; a full ``dump`` of 2000 costs tens of ms): ``recent``, the last
+        ``recent`` records; ``failed``, the last ``failed`` failed ones still in the ring (both
+        oldest first); ``in_flight`` and ``progress`` as ``dump`` gives them."""
+        with self._lock:
+            records = self._records
+            last = [r.to_dict() for r in itertools.islice(
+                reversed(records), recent)][::-1] if recent > 0 else []
+            bad = []
+            if failed > 0:
+                for r in reversed(records):
+                    if r.state == "failed":
+                        bad.append(r.to_dict())
+                        if len(bad) == failed:
+                            break
+            progress = self._progress_list()
+        return {"recent": last, "failed": bad[::-1], "in_flight": self.in_flight(),
+                "progress": progress}
+
+    def _progress_list(self) -> list[dict]:
+        return [{"comm": v[2], "comm_id": c, "rank": rk, "last_enqueued": v[0],
+                 "last_completed": v[1]} for (c, rk), v in self.progress.items()]
+
     def dump(self) -> dict:
         """Everything as JSON-able data: records (oldest first), in-flight ones, progress."""
         with self._lock:
             records = [r.to_dict() for r in self._records]
-            progress = [{"comm": v[2], "comm_id": c, "rank": rk, "last_enqueued": v[0],
-                         "last_completed": v[1]} for (c, rk), v in self.progress.items()]
+            progress = self._progress_list()
         return {"pid": os.getpid(), "rank": os.environ.get("RANK"), "time": time.time(),
                 "records": records, "in_flight": self.in_flight(), "progress": progress}
 
