@@ -51,6 +51,8 @@ def main() -> int:
     runtime.set_device(int(os.environ["LOCAL_RANK"]))
     comm = hccl.init_comm()
     rank, size = comm.rank, comm.size
+    if scenario == "slow":       # the short timeout is for the big collective, not the set-up:
+        comm.set_exec_timeout(120)   # on a busy machine ranks arrive seconds apart
     x = runtime.to_device(np.full(1024, rank + 1, np.float32))
     comm.all_reduce(x)                       # seq 1: everyone agrees
     runtime.synchronize()
@@ -111,6 +113,9 @@ def main() -> int:
     elif scenario == "slow":
         mib = int(sys.argv[2]) if len(sys.argv) > 2 else 64
         big = runtime.to_device(np.full(mib << 18, rank + 1, np.float32))
+        comm.barrier()                        # every rank has its buffer: they enter together
+        runtime.synchronize()
+        comm.set_exec_timeout(float(os.environ.get("HCCL_EXEC_TIMEOUT", "1800")))
         t0 = time.perf_counter()
         comm.all_reduce(big)
         out = big.to_host()

@@ -236,7 +236,8 @@ def test_early_notice_prints_the_live_status_once_and_the_job_goes_on(tmp_path):
 def test_slow_but_progressing_collective_is_not_a_hang(tmp_path):
     logs = tmp_path / "logs"
     with LeakCheck() as lc:
-        # 1 MB slices and 1 s per wait: a slice's wait takes milliseconds (tens on a loaded
+        # 1 MB slices and 1 s per wait (set-up under a long timeout, then a barrier, so ranks enter
+        # together): a slice's wait takes milliseconds (tens on a loaded
         # machine), while the whole 1 GiB all_reduce takes ~2 s on an idle machine, more on a
         # busy one; the assert below checks that the collective did outlast the timeout
         lc.env.update(HCCL_EXEC_TIMEOUT="1", HCCL_BUFFSIZE="1")
