@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import textwrap
+import uuid
 
 import pytest
 
@@ -52,7 +53,7 @@ def test_tick_hook_takes_every_ranks_stacks_and_stops_the_job(tmp_path):
 
 @pytest.mark.timeout(30)
 def test_janitor_cleans_up_when_the_launcher_vanishes(tmp_path):
-    job = "janitortest1"
+    job = "janitortest" + uuid.uuid4().hex[:8]      # unique: suites may run side by side
     seg = f"/dev/shm/npusim-{job}-seg"
     open(seg, "w").close()
     tmpdir = tmp_path / "scratch"
