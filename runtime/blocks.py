@@ -108,6 +108,17 @@ class Block:
                 f"{state}, huge={self.huge}, site={self.site!r})")
 
 
+def _link(b: Block, p: Block | None, n: Block | None) -> None:
+    """Put ``b`` between ``p`` and ``n`` (its neighbours by address) in its segment's list."""
+    b.prev, b.next = p, n
+    if p is None:
+        b.segment.head = b
+    else:
+        p.next = b
+    if n is not None:
+        n.prev = b
+
+
 def split(b: Block, size: int) -> Block:
     """Cut the first ``size`` bytes off the free block ``b`` as a new block (malloc's handle);
     ``b`` keeps the rest, so it must not be listed while this runs.
@@ -116,13 +127,7 @@ def split(b: Block, size: int) -> Block:
     """
     h = Block(b.addr, size, b.segment, b.stream)
     h.pending, h.seq = b.pending, b.seq
-    h.prev = p = b.prev
-    h.next = b
-    if p is None:
-        b.segment.head = h
-    else:
-        p.next = h
-    b.prev = h
+    _link(h, b.prev, b)
     b.addr += size
     b.size -= size
     return h
@@ -174,13 +179,7 @@ def merge(b: Block, stream, free_lists, retire: bool = False) -> tuple[Block, in
     end = last.addr + last.size
     keep.addr = first.addr
     keep.size = end - first.addr
-    keep.prev, keep.next = p, n = first.prev, last.next
-    if p is None:
-        keep.segment.head = keep
-    else:
-        p.next = keep
-    if n is not None:
-        n.prev = keep
+    _link(keep, first.prev, last.next)
     if retire:
         b.prev = b.next = b.pending = None
     free_lists.insert(keep)
@@ -194,13 +193,6 @@ def replace(old: Block) -> Block:
     (a freed handle is retired: it never goes out again)."""
     b = Block(old.addr, old.size, old.segment, old.stream)
     b.pending, b.seq = old.pending, old.seq
-    b.prev = p = old.prev
-    b.next = n = old.next
-    if p is None:
-        b.segment.head = b
-    else:
-        p.next = b
-    if n is not None:
-        n.prev = b
+    _link(b, old.prev, old.next)
     old.prev = old.next = old.pending = None
     return b

@@ -73,10 +73,15 @@ def move(records, deltas) -> None:
     ``freed``; 0 leaves the record alone.
     """
     for st, n in zip(records, deltas):
-        if n > 0:
-            rise(st, n)
-        elif n:
-            st.current += n
+        shift(st, n)
+
+
+def shift(st: Stat, n: int) -> None:
+    """Move the pool ``Stat`` ``st`` by ``n``: a rise (``rise``) or a fall."""
+    if n > 0:
+        rise(st, n)
+    else:
+        st.current += n
 
 
 def rise(st: Stat, n: int) -> None:
@@ -94,68 +99,25 @@ def rise(st: Stat, n: int) -> None:
 def malloc_moved(records, size: int, requested: int, idle_bytes: int, idle_count: int) -> None:
     """The moves of a malloc, ``records`` being a pool's ``BLOCK_STATS``: one block of ``size``
     bytes (``requested`` asked for) more, and the non-releasable free memory changed by
-    ``idle_bytes`` in ``idle_count`` blocks.
-
-    The three rises are ``rise`` spelled out: this is most of the statistics' cost in a cached
-    malloc + free.
-    """
+    ``idle_bytes`` in ``idle_count`` blocks."""
     alloc, req, count, idle, idle_n = records
-    alloc.current = c = alloc.current + size
-    alloc.allocated += size
-    if c > alloc.peak:
-        alloc.peak = c
-    c += alloc.other.current
-    if c > alloc.total.peak:
-        alloc.total.peak = c
-    req.current = c = req.current + requested
-    req.allocated += requested
-    if c > req.peak:
-        req.peak = c
-    c += req.other.current
-    if c > req.total.peak:
-        req.total.peak = c
-    count.current = c = count.current + 1
-    count.allocated += 1
-    if c > count.peak:
-        count.peak = c
-    c += count.other.current
-    if c > count.total.peak:
-        count.total.peak = c
-    if idle_bytes > 0:
-        rise(idle, idle_bytes)
-    else:
-        idle.current += idle_bytes
-    if idle_count > 0:
-        rise(idle_n, idle_count)
-    else:
-        idle_n.current += idle_count
+    rise(alloc, size)
+    rise(req, requested)
+    rise(count, 1)
+    shift(idle, idle_bytes)
+    shift(idle_n, idle_count)
 
 
 def free_moved(records, size: int, requested: int, idle_bytes: int, idle_count: int) -> None:
     """The moves of a free (``records`` as for ``malloc_moved``): one block of ``size`` bytes
     (``requested`` asked for) less, the non-releasable free memory changed by ``idle_bytes`` in
-    ``idle_count`` blocks (a rise of both, spelled out: the common case)."""
+    ``idle_count`` blocks."""
     alloc, req, count, idle, idle_n = records
     alloc.current -= size
     req.current -= requested
     count.current -= 1
-    if idle_bytes > 0 and idle_count > 0:
-        idle.current = c = idle.current + idle_bytes
-        idle.allocated += idle_bytes
-        if c > idle.peak:
-            idle.peak = c
-        c += idle.other.current
-        if c > idle.total.peak:
-            idle.total.peak = c
-        idle_n.current = c = idle_n.current + idle_count
-        idle_n.allocated += idle_count
-        if c > idle_n.peak:
-            idle_n.peak = c
-        c += idle_n.other.current
-        if c > idle_n.total.peak:
-            idle_n.total.peak = c
-    else:
-        move((idle, idle_n), (idle_bytes, idle_count))
+    shift(idle, idle_bytes)
+    shift(idle_n, idle_count)
 
 
 class MemoryStats:
