@@ -388,18 +388,23 @@ def _call_of(fp, recs: dict) -> str | None:
 def _headline(culprits, ranks, seq, focus, majority_call) -> str:
     if not culprits:
         return f"every rank is waiting in {describe_call(focus)} seq {seq}; no culprit found"
-    parts = []
+    parts, split = [], []
     for c in culprits:
         e = ranks[str(c)]
         if e["state"] == "dead":
             parts.append(f"rank {c} is dead ({e['detail']})")
+        elif e["state"] == "mismatch" and majority_call:
+            parts.append(f"rank {c} {e['detail']}; the others called {majority_call}")
         elif e["state"] == "mismatch":
-            others = f"the others called {majority_call}" if majority_call else "the calls disagree"
-            parts.append(f"rank {c} {e['detail']}; {others}")
+            parts.append(f"rank {c} {e['detail']}")
+            split.append(c)
         elif e["state"] == "not_entered":
             parts.append(f"rank {c} {e['detail']}")
         else:
             parts.append(f"rank {c} is waited for by the others")
+    if split:       # no majority: ranks released before they called seq have no vote
+        parts.append(f"no majority among the calls made, so any of ranks {split} may be the odd "
+                     "one (ranks that never called it have no vote)")
     return "; ".join(parts)
 
 
