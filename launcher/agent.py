@@ -274,15 +274,25 @@ class Agent:
                               exitcode=w.proc.returncode, error_file=w.proc.files.error_file,
                               observed_at=w.proc.exited_at)
 
-    def _stop_live(self, reason: str, sig: int = signal.SIGTERM) -> list[int]:
+    def _stop_live(self, reason: str, sig: int = signal.SIGTERM, *,
+                   local_failure: bool = False) -> list[int]:
+        """Run the ``before_stop`` hooks, then stop the live ranks; the stopped ranks' numbers.
+
+        After a local rank's failure the hooks run even when every rank has exited already: on a
+        busy machine all the ranks of a failed collective can be gone before this loop notices
+        the first one, and their states and error files still make the verdict.
+        """
         live = self.live_workers()
-        if not live:
+        if not live and not local_failure:
             return []
         for hook in self.before_stop:
             try:
                 hook(self, reason)
             except Exception as e:  # a diagnosis bug must not keep ranks running
                 say(f"npurun: before_stop hook {hook!r} failed: {e}")
+        live = self.live_workers()
+        if not live:
+            return []
         procs = [w.proc for w in live]
         proc.stop(procs, self.spec.stop_grace, sig, self._janitor, self._waiter,
                   force=lambda: self._signals_seen > 1)
@@ -326,7 +336,7 @@ class Agent:
 
     def _fail(self, failed: list[Worker]) -> RunResult:
         first_seen = root_cause([self._failure(w) for w in failed])
-        stopped = self._stop_live(f"rank {first_seen.rank} failed")
+        stopped = self._stop_live(f"rank {first_seen.rank} failed", local_failure=True)
         self._pump.wait_idle(2.0)  # the ranks' last lines come before the summary
         # ranks that failed by themselves meanwhile are failures too, not "stopped by npurun"
         failures = [self._failure(w) for w in self.workers if w.state is WorkerState.FAILED]

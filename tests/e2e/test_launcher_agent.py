@@ -51,6 +51,42 @@ def test_tick_hook_takes_every_ranks_stacks_and_stops_the_job(tmp_path):
         assert "most recent call first" in taken[rank]
 
 
+
+@pytest.mark.timeout(60)
+def test_before_stop_runs_when_every_rank_exited_before_the_failure_was_seen(tmp_path):
+    """On a busy machine every rank of a failed collective can exit before npurun's loop sees
+    the first failure; the diagnosis hooks must still run (they read states and error files)."""
+    script = tmp_path / "exits.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, sys, time
+        d = {str(tmp_path)!r}
+        if os.environ["RANK"] == "1":
+            open(os.path.join(d, "pid.1.tmp"), "w").write(str(os.getpid()))
+            os.rename(os.path.join(d, "pid.1.tmp"), os.path.join(d, "pid.1"))
+            sys.exit(0)
+        while not os.path.exists(os.path.join(d, "pid.1")):
+            time.sleep(0.01)
+        pid = int(open(os.path.join(d, "pid.1")).read())
+        def gone():              # exited (a zombie until npurun reaps it) or reaped
+            try:
+                return open(f"/proc/{{pid}}/stat").read().split(")")[-1].split()[0] in "ZX"
+            except OSError:
+                return True
+        while not gone():
+            time.sleep(0.01)
+        sys.exit(5)              # the failure, when no other rank is alive any more
+        """))
+    reasons = []
+    with LeakCheck() as lc:
+        spec = WorkerSpec(cmd=worker_command(str(script), []), nproc_per_node=2,
+                          stop_grace=2, base_env=lc.env)
+        agent = Agent(spec, LocalRendezvous(master_port=0, nproc_per_node=2, run_id="allgone",
+                                            max_restarts=0))
+        agent.before_stop.append(lambda a, why: reasons.append((why, len(a.live_workers()))))
+        result = agent.run()
+    assert result.exitcode == 5
+    assert reasons == [("rank 0 failed", 0)]     # called although no rank was alive
+
 @pytest.mark.timeout(30)
 def test_janitor_cleans_up_when_the_launcher_vanishes(tmp_path):
     job = "janitortest" + uuid.uuid4().hex[:8]      # unique: suites may run side by side
