@@ -49,7 +49,7 @@ def pids(tmp_path, n: int) -> list[int]:
     return [int((tmp_path / f"pid.{r}").read_text()) for r in range(n)]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 def test_rank_raises_summary_has_traceback_and_others_stop(tmp_path):
     script = write(tmp_path, "failing.py", FAILING.format(out=str(tmp_path)))
     logs = tmp_path / "logs"
@@ -77,10 +77,10 @@ def test_rank_raises_summary_has_traceback_and_others_stop(tmp_path):
     assert data["message"]["message"] == "ValueError: boom from rank 1"
     assert "fail_here" in data["message"]["extraInfo"]["py_callstack"]
     assert data["rank"] == 1 and data["timestamp"] > 0
-    assert elapsed < 30
+    assert elapsed < 90
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 def test_os_exit_code_is_npurun_exit_code(tmp_path):
     script = write(tmp_path, "failing.py", FAILING.format(out=str(tmp_path)))
     with LeakCheck() as lc:
@@ -92,7 +92,7 @@ def test_os_exit_code_is_npurun_exit_code(tmp_path):
     assert "without a Python exception" in root
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 def test_sigkilled_rank_exit_137_and_survivor_killed_after_grace(tmp_path):
     script = write(tmp_path, "failing.py", FAILING.format(out=str(tmp_path)))
     with LeakCheck() as lc:
@@ -106,10 +106,10 @@ def test_sigkilled_rank_exit_137_and_survivor_killed_after_grace(tmp_path):
     assert "SIGKILL" in root and "exit 137" in root and "rank      : 1" in root
     assert "npurun exits with 137" in res.stderr
     assert "Stopped by npurun after the failure: ranks 0" in res.stderr  # ignored SIGTERM
-    assert elapsed < 20
+    assert elapsed < 60       # the 1 s grace, not the ranks' sleep (load slack)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 def test_max_restarts_restarts_the_whole_group(tmp_path):
     script = write(tmp_path, "flaky.py", f"""
         import os

@@ -102,7 +102,7 @@ def test_two_launchers_on_loopback_form_one_four_rank_job(tmp_path, monkeypatch)
     assert not (tmp_path / f"npurun-secret-{port}").exists()  # node 0 removed it
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_nodes_that_never_arrive_are_named(tmp_path):
     port, other_port = free_port(), free_port()
     path = script(tmp_path)
@@ -124,7 +124,7 @@ def test_nodes_that_never_arrive_are_named(tmp_path):
     assert orphan.returncode == 1, err_orphan
     assert "node 0 of 2 never arrived within 2 s" in err_orphan
     assert f"no answer from node 0's store at 127.0.0.1:{other_port}" in err_orphan
-    assert elapsed < 20
+    assert elapsed < 60       # the 2 s timeouts, not forever (load slack)
     assert not list(tmp_path.glob("env.*"))  # no rank was started
 
 

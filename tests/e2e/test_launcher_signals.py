@@ -42,26 +42,26 @@ def start(tmp_path, lc, nproc=2):
     return p, [int(x) for f in files for x in f.read_text().split()]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_signal_is_forwarded_and_npurun_exits_128_plus_signal(tmp_path, sig):
     with LeakCheck() as lc:
-        lc.env["NPUSIM_STOP_GRACE"] = "5"
+        lc.env["NPUSIM_STOP_GRACE"] = "60"
         p, procs = start(tmp_path, lc)
         t0 = time.monotonic()
         p.send_signal(sig)
-        out, err = p.communicate(timeout=30)
+        out, err = p.communicate(timeout=90)
         elapsed = time.monotonic() - t0
         assert all(pid_gone(pid) for pid in procs), "a rank or its child survived"
     assert p.returncode == 128 + sig, err
     assert f"{signal.Signals(sig).name} received" in err
-    assert elapsed < 5  # the ranks obey the forwarded signal: no need for the SIGKILL grace
+    assert elapsed < 55  # the ranks obey the forwarded signal: no SIGKILL after the 60 s grace
     if sig == signal.SIGINT:
         assert "[rank 0]: rank 0 got KeyboardInterrupt" in out
         assert "[rank 1]: rank 1 got KeyboardInterrupt" in out
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 def test_sigkilled_npurun_takes_ranks_children_and_shm_along(tmp_path):
     with LeakCheck() as lc:
         p, procs = start(tmp_path, lc)
@@ -70,8 +70,8 @@ def test_sigkilled_npurun_takes_ranks_children_and_shm_along(tmp_path):
         assert os.path.isdir(temp_root)
         p.kill()
         p.communicate(timeout=10)
-        wait_for(lambda: all(pid_gone(pid) for pid in procs), 5,
+        wait_for(lambda: all(pid_gone(pid) for pid in procs), 30,
                  what="ranks and their children to die with npurun")
-        wait_for(lambda: not os.path.exists(temp_root), 5, what="the janitor to remove "
+        wait_for(lambda: not os.path.exists(temp_root), 30, what="the janitor to remove "
                  + temp_root)
     # LeakCheck also found no tagged process and no leftover /dev/shm/npusim-* segment

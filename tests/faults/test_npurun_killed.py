@@ -28,7 +28,7 @@ def test_sigkilled_npurun_takes_ranks_in_collectives_along(tmp_path):
             t0 = time.monotonic()
             p.kill()
             p.communicate(timeout=10)
-            wait_for(lambda: all(pid_gone(pid) for pid in pids), 15,
+            wait_for(lambda: all(pid_gone(pid) for pid in pids), 30,
                      what="the ranks to die with npurun")
             print(f"observed: npurun SIGKILLed -> ranks gone after {time.monotonic() - t0:.2f} s")
         finally:
