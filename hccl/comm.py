@@ -257,8 +257,11 @@ class Comm:
                     f"[rank {self.rank}] {call}: collective mismatch reported by rank {e.rank}: "
                     f"{text}", seq=seq, ranks=[e.rank], calls=[])
             elif ab["kind"] in ("timeout", "failed"):   # the text names who waited for whom
-                err = RemoteRankError(f"[rank {self.rank}] {call} aborted: {text}", rank=e.rank,
-                                      reason=text, seq=seq)
+                waiting = getattr(e, "waiting_for", None)
+                chain = (f"; rank {self.rank} was itself waiting for rank {waiting}"
+                         if ab["kind"] == "timeout" and waiting is not None else "")
+                err = RemoteRankError(f"[rank {self.rank}] {call} aborted: {text}{chain}",
+                                      rank=e.rank, reason=text, seq=seq)
             else:
                 err = RemoteRankError(f"[rank {self.rank}] {call} failed: rank {e.rank} failed or "
                                       f"aborted the communicator: {text}", rank=e.rank, reason=text,

@@ -252,6 +252,9 @@ def _translate(e: TransportError, world: list[int], seq: int, fp, timeout, rank,
         err = RemoteRankError(f"seq {seq}: communicator aborted by rank {peer}: {ab['text']}",
                               rank=peer, world_peer=e.peer, reason=ab["text"], seq=seq)
         err.abort = ab
+        # whom this rank was waiting for when the abort came: when a peer times out waiting for
+        # this rank, the chain goes on from here (the first rank to time out is often a victim)
+        err.waiting_for = step.peer if type(step) is Recv else None
         return err
     if isinstance(e, PeerGone):
         peer = _comm_rank(world, e.peer)

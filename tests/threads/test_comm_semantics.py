@@ -209,3 +209,35 @@ def test_stalled_peer_times_out_with_the_watchdog_line():
     assert err.result == Result.E_TIMEOUT and err.peer == 1
     late = outs[1]                       # the late rank finds the communicator aborted by rank 0
     assert isinstance(late, hccl.RemoteRankError) and late.rank == 0
+
+
+def test_a_victim_of_a_timeout_says_whom_it_was_waiting_for():
+    """Rank 0 times out waiting for rank 1, which itself waits for rank 2 (stuck): rank 1's
+    error names rank 2, so the chain leads to the culprit even when a victim timed out first."""
+    release = threading.Event()
+
+    def body(comm):
+        x = runtime.to_device(np.ones(16, np.float32))
+        y = runtime.empty(16, np.float32)
+        if comm.rank == 2:
+            release.wait(30)              # stuck: sends nothing until the others have failed
+            return None
+        comm.set_exec_timeout(1 if comm.rank == 0 else 60)
+        hccl.recv(y, 16, DataType.FP32, comm.rank + 1, comm)
+        with pytest.raises(hccl.HcclError) as ei:
+            runtime.synchronize()
+        return ei.value
+    results = {}
+
+    def wrapped(comm):
+        try:
+            results[comm.rank] = body(comm)
+        finally:
+            if comm.rank != 2 and len(results) == 2:
+                release.set()
+        return results.get(comm.rank)
+    outs = run_ranks(3, wrapped)
+    assert isinstance(outs[0], hccl.HcclTimeoutError) and outs[0].peer == 1, outs[0]
+    victim = str(outs[1])
+    assert isinstance(outs[1], hccl.RemoteRankError), victim
+    assert "rank 0 timed out" in victim and "rank 1 was itself waiting for rank 2" in victim, victim
