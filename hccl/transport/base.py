@@ -133,6 +133,7 @@ class Transport:
                 and 0 <= rank < size):
             raise ValueError(f"transport rank {rank!r} must be in [0, {size!r}) with size >= 1")
         self.rank, self.size = rank, size
+        self.liveness_interval = config.liveness_interval()   # s between two _dead_peer checks
         self._cond = threading.Condition()
         self._boxes: dict[tuple[int, int, int], _Mailbox] = {}
         self._aborted: dict[int, tuple[int, str]] = {}
@@ -373,7 +374,7 @@ class PeerWait:
         self.t, self.peer = t, peer
         self.t0 = time.monotonic()
         self.deadline = math.inf if timeout is None else self.t0 + max(0.0, timeout)
-        self.tick = config.liveness_interval()
+        self.tick = t.liveness_interval
         self.look, self.gone, self.gone_at = self.t0 + self.tick, None, math.inf
 
     def pause(self) -> float | None:

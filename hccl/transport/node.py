@@ -179,7 +179,7 @@ class NodeTransport(ZmqTransport):
         if handle is None:
             return super()._wait_until(ready, comm_id, peer, timeout)
         ch = self.channel
-        wait = None
+        wait = PeerWait(self, peer, timeout)          # the deadline and liveness rule of base
         while True:
             seen = ch.bell()
             ch.poll(peer, handle)
@@ -187,8 +187,6 @@ class NodeTransport(ZmqTransport):
                 value = self._take(ready, comm_id)
             if value is not None:
                 return value
-            if wait is None:    # not for a message already there: it reads the environment
-                wait = PeerWait(self, peer, timeout)  # the deadline and liveness rule of base
             pause = wait.pause()
             if pause is None:
                 raise self._peer_gone(comm_id, peer, wait.gone)

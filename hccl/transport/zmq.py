@@ -75,7 +75,7 @@ class _TrackedHandle(SendHandle):
         # in ticks, so that a dead peer (whose link never drains) is noticed like in a recv
         t0 = time.monotonic()
         deadline = None if timeout is None else t0 + max(0.0, timeout)
-        tick = config.liveness_interval()
+        tick = self._t.liveness_interval
         while True:
             left = tick if deadline is None else min(tick, deadline - time.monotonic())
             try:
