@@ -202,6 +202,21 @@ def current_stream_of(ctx):
     return st[-1] if st else ctx.default_stream
 
 
+def current_context_and_stream():
+    """``current_context()`` and its current stream, reading the thread state once (malloc's
+    path: each read of a ``threading.local`` costs ~0.1 us here)."""
+    t = _tls
+    dev = t.device
+    if dev is None:
+        dev = _process_device
+    ctx = _contexts.get(dev) if dev is not None else None
+    if ctx is None:
+        return current_context(), None          # raises ContextError
+    stacks = t.streams
+    st = stacks.get(dev) if stacks else None
+    return ctx, (st[-1] if st else ctx.default_stream)
+
+
 @contextlib.contextmanager
 def stream(s):
     """Make ``s`` the current stream for the block (``None`` leaves the current one)."""

@@ -12,7 +12,8 @@ import numpy as np
 
 from . import profiler
 from .callsite import callsite
-from .context import _contexts, current_context, current_stream, current_stream_of, resolve_stream
+from .context import (_contexts, current_context, current_context_and_stream, current_stream,
+                      resolve_stream)
 from .errors import InvalidParamError, MemoryAccessError
 from .pool import MemMallocPolicy
 
@@ -187,12 +188,15 @@ def malloc(nbytes: int, policy: MemMallocPolicy = MemMallocPolicy.HUGE_FIRST) ->
 def _malloc(nbytes, policy, site: str) -> DevicePtr:
     """``malloc`` with the caller's ``site`` (file:line) given: the one path of every allocation
     (runtime.malloc and the arrays'), on the current stream of the current device."""
-    ctx = current_context()
-    stream = current_stream_of(ctx)
-    with ctx.lock:
+    ctx, stream = current_context_and_stream()
+    lock = ctx.lock
+    lock.acquire()              # not ``with``: half the cost here (0.17 us against 0.4)
+    try:
         if ctx.deferred:
             _drain(ctx)
         block = ctx.pool.malloc(nbytes, stream, policy, site)
+    finally:
+        lock.release()
     return DevicePtr(ctx, block.addr, block, block.gen)
 
 
@@ -208,10 +212,14 @@ def free(ptr: DevicePtr) -> None:
     if _contexts.get(ptr.device_id) is not ctx:
         raise MemoryAccessError(f"free({ptr!r}): device {ptr.device_id} was reset since this "
                                 "pointer was allocated; its memory is already gone")
-    with ctx.lock:
+    lock = ctx.lock
+    lock.acquire()              # as in _malloc
+    try:
         if ctx.deferred:
             _drain(ctx)
         _free_locked(ctx, ptr)
+    finally:
+        lock.release()
 
 
 def _free_locked(ctx, ptr: DevicePtr) -> None:
