@@ -1,7 +1,8 @@
 """Runtime micro-benchmarks: ``python -m runtime.bench [--iters N]``.
 
 Prints, in one run, medians (of batches of calls for the microsecond figures) of: empty-kernel enqueue-to-completion latency, event record +
-synchronize, cached 1 MiB malloc+free against numpy.empty, and H2D / D2H copy bandwidth against
+synchronize, cached 1 MiB malloc+free against numpy.empty (and the cost of one empty Python call,
+which says how fast the machine ran Python in those seconds), and H2D / D2H copy bandwidth against
 numpy.copyto at 1 MiB and 64 MiB (the baseline is measured in the same run).
 """
 from __future__ import annotations
@@ -37,6 +38,9 @@ def malloc_free():
 
 def numpy_empty():
     np.empty(MiB, np.uint8)
+
+def python_calls():
+    noop(); noop(); noop(); noop(); noop(); noop(); noop(); noop(); noop(); noop()
 
 def h2d():
     runtime.memcpy(dev, host, size)
@@ -112,6 +116,10 @@ def main(argv=None) -> None:
     t_np = _median_us(u["numpy_empty"], args.iters * 5)
     rows.append(("cached 1 MiB malloc+free", t_pool, "us", "target <= 10"))
     rows.append(("numpy.empty(1 MiB)", t_np, "us", "baseline"))
+    # the VM's speed for Python code drifts by up to 2x over minutes here (other tenants): the
+    # cost of one empty Python call, in the same seconds, says which state a run saw
+    t_call = _median_us(u["python_calls"], args.iters * 5) * 100    # ns per call
+    rows.append(("empty Python function call", t_call, "ns", "interpreter speed"))
 
     for size in (MiB, 64 * MiB):
         dev = runtime.malloc(size)
