@@ -2,13 +2,17 @@
 
 ``LeakCheck`` tags every process a test starts with a marker environment variable (inherited by
 npurun, its ranks, their children and the janitor) and, at the end, waits a bounded time for every
-tagged process to be gone and for no new ``/dev/shm/npusim-*`` segment to remain.
+tagged process to be gone and for no new ``/dev/shm/npusim-<job>-*`` segment of the test's jobs to
+remain. The test's jobs are the NPUSIM_JOB_ID values its tagged processes carry, sampled while the
+test runs: other suites or jobs running on the machine at the same time create and remove
+segments of their own, which are neither counted nor touched.
 """
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -34,16 +38,26 @@ def _is_zombie(pid: str) -> bool:
         return True
 
 
-def tagged_pids(tag: str) -> list[int]:
-    """Live (non-zombie) processes whose environment carries ``NPUSIM_TEST_MARKER=tag``."""
+def tagged_pids(tag: str, jobs: set[str] | None = None) -> list[int]:
+    """Live (non-zombie) processes whose environment carries ``NPUSIM_TEST_MARKER=tag``; the
+    NPUSIM_JOB_ID of each tagged process (live or not) is added to ``jobs`` when given."""
     needle = f"{MARKER}={tag}".encode()
     me = os.getpid()
     out = []
     for pid in os.listdir("/proc"):
-        if pid.isdigit() and int(pid) != me and needle in _proc_environ(pid).split(b"\0"):
+        if not pid.isdigit() or int(pid) == me:
+            continue
+        env = _proc_environ(pid).split(b"\0")
+        if needle in env:
+            if jobs is not None:
+                jobs.update(v[len(_JOB_KEY):].decode(errors="replace") for v in env
+                            if v.startswith(_JOB_KEY))
             if not _is_zombie(pid):
                 out.append(int(pid))
     return out
+
+
+_JOB_KEY = b"NPUSIM_JOB_ID="
 
 
 def shm_segments() -> set[str]:
@@ -85,12 +99,28 @@ class LeakCheck:
 
     def __enter__(self) -> "LeakCheck":
         self._shm_before = shm_segments()
+        self.jobs: set[str] = set()         # NPUSIM_JOB_ID of the test's processes
+        if self.env.get("NPUSIM_JOB_ID"):
+            self.jobs.add(self.env["NPUSIM_JOB_ID"])
+        self._done = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, name="leakcheck", daemon=True)
+        self._sampler.start()
         return self
 
+    def _sample(self) -> None:
+        """Learn the test's job ids while it runs (a rank lives far longer than one period)."""
+        while not self._done.wait(0.2):
+            tagged_pids(self.tag, self.jobs)
+
     def leftovers(self) -> tuple[list[int], set[str]]:
-        return tagged_pids(self.tag), shm_segments() - self._shm_before
+        pids = tagged_pids(self.tag, self.jobs)
+        prefixes = tuple(f"npusim-{j}-" for j in self.jobs)
+        segs = {n for n in shm_segments() - self._shm_before if n.startswith(prefixes)}
+        return pids, segs
 
     def __exit__(self, exc_type, *_):
+        self._done.set()
+        self._sampler.join()
         deadline = time.monotonic() + self.grace
         while True:
             pids, segs = self.leftovers()

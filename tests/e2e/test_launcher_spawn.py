@@ -44,9 +44,10 @@ def test_spawn_returns_values_and_ranks_share_the_store():
 
 def _rank_one_fails(rank, pid_dir):
     """A module-level function: pickled by reference, imported from this module by the rank."""
-    with open(os.path.join(pid_dir, f"pid.{rank}"), "w") as f:
+    with open(os.path.join(pid_dir, f".pid.{rank}"), "w") as f:    # whole or absent
         f.write(str(os.getpid()))
-    while len(os.listdir(pid_dir)) < 3:  # everyone is up: the others must be stopped
+    os.replace(os.path.join(pid_dir, f".pid.{rank}"), os.path.join(pid_dir, f"pid.{rank}"))
+    while len([n for n in os.listdir(pid_dir) if n.startswith("pid.")]) < 3:  # everyone is up
         time.sleep(0.01)
 
     def deep_inside(x):

@@ -51,8 +51,9 @@ runtime.set_device(int(os.environ["LOCAL_RANK"]))
 comm = hccl.init_comm()
 x = runtime.to_device(np.ones(1 << 16, np.float32))
 y = runtime.empty(1 << 16, np.float32)
-with open(os.path.join(out, f"ready.{{r}}"), "w") as f:
-    f.write(str(os.getpid()))
+with open(os.path.join(out, f"ready.{{r}}.tmp"), "w") as f:   # whole or absent: the test reads
+    f.write(str(os.getpid()))                                 # it as soon as it exists
+os.replace(os.path.join(out, f"ready.{{r}}.tmp"), os.path.join(out, f"ready.{{r}}"))
 res = {{}}
 try:
     for i in range(10 ** 6):
