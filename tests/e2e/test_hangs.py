@@ -272,8 +272,11 @@ def test_live_status_of_a_running_job(tmp_path):
             def table():
                 out = subprocess.run([sys.executable, "-m", "launcher", "--status", str(job.pid)],
                                      env=lc.env, capture_output=True, text=True, timeout=30)
-                # wait until ranks 0 and 1 are inside seq 2 (rank 2 sleeps before it)
-                return out.stdout if out.stdout.count("waiting") >= 2 else None
+                # wait until ranks 0 and 1 are inside seq 2 (rank 2 sleeps before it): two rows
+                # in state "waiting" (the header's "waiting for" column does not count)
+                rows = [ln.split() for ln in out.stdout.splitlines()]
+                waiting = [r[0] for r in rows if r[1:2] == ["waiting"] and r[0].isdigit()]
+                return out.stdout if len(waiting) >= 2 else None
             text = wait_for(table, 150, interval=0.5, what="a status table with waiting ranks")
             assert "live view" in text and "culprit rank(s): [2]" in text
             assert "not_entered" in text and "seq 2" in text
