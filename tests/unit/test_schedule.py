@@ -397,3 +397,15 @@ def test_choose_picks_by_size_and_world_and_build_caches():
     assert list(a) == sch.one_shot_all_reduce(1, 4, 300, 4, BIG)
     assert sch.buffer_extents(a) is sch.buffer_extents(a)
     assert sch.algorithms("H-D_R") is sch.ALGORITHMS["hd"]
+
+
+@pytest.mark.parametrize("nbytes", [1, 511, 512, 4096, (256 << 10), (256 << 10) + 1, 1 << 20])
+def test_copy_bytes_copies_exactly_on_both_sides_of_the_gil_limit(nbytes):
+    from hccl.executor import GIL_COPY_BYTES, copy_bytes
+    rng = np.random.default_rng(nbytes)
+    src = np.frombuffer(rng.integers(0, 256, nbytes, dtype=np.uint8).tobytes(), np.uint8)
+    assert not src.flags.writeable          # a received payload is read-only
+    dst = np.zeros(nbytes + 2, np.uint8)
+    copy_bytes(dst[1:-1], src)
+    assert bytes(dst[1:-1]) == bytes(src) and dst[0] == 0 and dst[-1] == 0
+    assert (nbytes <= GIL_COPY_BYTES) == (nbytes <= 256 << 10)
