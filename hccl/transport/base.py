@@ -160,6 +160,11 @@ class Transport:
         """
         self._check_peer(peer)
         fp = norm_fp(fp)
+        return self._wait_until(self._taker(peer, comm_id, seq, step, fp), comm_id, peer, timeout)
+
+    def _taker(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint):
+        """``ready`` for ``_wait_until``: pops the message tagged ``(comm_id, seq, step)`` from
+        ``peer``, or raises ``FingerprintMismatch`` (``fp`` normalized)."""
         key = (peer, comm_id, seq)
 
         def take():
@@ -178,7 +183,7 @@ class Transport:
                 if not box.steps:
                     del self._boxes[key]
             return payload
-        return self._wait_until(take, comm_id, peer, timeout)
+        return take
 
     def _wait_until(self, ready: Callable[[], Any], comm_id: int, peer: int,
                     timeout: float | None) -> Any:
@@ -301,13 +306,15 @@ class Transport:
             raise ValueError(f"rank {self.rank}: peer {peer!r} is not in [0, {self.size})")
 
     def _check_send(self, peer: int, comm_id: int) -> None:
-        self._check_peer(peer)
-        with self._cond:
-            if self._closed:
-                raise TransportClosed(f"rank {self.rank}: transport closed")
-            ab = self._aborted.get(comm_id) or self._failed
-            if ab is not None:
-                raise Aborted(*ab)
+        # without the Condition: each read is atomic, and an abort that lands just after the
+        # check fails the receiver's wait anyway (messages to an aborted comm_id are dropped)
+        if not (type(peer) is int and 0 <= peer < self.size):
+            self._check_peer(peer)
+        if self._closed:
+            raise TransportClosed(f"rank {self.rank}: transport closed")
+        ab = self._aborted.get(comm_id) or self._failed
+        if ab is not None:
+            raise Aborted(*ab)
 
     def _timeout_note(self) -> str:
         """Appended to a ``PeerTimeout``: what this transport saw that may explain the wait."""
@@ -391,11 +398,27 @@ class PeerWait:
         return min(self.deadline, self.look if self.gone is None else self.gone_at) - now
 
 
+_NORMED: dict = {}    # fingerprints seen, normalized: every message of a call carries the same
+
+
 def norm_fp(fp: Any) -> Fingerprint:
-    """``fp`` as a tuple of 5 Python ints; ValueError otherwise."""
+    """``fp`` as a tuple of 5 Python ints; ValueError otherwise.
+
+    A fingerprint equal to one seen before (a tuple subclass such as ``hccl.Fingerprint``, or
+    numpy ints: equal values hash alike) is looked up, not rebuilt: every message pays this.
+    """
+    try:
+        t = _NORMED.get(fp)
+    except TypeError:                   # unhashable, e.g. a list
+        t = None
+    if t is not None:
+        return t
     t = tuple(int(x) for x in fp)
     if len(t) != 5:
         raise ValueError(f"a fingerprint is 5 ints (op, count, dtype, redop, root), got {fp!r}")
+    if len(_NORMED) >= 4096:
+        _NORMED.clear()
+    _NORMED[t] = t
     return t
 
 

@@ -47,6 +47,7 @@ log = logging.getLogger("hccl.transport")
 
 SPIN_US = 200.0           # a waiter's spin when the node's ranks fit its cores
 _NOTICE_BASE = 1 << 62    # channel notice ids, never equal to a socket link's serial
+_TAKEN = object()         # _wait_until: the awaited message was consumed in its slot
 _DATA, _NOTICE, _ACK = int(wire.Kind.DATA), int(wire.Kind.SHM_DATA), int(wire.Kind.SHM_ACK)
 
 
@@ -174,15 +175,52 @@ class NodeTransport(ZmqTransport):
         log.error("rank %d: %s; aborting every communicator", self.rank, msg)
         self.fail(peer, msg)
 
-    def _wait_until(self, ready, comm_id: int, peer: int, timeout: float | None) -> Any:
+    def recv_into(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
+                  timeout: float | None, consume) -> None:
         handle = self._handlers.get(peer)
         if handle is None:
+            return super().recv_into(peer, comm_id, seq, step, fp, timeout, consume)
+        fp = norm_fp(fp)
+        key = (peer, comm_id, seq)
+        took = []
+
+        def direct(kind, n, c, s, st, f, value, view):
+            """The awaited message goes from its slot straight into ``consume``, the rest (and
+            this one when anything else is held for the same call) to the mailboxes."""
+            if not took and st == step and s == seq and c == comm_id and kind == _DATA \
+                    and f == fp and n <= len(view) and not self._closed \
+                    and self._failed is None and comm_id not in self._aborted:
+                box = self._boxes.get(key)
+                if box is None or not (box.steps.get(step) or any(x != fp for x in box.fps)):
+                    took.append(True)
+                    consume(view[:n])
+                    return
+            handle(kind, n, c, s, st, f, value, view)
+
+        data = self._wait_until(self._taker(peer, comm_id, seq, step, fp), comm_id, peer,
+                                timeout, direct, took)
+        if data is _TAKEN:
+            return
+        if type(data) is not _ShmRef:
+            consume(data)
+        else:
+            self._consume_shm(peer, data, consume)
+
+    def _wait_until(self, ready, comm_id: int, peer: int, timeout: float | None,
+                    handle=None, took=()) -> Any:
+        """The base's wait, the waiting thread draining ``peer``'s ring itself (through
+        ``handle``, which may consume the awaited message in place and say so in ``took``:
+        then the result is ``_TAKEN``)."""
+        if peer not in self._handlers:
             return super()._wait_until(ready, comm_id, peer, timeout)
+        handle = handle or self._handlers[peer]
         ch = self.channel
         wait = PeerWait(self, peer, timeout)          # the deadline and liveness rule of base
         while True:
             seen = ch.bell()
             ch.poll(peer, handle)
+            if took:
+                return _TAKEN
             with self._cond:
                 value = self._take(ready, comm_id)
             if value is not None:

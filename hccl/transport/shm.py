@@ -105,16 +105,15 @@ class _Segment:
         self.bell_addr = ctypes.addressof(self._bell)
         _, _, magic, self.rank, self.rings, self.slots, self.slot_bytes = _CTRL.unpack_from(self.mm)
         self.magic = magic
-
-    def head_index(self, ring: int) -> int:
-        return (CTRL_BYTES + ring * self.ring_bytes) // 8
-
-    @property
-    def ring_bytes(self) -> int:
-        return RING_HDR + self.slots * self.slot_bytes
+        self.ring_bytes = RING_HDR + self.slots * self.slot_bytes
+        # per ring: the u64 index of its head (tail = head + 8) and the offset of its slot 0;
+        # none for a control block that does not describe this mapping (``attach`` refuses it)
+        rings = self.rings if segment_bytes(self.rings, self.slots, self.slot_bytes) == size else 0
+        self.heads = [(CTRL_BYTES + r * self.ring_bytes) // 8 for r in range(rings)]
+        self.slot0 = [CTRL_BYTES + r * self.ring_bytes + RING_HDR for r in range(rings)]
 
     def slot_offset(self, ring: int, n: int) -> int:
-        return CTRL_BYTES + ring * self.ring_bytes + RING_HDR + (n % self.slots) * self.slot_bytes
+        return self.slot0[ring] + (n % self.slots) * self.slot_bytes
 
     def ring(self) -> None:
         """Tell this segment's owner that something changed (the bell first, then the sleepers:
@@ -207,12 +206,12 @@ class Channel:
         n = len(payload)
         if n > seg.slot_bytes - SLOT_HDR_BYTES:
             return False
-        h = seg.head_index(self.rank)
+        h = seg.heads[self.rank]
         with self._send_locks[peer]:
             head = seg.u64[h]
             if head - seg.u64[h + 8] >= seg.slots:
                 return False
-            off = seg.slot_offset(self.rank, head)
+            off = seg.slot0[self.rank] + (head % seg.slots) * seg.slot_bytes
             SLOT_HDR.pack_into(seg.mm, off, kind, n, comm_id, seq, step, value, *fp)
             if n:
                 seg.buf[off + SLOT_HDR_BYTES:off + SLOT_HDR_BYTES + n] = payload
@@ -227,15 +226,16 @@ class Channel:
         the call; ``nbytes`` as the sender wrote it); returns how many. ``handle`` may raise:
         the message is consumed anyway."""
         seg = self.inbox
-        h = seg.head_index(peer)
+        h = seg.heads[peer]
         u64 = seg.u64
         if u64[h] == u64[h + 8]:
             return 0
         got = 0
+        slot0, slots, slot_bytes = seg.slot0[peer], seg.slots, seg.slot_bytes
         with self._recv_locks[peer]:
             tail = u64[h + 8]
             while tail != u64[h]:
-                off = seg.slot_offset(peer, tail)
+                off = slot0 + (tail % slots) * slot_bytes
                 kind, n, comm_id, seq, step, value, *fp = SLOT_HDR.unpack_from(seg.mm, off)
                 start = off + SLOT_HDR_BYTES
                 tail += 1
