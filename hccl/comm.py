@@ -25,6 +25,7 @@ import numpy as np
 
 import runtime
 from runtime.callsite import add_internal, callsite
+from runtime import profiler
 from runtime.log import setup as setup_log
 from runtime.context import resolve_stream
 from runtime.errors import NpuError
@@ -84,7 +85,8 @@ class Comm:
         self.name = name
         self.exec_timeout: float | None = None
         self._knobs: tuple | None = None        # (algorithm, slice bytes): _read_knobs
-        self._env_timeout: float | None = None  # HCCL_EXEC_TIMEOUT, read at the first use
+        self._env_timeout: tuple | None = None  # (HCCL_EXEC_TIMEOUT, its text), read at first use
+        self._set_source: tuple = (None, "")     # (set_exec_timeout's value, its text)
         self._seq = 0
         self._p2p: dict[tuple[str, int], int] = {}
         self._subs: dict[tuple, int] = {}
@@ -105,12 +107,17 @@ class Comm:
         self.exec_timeout = float(seconds)
 
     def _timeout(self) -> tuple[float, str]:
-        if self.exec_timeout is not None:
-            return self.exec_timeout, f"comm.set_exec_timeout({self.exec_timeout:g})"
-        t = self._env_timeout
-        if t is None:
-            t = self._env_timeout = config.exec_timeout()
-        return t, f"HCCL_EXEC_TIMEOUT={t:g}"
+        """The longest wait for a peer and where it was set (the text is built once: every
+        call asks)."""
+        t = self.exec_timeout
+        if t is not None:
+            if self._set_source[0] != t:
+                self._set_source = (t, f"comm.set_exec_timeout({t:g})")
+            return self._set_source
+        if self._env_timeout is None:
+            t = config.exec_timeout()
+            self._env_timeout = (t, f"HCCL_EXEC_TIMEOUT={t:g}")
+        return self._env_timeout
 
     def destroy(self) -> None:
         """Release the communicator (HcclCommDestroy); later calls on it raise E_PARA."""
@@ -213,10 +220,12 @@ class Comm:
                 raise err from e
             recorder.complete(rec)
 
-        meta = {"comm": self.name, "seq": seq, "count": count, "dtype": dtype.name,
-                "bytes": count * dtype.itemsize}
-        if peer is not None:
-            meta["peer"] = peer
+        meta = None
+        if profiler.active():       # the trace's arguments of the task: only when recorded
+            meta = {"comm": self.name, "seq": seq, "count": count, "dtype": dtype.name,
+                    "bytes": count * dtype.itemsize}
+            if peer is not None:
+                meta["peer"] = peer
         s.enqueue(task, name=f"Hccl{_API_NAMES[op]}", category="collective", meta=meta, site=site)
 
     def _describe(self, op, seq, fp) -> str:

@@ -26,6 +26,7 @@ from hccl.transport.base import (Aborted, FingerprintMismatch, PeerGone, PeerTim
 from hccl.types import DataType, Fingerprint, ReduceOp, Result
 
 _EMPTY = np.empty(0, np.uint8)
+_U8 = np.dtype(np.uint8)
 GIL_COPY_BYTES = 256 << 10      # copies up to this size keep the GIL (see copy_bytes)
 
 
@@ -88,6 +89,8 @@ def copy_bytes(dst: np.ndarray, src: np.ndarray) -> None:
 
 
 def _as_bytes(name: str, arr) -> np.ndarray:
+    if type(arr) is np.ndarray and arr.dtype == _U8 and arr.ndim == 1 and arr.flags.c_contiguous:
+        return arr                  # already flat bytes: what runtime.host_view returns
     a = np.asarray(arr)
     if not a.flags.c_contiguous:
         raise InvalidArgumentError(f"buffer {name!r} must be C-contiguous")

@@ -53,7 +53,7 @@ class FlightRecorder:
         """A new record, in state "enqueued"; ``names`` is ``names(fp)`` when already known."""
         r = Record()
         r.comm, r.comm_id, r.rank, r.seq = comm.name, comm.comm_id, comm.rank, seq
-        r.members = list(comm.ranks)
+        r.members = comm.ranks          # the comm's own list: it never changes
         r.op, r.count, r.dtype, r.redop, r.root = names or self.names(fp)
         r.peer, r.stream, r.site, r.nbytes = peer, stream, site, nbytes
         r.state, r.t_enqueued = "enqueued", time.time()

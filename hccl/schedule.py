@@ -310,7 +310,8 @@ _ALIASES = {"h-d_r": "hd", "hd_r": "hd"}
 
 # Crossover points of ``choose``, measured on this machine (docs/algorithms.md, "Choosing").
 HD_BYTES = 1 << 20            # AllReduce: recursive halving / doubling up to here, then ring
-TREE_BYTES = 64 << 10         # Broadcast / Reduce: binomial tree up to here
+TREE_BYTES = 64 << 10         # Reduce: binomial tree up to here
+BCAST_TREE_BYTES = 16 << 20   # Broadcast: binomial tree up to here (fewer messages win on 2 cores)
 SCATTER_MIN_RANKS = 3         # Broadcast above TREE_BYTES: scatter + AllGather from 3 ranks on
 
 
@@ -324,7 +325,9 @@ def choose(op, nbytes: int, size: int) -> str:
         if 0 < nbytes <= ONE_SHOT_BYTES:
             return "oneshot"
         return "hd" if nbytes <= HD_BYTES and size > 2 else "ring"
-    if op in (OpType.BROADCAST, OpType.REDUCE) and nbytes <= TREE_BYTES:
+    if op == OpType.BROADCAST and nbytes <= BCAST_TREE_BYTES:
+        return "tree"
+    if op == OpType.REDUCE and nbytes <= TREE_BYTES:
         return "tree"
     if op == OpType.BROADCAST and size >= SCATTER_MIN_RANKS:
         return "scatter"

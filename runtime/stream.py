@@ -63,7 +63,10 @@ class Stream:
         self.name = name or _name or f"stream {self.id}"
         self.device_id = self._ctx.device_id
         self._q: collections.deque = collections.deque()
-        self._cv = threading.Condition(threading.Lock())
+        # ``_mu`` is the Condition's lock: ``with self._mu`` where nothing waits or notifies
+        # (the Condition's own ``__enter__`` is a Python call more, on every enqueue and task)
+        self._mu = threading.Lock()
+        self._cv = threading.Condition(self._mu)
         self._issued = 0
         self._done = 0
         self._skip_until = 0          # tasks with seq <= this are skipped (error state)
@@ -120,7 +123,7 @@ class Stream:
             raise InvalidParamError(f"{self.name} was destroyed; create a new Stream")
         if site is None:
             site = callsite(2)
-        with self._cv:
+        with self._mu:
             self._issued += 1
             seq = self._issued
             self._q.append(_Task(fn, name, category, meta, site, seq))
@@ -163,7 +166,7 @@ class Stream:
             if t0:
                 profiler.record(self.id, task.name, task.category, t0, profiler.now_us(), task.meta)
             self._running = None
-        with self._cv:
+        with self._mu:
             self._done = task.seq
             if task.seq >= self._wake_at:   # not at every task: a waiter woken early only
                 self._wake_at = _NEVER      # sleeps again, at a GIL hand-off's cost
@@ -231,7 +234,7 @@ class Stream:
                 while self._done < value and q and q[0] is not None:
                     self._run(q.popleft())
             finally:
-                with self._cv:
+                with self._mu:
                     self._stealing = False
                     self._exec.release()
                     if q and self._sleeping:

@@ -391,6 +391,10 @@ def test_choose_picks_by_size_and_world_and_build_caches():
     assert sch.choose(OpType.ALLREDUCE, sch.HD_BYTES, 2) == "ring"
     assert sch.choose(OpType.BROADCAST, 1024, 4) == "tree"
     assert sch.choose(OpType.BROADCAST, 64 << 20, 4) == "scatter"
+    assert sch.choose(OpType.BROADCAST, sch.BCAST_TREE_BYTES, 4) == "tree"
+    assert sch.choose(OpType.BROADCAST, sch.BCAST_TREE_BYTES + 1, 3) == "scatter"
+    assert sch.choose(OpType.REDUCE, sch.TREE_BYTES, 4) == "tree"
+    assert sch.choose(OpType.REDUCE, sch.TREE_BYTES + 1, 4) == "ring"
     assert sch.choose(OpType.ALLGATHER, 1024, 4) == "ring"
     a = sch.build(OpType.ALLREDUCE, 1, 4, 300, 4, BIG, algo="auto")
     assert a is sch.build(OpType.ALLREDUCE, 1, 4, 300, 4, BIG, algo="auto")
