@@ -19,7 +19,7 @@ import numpy as np
 from hccl import abortrec
 from hccl.errors import (CollectiveMismatchError, HcclError, HcclTimeoutError,
                          InvalidArgumentError, RemoteRankError)
-from hccl.reduction import reduce_into
+from hccl.reduction import reduce3, reduce_into
 from hccl.schedule import NONE, SCRATCH, Copy, LocalReduce, Recv, Send, buffer_extents, reduces
 from hccl.transport.base import (Aborted, FingerprintMismatch, PeerGone, PeerTimeout,
                                  TransportClosed, TransportError)
@@ -234,7 +234,12 @@ def _consumer(step: Recv, views: dict, addr: dict, pending: _Pending, np_dtype, 
                 pending.settle(lo, lo + nb)
             dst = views[step.buf][step.offset:step.offset + nb]
             if step.reduce:
-                reduce_into(dst.view(np_dtype), np.frombuffer(data, np_dtype), op)
+                src = views[step.src] if step.src else None
+                if src is None or src is views[step.buf]:
+                    reduce_into(dst.view(np_dtype), np.frombuffer(data, np_dtype), op)
+                else:                           # dst = src op payload, dst's first write
+                    reduce3(dst.view(np_dtype), src[step.offset:step.offset + nb].view(np_dtype),
+                            np.frombuffer(data, np_dtype), op)
             else:
                 copy_bytes(dst, np.frombuffer(data, np.uint8))
     return consume

@@ -45,15 +45,31 @@ def reduce_into(dst: np.ndarray, src: np.ndarray, op: ReduceOp) -> None:
         fn(dst, src, out=dst)
 
 
-def _reduce_widened(dst: np.ndarray, src: np.ndarray, fn: np.ufunc) -> None:
-    """fp16 / bf16: compute in fp32 block by block, round back to the storage type."""
+def reduce3(dst: np.ndarray, a: np.ndarray, b: np.ndarray, op: ReduceOp) -> None:
+    """``dst = op(a, b)`` element-wise: the same bytes as copying ``a`` into ``dst`` and then
+    ``reduce_into(dst, b, op)``, without the copy. All three flat, of one dtype and size
+    (``dst`` may be ``a``; ``b`` may be read-only). Raises ``ValueError`` otherwise."""
+    fn = _UFUNCS[ReduceOp.of(op)]
+    if not (dst.dtype == a.dtype == b.dtype and dst.size == a.size == b.size):
+        raise ValueError(f"reduce3: dst {dst.dtype}[{dst.size}], a {a.dtype}[{a.size}] and b "
+                         f"{b.dtype}[{b.size}] must have the same dtype and size")
+    if dst.dtype in _WIDENED:
+        _reduce_widened(dst.reshape(-1), b.reshape(-1), fn, a.reshape(-1))
+    else:
+        fn(a, b, out=dst)
+
+
+def _reduce_widened(dst: np.ndarray, src: np.ndarray, fn: np.ufunc, first=None) -> None:
+    """fp16 / bf16: compute in fp32 block by block, round back to the storage type;
+    ``dst = fn(first, src)`` when ``first`` is given, else ``dst = fn(dst, src)``."""
     n = dst.size
+    a = dst if first is None else first
     wide = np.empty(min(n, _BLOCK), np.float32)
     other = np.empty_like(wide)
     for lo in range(0, n, _BLOCK):
         hi = min(n, lo + _BLOCK)
         w, o = wide[: hi - lo], other[: hi - lo]
-        w[...] = dst[lo:hi]
+        w[...] = a[lo:hi]
         o[...] = src[lo:hi]
         fn(w, o, out=w)
         dst[lo:hi] = w

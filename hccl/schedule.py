@@ -69,13 +69,17 @@ def one_shot_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, 
     nb = count * itemsize
     if size == 1 or nb == 0 or nb > slice_bytes:
         return ring_all_reduce(rank, size, count, itemsize, slice_bytes, inplace=inplace)
-    steps: list = [Copy(SEND, 0, SCRATCH, 0, nb)]
+    own = SCRATCH if inplace else SEND          # in place, recv is overwritten before use
+    steps: list = [Copy(SEND, 0, SCRATCH, 0, nb)] if inplace else []
     for k in range(1, size):                     # stagger the peers so no rank is hit first by all
-        steps.append(Send((rank + k) % size, SCRATCH, 0, nb, 0))
-    for p in range(size):
+        steps.append(Send((rank + k) % size, own, 0, nb, 0))
+    for p in range(size):                        # recv = r0 op r1 op ... in rank order
+        if p == rank == 0:
+            continue                             # the next step reads it from ``own``
         if p == rank:
-            steps.append(Copy(SCRATCH, 0, RECV, 0, nb) if p == 0 else
-                         LocalReduce(SCRATCH, 0, RECV, 0, nb))
+            steps.append(LocalReduce(own, 0, RECV, 0, nb))
+        elif p == 1 and rank == 0:
+            steps.append(Recv(p, RECV, 0, nb, 0, True, own))
         else:
             steps.append(Recv(p, RECV, 0, nb, 0, p != 0))
     return steps
@@ -94,20 +98,26 @@ def _all_reduce_start(rank, size, count, itemsize, slice_bytes, inplace) -> list
 
 def ring_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
                     inplace=False) -> list:
-    """Ring AllReduce = ReduceScatter + AllGather on ``recv``: 2(n-1) ring steps."""
-    steps = _all_reduce_start(rank, size, count, itemsize, slice_bytes, inplace)
+    """Ring AllReduce = ReduceScatter + AllGather on ``recv``: 2(n-1) ring steps.
+
+    No copy of send into recv first: the first send reads chunk r-1 from ``send``, and each
+    ReduceScatter step writes its chunk as ``send op payload`` (``Recv.src``), the chunk's first
+    write on this rank (each step reduces another chunk); AllGather writes the others.
+    """
     if size == 1:
-        return steps
+        return _all_reduce_start(rank, size, count, itemsize, slice_bytes, inplace)
+    check_args(rank, size, count, itemsize, slice_bytes)
+    steps: list = []
     lay = Layout(split(count, size), itemsize, slice_bytes)
     nxt, prv = (rank + 1) % size, (rank - 1) % size
     total = 2 * (size - 1)
     for k, (off, nb) in enumerate(lay.slices[(rank - 1) % size]):
-        steps.append(Send(nxt, RECV, off, nb, lay.tag(0, k)))
+        steps.append(Send(nxt, SEND, off, nb, lay.tag(0, k)))
     for s in range(total):
         reduce = s < size - 1
         c = (rank - s - 2) % size if reduce else (rank - (s - size + 1) - 1) % size
         for k, (off, nb) in enumerate(lay.slices[c]):
-            steps.append(Recv(prv, RECV, off, nb, lay.tag(s, k), reduce))
+            steps.append(Recv(prv, RECV, off, nb, lay.tag(s, k), reduce, SEND if reduce else ""))
             if s + 1 < total:
                 steps.append(Send(nxt, RECV, off, nb, lay.tag(s + 1, k)))
     return steps
@@ -408,6 +418,8 @@ def buffer_extents(steps) -> dict[str, int]:
             see(st.dst_buf, st.dst_off + st.nbytes)
         else:
             see(st.buf, st.offset + st.nbytes)
+            if type(st) is Recv and st.src:
+                see(st.src, st.offset + st.nbytes)
     if isinstance(steps, Schedule):
         steps.extents = ext
     return ext

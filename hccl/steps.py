@@ -37,7 +37,13 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class Recv:
-    """Wait for tag ``step`` from ``peer``; reduce it into (``reduce``) or copy it to the region."""
+    """Wait for tag ``step`` from ``peer``; reduce it into (``reduce``) or copy it to the region.
+
+    With ``src`` (a buffer name), a reducing Recv writes ``src``'s bytes at the same offset,
+    reduced with the payload, into the region (``region = src op payload``): the region's first
+    write, so AllReduce needs no copy of send into recv first. When ``src`` is the same memory as
+    ``buf`` (in place) that is the plain reduce.
+    """
 
     peer: int
     buf: str
@@ -45,6 +51,7 @@ class Recv:
     nbytes: int
     step: int
     reduce: bool = False
+    src: str = ""
 
 
 @dataclass(frozen=True, slots=True)

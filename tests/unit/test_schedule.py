@@ -9,7 +9,7 @@ import pytest
 
 from hccl import schedule as sch
 from hccl.errors import InvalidArgumentError
-from hccl.reduction import reduce_into, reduce_reference
+from hccl.reduction import reduce3, reduce_into, reduce_reference
 from hccl.schedule import NONE, SCRATCH, Copy, Recv, Send
 from hccl.types import OpType, ReduceOp
 
@@ -96,7 +96,10 @@ def simulate(progs, bufs, op=ReduceOp.SUM, dtype=np.int32):
                     data = mail.pop(key)
                     assert len(data) == st.nbytes, (key, len(data), st.nbytes)
                     dst = v[st.buf][st.offset:st.offset + st.nbytes]
-                    if st.reduce:
+                    if st.reduce and st.src:        # dst = src op payload (src may be dst)
+                        reduce3(dst.view(dtype), v[st.src][st.offset:st.offset + st.nbytes]
+                                .view(dtype), np.frombuffer(data, dtype), op)
+                    elif st.reduce:
                         reduce_into(dst.view(dtype), np.frombuffer(data, dtype), op)
                     else:
                         dst[...] = np.frombuffer(data, np.uint8)
@@ -349,20 +352,27 @@ def test_simulated_float_allreduce_is_bitwise_identical_on_every_rank(size, redo
 
 
 def test_one_shot_all_reduce_structure_and_fallback():
-    """One message to and from every peer, own data staged in scratch, contributions reduced in
-    rank order 0..n-1 on every rank; above slice_bytes it is the ring."""
+    """One message to and from every peer, own data staged in scratch only in place,
+    contributions reduced in rank order 0..n-1 on every rank; above slice_bytes it is the ring."""
     n, count = 4, 100
-    for rank in range(n):
-        steps = sch.one_shot_all_reduce(rank, n, count, 4, 1 << 20)
+    for rank, inplace in itertools.product(range(n), [False, True]):
+        own = sch.SCRATCH if inplace else sch.SEND
+        steps = sch.one_shot_all_reduce(rank, n, count, 4, 1 << 20, inplace=inplace)
         sends = [s for s in steps if isinstance(s, sch.Send)]
         recvs = [s for s in steps if isinstance(s, sch.Recv)]
         assert sorted(s.peer for s in sends) == sorted(set(range(n)) - {rank})
-        assert all(s.buf == sch.SCRATCH and s.nbytes == 400 and s.step == 0 for s in sends)
-        order = [s.peer if isinstance(s, sch.Recv) else rank for s in steps
-                 if isinstance(s, (sch.Recv, sch.LocalReduce)) or
-                 (isinstance(s, sch.Copy) and s.dst_buf == sch.RECV)]
+        assert all(s.buf == own and s.nbytes == 400 and s.step == 0 for s in sends)
+        assert [type(s) for s in steps if isinstance(s, sch.Copy)] == \
+            ([sch.Copy] if inplace else [])                      # only the staging copy
+        # what goes into recv, in order: rank 0 reads its own data with rank 1's message
+        order = [p for s in steps for p in
+                 ([s.peer] if isinstance(s, sch.Recv) and not s.src else
+                  [rank, s.peer] if isinstance(s, sch.Recv) else
+                  [rank] if isinstance(s, sch.LocalReduce) else [])]
         assert order == list(range(n))                           # the same order on every rank
         assert [r.reduce for r in recvs] == [p != 0 for p in range(n) if p != rank]
+        assert [r.src for r in recvs] == [own if rank == 0 and p == 1 else ""
+                                          for p in range(n) if p != rank]
     ring = sch.one_shot_all_reduce(1, n, count, 4, 256)           # 400 B > 256 B slices: ring
     assert not any(isinstance(s, sch.LocalReduce) for s in ring)
     assert sch.algorithms("oneshot")[OpType.ALLREDUCE] is sch.one_shot_all_reduce

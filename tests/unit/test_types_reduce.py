@@ -269,3 +269,35 @@ def test_property_int_sum_is_modular(a, data):
     reduce_into(dst, b, ReduceOp.SUM)
     want = ((a.astype(np.int64) + b.astype(np.int64) + 2**31) % 2**32 - 2**31).astype(np.int32)
     np.testing.assert_array_equal(dst, want)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.uint64, np.float16, np.float32,
+                                   np.float64, DataType.BFP16.numpy])
+@pytest.mark.parametrize("op", list(ReduceOp))
+def test_reduce3_gives_the_bytes_of_copy_then_reduce_into(dtype, op):
+    """The ring's first write of a chunk (dst = send op payload) must not change one bit."""
+    from hccl.reduction import reduce3
+    rng = np.random.default_rng(int(op) + 7)
+    n = (1 << 18) + 77                               # more than one widening block
+    a = (rng.standard_normal(n) * 100).astype(dtype)
+    b = (rng.standard_normal(n) * 100).astype(dtype)
+    ref, out, same = a.copy(), np.empty_like(a), a.copy()
+    with np.errstate(over="ignore"):                 # fp16 products overflow to inf: both alike
+        reduce_into(ref, b, op)
+        reduce3(out, a, b, op)
+        reduce3(same, same, b, op)                   # dst may be a
+    assert out.tobytes() == ref.tobytes()
+    assert same.tobytes() == ref.tobytes()
+    with pytest.raises(ValueError, match="same dtype and size"):
+        reduce3(out[:-1], a, b, op)
+
+
+def test_ring_all_reduce_out_of_place_never_copies_send_into_recv():
+    from hccl import schedule as sch
+    from hccl.types import OpType
+    for size in (2, 3, 5):
+        for rank in range(size):
+            steps = sch.build(OpType.ALLREDUCE, rank, size, 1000, 4, 1 << 20, algo="ring")
+            assert not any(isinstance(s, sch.Copy) for s in steps)
+            firsts = [s for s in steps if isinstance(s, sch.Recv) and s.reduce]
+            assert firsts and all(s.src == sch.SEND for s in firsts)
