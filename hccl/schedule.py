@@ -156,16 +156,22 @@ def ring_reduce_scatter(rank, size, count, itemsize, slice_bytes, *, root=None, 
 
 def ring_all_gather(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
                     inplace=False) -> list:
-    """Ring AllGather: ``count`` is the per-rank (send) count; n-1 ring steps on ``recv``."""
+    """Ring AllGather: ``count`` is the per-rank (send) count; n-1 ring steps on ``recv``.
+
+    The first sends read this rank's block from ``send``; its copy into ``recv`` comes after
+    them, so the next rank reads it while this one copies."""
     check_args(rank, size, count, itemsize, slice_bytes)
     cb = count * itemsize
     steps: list = []
-    add_copy(steps, SEND, 0, RECV, rank * cb, cb)
     if size == 1:
+        add_copy(steps, SEND, 0, RECV, 0, cb)
         return steps
     lay = Layout([(c * count, count) for c in range(size)], itemsize, slice_bytes)
-    ring_gather(steps, rank, size, lay, first=0)
-    return steps
+    ring_gather(steps, rank, size, lay, first=0, own=(SEND, 0))
+    own = []
+    add_copy(own, SEND, 0, RECV, rank * cb, cb)
+    n_first = len(lay.slices[rank])
+    return steps[:n_first] + own + steps[n_first:]
 
 
 # --- recursive halving / doubling AllReduce (medium messages) -----------------------------------

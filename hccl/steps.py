@@ -137,12 +137,18 @@ def pieces(first: int, n: int, itemsize: int, slice_bytes: int) -> list[tuple[in
     return Layout([(first, n)], itemsize, slice_bytes).slices[0]
 
 
-def ring_gather(steps: list, rank: int, size: int, lay: Layout, first: int) -> None:
+def ring_gather(steps: list, rank: int, size: int, lay: Layout, first: int,
+                own: tuple[str, int] | None = None) -> None:
     """Append a ring AllGather of ``lay``'s chunks on ``recv``: rank r starts with chunk r, sends
-    it to r+1 and passes each chunk it receives on, n-1 ring steps tagged from ``first``."""
+    it to r+1 and passes each chunk it receives on, n-1 ring steps tagged from ``first``.
+
+    ``own`` = (buffer, offset): where chunk r lies instead of in ``recv`` (its first sends read
+    it there)."""
     nxt, prv = (rank + 1) % size, (rank - 1) % size
+    start = lay.slices[rank][0][0]
     for k, (off, nb) in enumerate(lay.slices[rank]):
-        steps.append(Send(nxt, RECV, off, nb, lay.tag(first, k)))
+        buf, at = (RECV, off) if own is None else (own[0], own[1] + off - start)
+        steps.append(Send(nxt, buf, at, nb, lay.tag(first, k)))
     for t in range(size - 1):
         c = (rank - t - 1) % size
         for k, (off, nb) in enumerate(lay.slices[c]):
