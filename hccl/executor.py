@@ -188,10 +188,13 @@ def run(steps: Sequence, buffers: dict, op: ReduceOp | None, dtype, transport, c
                     lo = addr[step.buf] + off
                     pending.add(lo, lo + nb, handle, step.peer, step.step)
             elif kind is Recv:
+                if pending.items and step.nbytes:     # the region's readers first: the consumer
+                    lo = addr[step.buf] + step.offset  # may run inside the transport's poll of
+                    pending.settle(lo, lo + step.nbytes)   # this peer, where it must not wait
                 if on_wait is not None:
                     on_wait(step.peer)
                 transport.recv_into(world[step.peer], comm_id, seq, step.step, fp, timeout,
-                                    _consumer(step, views, addr, pending, np_dtype, op, seq))
+                                    _consumer(step, views, np_dtype, op, seq))
             elif kind is Copy:
                 nb = step.nbytes
                 if nb and not (views[step.src_buf] is views[step.dst_buf]
@@ -219,8 +222,11 @@ def run(steps: Sequence, buffers: dict, op: ReduceOp | None, dtype, transport, c
         raise _translate(e, world, seq, fp, timeout, rank, step) from e
 
 
-def _consumer(step: Recv, views: dict, addr: dict, pending: _Pending, np_dtype, op, seq: int):
-    """What a Recv does with its payload: check the size, then reduce or copy it into place."""
+def _consumer(step: Recv, views: dict, np_dtype, op, seq: int):
+    """What a Recv does with its payload: check the size, then reduce or copy it into place.
+
+    It never waits (the executor settled the region's pending sends before the Recv): a
+    transport may call it while it holds the lock of the peer's ring."""
     def consume(data) -> None:
         nb = step.nbytes
         if data.nbytes != nb:
@@ -229,9 +235,6 @@ def _consumer(step: Recv, views: dict, addr: dict, pending: _Pending, np_dtype, 
                 f"{step.step}, expected {nb}; the ranks disagree on the buffer layout",
                 Result.E_INTERNAL, seq=seq, peer=step.peer, step=step.step)
         if nb:
-            if pending.items:
-                lo = addr[step.buf] + step.offset
-                pending.settle(lo, lo + nb)
             dst = views[step.buf][step.offset:step.offset + nb]
             if step.reduce:
                 src = views[step.src] if step.src else None

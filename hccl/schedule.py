@@ -13,10 +13,10 @@ Chunks, slices and tags are defined in hccl/steps.py; Broadcast and Reduce by ch
 scatter live in hccl/rooted.py. This module holds the rest and the registry (``ALGORITHMS``,
 ``choose``, ``build``).
 
-Ring AllReduce on n ranks = ReduceScatter (n-1 steps) then AllGather (n-1 steps) on ``recv``
-(after one ``send -> recv`` copy when out of place). In ReduceScatter step s rank r receives
-chunk (r-s-2) mod n from r-1, reduces it into its own copy and, slice by slice, sends the partial
-result on to r+1 as step s+1. After n-1 steps rank r holds chunk r fully reduced; the reduction
+Ring AllReduce on n ranks = ReduceScatter (n-1 steps) then AllGather (n-1 steps) on ``recv``.
+In ReduceScatter step s rank r receives chunk (r-s-2) mod n from r-1, writes its own ``send``
+chunk reduced with it into ``recv`` (each step a chunk not written before, so no copy of send
+into recv is needed first) and, slice by slice, sends the partial result on to r+1 as step s+1. After n-1 steps rank r holds chunk r fully reduced; the reduction
 of chunk c happened in one fixed order (c+1, c+2, ..., c) on one rank, and AllGather only copies
 it around, so every rank ends with bitwise-identical bytes. Each rank sends and receives
 2(n-1)/n * S bytes for S = count * itemsize.
@@ -27,8 +27,8 @@ step streams instead of waiting for the whole chunk. A region is never overwritt
 zero-copy Send still reads it: the executor waits that send first (write-after-send hazard), so
 schedules may reuse memory (ReduceScatter's two scratch slots, Reduce's two slice slots).
 
-In place. ``inplace=True`` means recv is the same memory as send. AllReduce then skips its first
-copy; AllToAll stages send in scratch (its pairwise exchange overwrites chunks not yet sent). The
+In place. ``inplace=True`` means recv is the same memory as send. AllReduce's reduce then reads
+and writes the same bytes; one-shot AllReduce and AllToAll stage send in scratch (its pairwise exchange overwrites chunks not yet sent). The
 other schedules are correct for aliased buffers as they are (the executor skips self-copies and
 tracks hazards by address, not by buffer name).
 """

@@ -186,7 +186,10 @@ class NodeTransport(ZmqTransport):
 
         def direct(kind, n, c, s, st, f, value, view):
             """The awaited message goes from its slot straight into ``consume``, the rest (and
-            this one when anything else is held for the same call) to the mailboxes."""
+            this one when anything else is held for the same call) to the mailboxes.
+
+            ``consume`` then runs under this peer's ring lock: it must not wait (the executor
+            settles its pending sends before a Recv, so its consumer never does)."""
             if not took and st == step and s == seq and c == comm_id and kind == _DATA \
                     and f == fp and n <= len(view) and not self._closed \
                     and self._failed is None and comm_id not in self._aborted:

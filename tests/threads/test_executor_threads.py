@@ -442,9 +442,9 @@ def test_writes_wait_for_pending_zero_copy_sends_that_read_them():
     steps = [Send(0, "recv", 0, 4, 0),           # zero-copy of recv[0:4]
              Send(0, "send", 0, 4, 1),
              Copy("send", 4, "recv", 4, 4),      # disjoint from the pending send: no wait
-             Recv(0, "recv", 0, 4, 1),           # overwrites recv[0:4]: waits send 0 first
-             Recv(0, "recv", 4, 4, 0)]
-    executor.run(steps, {"send": send, "recv": recv}, None, "uint8", t, 1, 1,
+             Recv(0, "recv", 0, 4, 1),           # overwrites recv[0:4]: waits send 0 first,
+             Recv(0, "recv", 4, 4, 0)]           # before the wait for the message (the consumer
+    executor.run(steps, {"send": send, "recv": recv}, None, "uint8", t, 1, 1,   # never waits)
                  (0, 8, 7, -1, -1), [0], 1.0)
-    assert t.log == [("send", 0), ("send", 1), ("recv", 1), ("wait", 4), ("recv", 0), ("wait", 4)]
+    assert t.log == [("send", 0), ("send", 1), ("wait", 4), ("recv", 1), ("recv", 0), ("wait", 4)]
     assert recv.tolist() == [0, 1, 2, 3, 0, 0, 0, 0]
