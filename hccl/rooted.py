@@ -38,6 +38,22 @@ def chain_broadcast(rank, size, count, itemsize, slice_bytes, *, root=0, peer=No
     return steps
 
 
+def mesh_broadcast(rank, size, count, itemsize, slice_bytes, *, root=0, peer=None,
+                   inplace=False) -> list:
+    """The root sends every slice to every other rank directly: one hop. Inside a node a
+    receiver reads the root's memory in place, so the root copies nothing and the n-1 reads run
+    at once (HCCL's fullmesh); across nodes the root's link carries (n-1) S."""
+    steps = _start(rank, size, count, itemsize, slice_bytes, root, reduce=False)
+    parts = pieces(0, count, itemsize, slice_bytes)
+    for k, (off, nb) in enumerate(parts):
+        if rank == root:
+            for i in range(1, size):             # staggered, as the one-shot AllReduce
+                steps.append(Send((root + i) % size, RECV, off, nb, k))
+        else:
+            steps.append(Recv(root, RECV, off, nb, k))
+    return steps
+
+
 def chain_reduce(rank, size, count, itemsize, slice_bytes, *, root=0, peer=None,
                  inplace=False) -> list:
     """Pipelined chain root+1 -> root+2 -> ... -> root, reducing on the way.

@@ -37,8 +37,8 @@ from __future__ import annotations
 import functools
 
 from hccl.errors import InvalidArgumentError
-from hccl.rooted import (chain_broadcast, chain_reduce, scatter_all_gather_broadcast,
-                         tree_broadcast, tree_reduce)
+from hccl.rooted import (chain_broadcast, chain_reduce, mesh_broadcast,
+                         scatter_all_gather_broadcast, tree_broadcast, tree_reduce)
 from hccl.steps import (NONE, RECV, SCRATCH, SEND, Builder, Copy, Layout, LocalReduce, Recv,
                         Send, Step, add_copy, check_args, check_rank, pieces, ring_gather, split)
 from hccl.types import OpType
@@ -49,7 +49,9 @@ __all__ = [  # the steps and rooted builders are re-exported: callers import the
     "tree_reduce", "one_shot_all_reduce", "ring_all_reduce", "ring_reduce_scatter",
     "ring_all_gather", "rhd_all_reduce", "pairwise_all_to_all", "p2p_send", "p2p_recv",
     "dissemination_barrier", "ALGORITHMS", "ONE_SHOT_BYTES", "HD_BYTES", "TREE_BYTES",
-    "SCATTER_MIN_RANKS", "choose", "algorithms", "Schedule", "build", "reduces",
+    "BCAST_TREE_BYTES",
+    "SCATTER_MIN_RANKS", "MESH_MIN_RANKS", "mesh_all_gather", "mesh_broadcast", "choose",
+    "algorithms", "Schedule", "build", "reduces",
     "buffer_extents"]
 
 # --- one-shot AllReduce (small messages) -------------------------------------------------------
@@ -172,6 +174,29 @@ def ring_all_gather(rank, size, count, itemsize, slice_bytes, *, root=None, peer
     add_copy(own, SEND, 0, RECV, rank * cb, cb)
     n_first = len(lay.slices[rank])
     return steps[:n_first] + own + steps[n_first:]
+
+
+def mesh_all_gather(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
+                    inplace=False) -> list:
+    """Every rank sends its block to every other rank directly and receives theirs: one round
+    instead of n-1 dependent ring steps, the same bytes per rank (HCCL's fullmesh). The block
+    goes out from ``send``; its copy into ``recv`` follows the sends."""
+    check_args(rank, size, count, itemsize, slice_bytes)
+    cb = count * itemsize
+    steps: list = []
+    if size == 1:
+        add_copy(steps, SEND, 0, RECV, 0, cb)
+        return steps
+    lay = Layout([(c * count, count) for c in range(size)], itemsize, slice_bytes)
+    for i in range(1, size):
+        for k, (off, nb) in enumerate(lay.slices[rank]):
+            steps.append(Send((rank + i) % size, SEND, off - rank * cb, nb, k))
+    add_copy(steps, SEND, 0, RECV, rank * cb, cb)
+    for i in range(1, size):
+        frm = (rank - i) % size
+        for k, (off, nb) in enumerate(lay.slices[frm]):
+            steps.append(Recv(frm, RECV, off, nb, k))
+    return steps
 
 
 # --- recursive halving / doubling AllReduce (medium messages) -----------------------------------
@@ -321,14 +346,19 @@ ALGORITHMS: dict[str, dict[OpType, Builder]] = {
     "hd": {**_RING, OpType.ALLREDUCE: rhd_all_reduce},
     # Broadcast as scatter + ring AllGather.
     "scatter": {**_RING, OpType.BROADCAST: scatter_all_gather_broadcast},
+    # Every rank straight to every other (HCCL's fullmesh): Broadcast, AllGather, and the
+    # one-shot AllReduce.
+    "mesh": {**_RING, OpType.BROADCAST: mesh_broadcast, OpType.ALLGATHER: mesh_all_gather,
+             OpType.ALLREDUCE: one_shot_all_reduce},
 }
-_ALIASES = {"h-d_r": "hd", "hd_r": "hd"}
+_ALIASES = {"h-d_r": "hd", "hd_r": "hd", "fullmesh": "mesh"}
 
 # Crossover points of ``choose``, measured on this machine (docs/algorithms.md, "Choosing").
 HD_BYTES = 1 << 20            # AllReduce: recursive halving / doubling up to here, then ring
 TREE_BYTES = 64 << 10         # Reduce: binomial tree up to here
 BCAST_TREE_BYTES = 16 << 20   # Broadcast: binomial tree up to here (fewer messages win on 2 cores)
 SCATTER_MIN_RANKS = 3         # Broadcast above TREE_BYTES: scatter + AllGather from 3 ranks on
+MESH_MIN_RANKS = 3            # AllGather: every rank to every rank from 3 ranks on (at 2, a ring)
 
 
 def choose(op, nbytes: int, size: int) -> str:
@@ -341,6 +371,8 @@ def choose(op, nbytes: int, size: int) -> str:
         if 0 < nbytes <= ONE_SHOT_BYTES:
             return "oneshot"
         return "hd" if nbytes <= HD_BYTES and size > 2 else "ring"
+    if op == OpType.ALLGATHER and size >= MESH_MIN_RANKS:
+        return "mesh"
     if op == OpType.BROADCAST and nbytes <= BCAST_TREE_BYTES:
         return "tree"
     if op == OpType.REDUCE and nbytes <= TREE_BYTES:

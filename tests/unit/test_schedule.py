@@ -315,7 +315,8 @@ def test_buffer_extents():
 SIM_CASES = ([(op, algo) for op in COLLECTIVES for algo in ("ring", "tree")
               if algo == "ring" or op in (OpType.BROADCAST, OpType.REDUCE)]
              + [(OpType.ALLREDUCE, "hd"), (OpType.ALLREDUCE, "oneshot"),
-                (OpType.BROADCAST, "scatter")])
+                (OpType.BROADCAST, "scatter"), (OpType.BROADCAST, "mesh"),
+                (OpType.ALLGATHER, "mesh")])
 
 
 @pytest.mark.parametrize("op,algo", SIM_CASES)
@@ -409,7 +410,10 @@ def test_choose_picks_by_size_and_world_and_build_caches():
     assert sch.choose(OpType.BROADCAST, sch.BCAST_TREE_BYTES + 1, 3) == "scatter"
     assert sch.choose(OpType.REDUCE, sch.TREE_BYTES, 4) == "tree"
     assert sch.choose(OpType.REDUCE, sch.TREE_BYTES + 1, 4) == "ring"
-    assert sch.choose(OpType.ALLGATHER, 1024, 4) == "ring"
+    assert sch.choose(OpType.ALLGATHER, 1024, 2) == "ring"
+    assert sch.choose(OpType.ALLGATHER, 1024, 3) == "mesh"
+    assert sch.choose(OpType.ALLGATHER, 64 << 20, 4) == "mesh"
+    assert sch.algorithms("fullmesh") is sch.ALGORITHMS["mesh"]
     a = sch.build(OpType.ALLREDUCE, 1, 4, 300, 4, BIG, algo="auto")
     assert a is sch.build(OpType.ALLREDUCE, 1, 4, 300, 4, BIG, algo="auto")
     assert list(a) == sch.one_shot_all_reduce(1, 4, 300, 4, BIG)
