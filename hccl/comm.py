@@ -85,8 +85,7 @@ class Comm:
         self.name = name
         self.exec_timeout: float | None = None
         self._knobs: tuple | None = None        # (algorithm, slice bytes): _read_knobs
-        self._env_timeout: tuple | None = None  # (HCCL_EXEC_TIMEOUT, its text), read at first use
-        self._set_source: tuple = (None, "")     # (set_exec_timeout's value, its text)
+        self._env_timeout: float | None = None  # HCCL_EXEC_TIMEOUT, read at the first use
         self._seq = 0
         self._p2p: dict[tuple[str, int], int] = {}
         self._subs: dict[tuple, int] = {}
@@ -106,18 +105,14 @@ class Comm:
             raise InvalidArgumentError(f"set_exec_timeout(seconds={seconds!r}): must be a positive number")
         self.exec_timeout = float(seconds)
 
-    def _timeout(self) -> tuple[float, str]:
-        """The longest wait for a peer and where it was set (the text is built once: every
-        call asks)."""
-        t = self.exec_timeout
-        if t is not None:
-            if self._set_source[0] != t:
-                self._set_source = (t, f"comm.set_exec_timeout({t:g})")
-            return self._set_source
+    def _timeout(self) -> tuple[float, bool]:
+        """The longest wait for a peer, and whether ``set_exec_timeout`` set it (every call asks;
+        the text naming the source is built by ``_failure`` only)."""
+        if self.exec_timeout is not None:
+            return self.exec_timeout, True
         if self._env_timeout is None:
-            t = config.exec_timeout()
-            self._env_timeout = (t, f"HCCL_EXEC_TIMEOUT={t:g}")
-        return self._env_timeout
+            self._env_timeout = config.exec_timeout()
+        return self._env_timeout, False
 
     def destroy(self) -> None:
         """Release the communicator (HcclCommDestroy); later calls on it raise E_PARA."""
@@ -197,7 +192,7 @@ class Comm:
         site = site or callsite(3)
         rec = recorder.enqueue(self, seq, rec_fp, stream=s.name, site=site, peer=peer,
                                nbytes=count * dtype.itemsize, names=names)
-        timeout, source = self._timeout()
+        timeout, by_comm = self._timeout()
         transport = self.world.transport
 
         def task():
@@ -211,7 +206,7 @@ class Comm:
                              on_wait=lambda p: recorder.waiting(rec, p), rank=self.rank)
             except HcclError as e:
                 recorder.fail(rec, e)
-                err = self._failure(e, op, seq, fp, timeout, source, cid)
+                err = self._failure(e, op, seq, fp, timeout, by_comm, cid)
                 rec.error = f"{type(err).__name__}: {str(err).splitlines()[0]}"
                 # a peer's failure reaching this rank: the verdict looks past it for the cause
                 rec.error_type = "RemoteRankError" if getattr(err, "abort", None) else \
@@ -231,12 +226,14 @@ class Comm:
     def _describe(self, op, seq, fp) -> str:
         return describe_call(op, fp.count, fp.dtype, fp.redop, fp.root, comm=self.name, seq=seq)
 
-    def _failure(self, e: HcclError, op, seq, fp, timeout, source, cid) -> HcclError:
+    def _failure(self, e: HcclError, op, seq, fp, timeout, by_comm, cid) -> HcclError:
         """The error a user sees, with the op, the comm and the seq; aborts the comm for the peers."""
         call = self._describe(op, seq, fp)
         last_enq, last_done = recorder.last(self.comm_id, self.rank)
         transport = self.world.transport
         if isinstance(e, HcclTimeoutError):
+            source = (f"comm.set_exec_timeout({timeout:g})" if by_comm else
+                      f"HCCL_EXEC_TIMEOUT={timeout:g}")
             msg = (f"[rank {self.rank}] {call} timed out after {timeout:.1f} s ({source}); "
                    f"last enqueued seq {last_enq}, last completed seq {last_done}\n  {e}")
             err = HcclTimeoutError(msg, peer=e.peer, world_peer=getattr(e, "world_peer", None), seq=seq,

@@ -156,24 +156,25 @@ def ring_reduce_scatter(rank, size, count, itemsize, slice_bytes, *, root=None, 
     return steps
 
 
-def ring_all_gather(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
-                    inplace=False) -> list:
-    """Ring AllGather: ``count`` is the per-rank (send) count; n-1 ring steps on ``recv``.
-
-    The first sends read this rank's block from ``send``; its copy into ``recv`` comes after
-    them, so the next rank reads it while this one copies."""
+def _gather_start(rank, size, count, itemsize, slice_bytes):
+    """AllGather's common start: the arguments checked; on one rank the whole schedule (a copy),
+    else no steps yet and the blocks' ``Layout`` on ``recv``."""
     check_args(rank, size, count, itemsize, slice_bytes)
-    cb = count * itemsize
     steps: list = []
     if size == 1:
-        add_copy(steps, SEND, 0, RECV, 0, cb)
-        return steps
-    lay = Layout([(c * count, count) for c in range(size)], itemsize, slice_bytes)
-    ring_gather(steps, rank, size, lay, first=0, own=(SEND, 0))
-    own = []
-    add_copy(own, SEND, 0, RECV, rank * cb, cb)
-    n_first = len(lay.slices[rank])
-    return steps[:n_first] + own + steps[n_first:]
+        add_copy(steps, SEND, 0, RECV, 0, count * itemsize)
+        return steps, None
+    return steps, Layout([(c * count, count) for c in range(size)], itemsize, slice_bytes)
+
+
+def ring_all_gather(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
+                    inplace=False) -> list:
+    """Ring AllGather: ``count`` is the per-rank (send) count; n-1 ring steps on ``recv``, this
+    rank's block sent from ``send`` and copied into ``recv`` behind its first sends."""
+    steps, lay = _gather_start(rank, size, count, itemsize, slice_bytes)
+    if lay is not None:
+        ring_gather(steps, rank, size, lay, first=0, from_send=True)
+    return steps
 
 
 def mesh_all_gather(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
@@ -181,13 +182,10 @@ def mesh_all_gather(rank, size, count, itemsize, slice_bytes, *, root=None, peer
     """Every rank sends its block to every other rank directly and receives theirs: one round
     instead of n-1 dependent ring steps, the same bytes per rank (HCCL's fullmesh). The block
     goes out from ``send``; its copy into ``recv`` follows the sends."""
-    check_args(rank, size, count, itemsize, slice_bytes)
-    cb = count * itemsize
-    steps: list = []
-    if size == 1:
-        add_copy(steps, SEND, 0, RECV, 0, cb)
+    steps, lay = _gather_start(rank, size, count, itemsize, slice_bytes)
+    if lay is None:
         return steps
-    lay = Layout([(c * count, count) for c in range(size)], itemsize, slice_bytes)
+    cb = count * itemsize
     for i in range(1, size):
         for k, (off, nb) in enumerate(lay.slices[rank]):
             steps.append(Send((rank + i) % size, SEND, off - rank * cb, nb, k))

@@ -138,17 +138,20 @@ def pieces(first: int, n: int, itemsize: int, slice_bytes: int) -> list[tuple[in
 
 
 def ring_gather(steps: list, rank: int, size: int, lay: Layout, first: int,
-                own: tuple[str, int] | None = None) -> None:
+                from_send: bool = False) -> None:
     """Append a ring AllGather of ``lay``'s chunks on ``recv``: rank r starts with chunk r, sends
     it to r+1 and passes each chunk it receives on, n-1 ring steps tagged from ``first``.
 
-    ``own`` = (buffer, offset): where chunk r lies instead of in ``recv`` (its first sends read
-    it there)."""
+    ``from_send``: chunk r is still in ``send`` (at 0): the first sends read it there, and its
+    copy into ``recv`` follows them, so the next rank reads it while this one copies."""
     nxt, prv = (rank + 1) % size, (rank - 1) % size
     start = lay.slices[rank][0][0]
     for k, (off, nb) in enumerate(lay.slices[rank]):
-        buf, at = (RECV, off) if own is None else (own[0], own[1] + off - start)
+        buf, at = (SEND, off - start) if from_send else (RECV, off)
         steps.append(Send(nxt, buf, at, nb, lay.tag(first, k)))
+    if from_send:
+        end = lay.slices[rank][-1][0] + lay.slices[rank][-1][1]
+        add_copy(steps, SEND, 0, RECV, start, end - start)
     for t in range(size - 1):
         c = (rank - t - 1) % size
         for k, (off, nb) in enumerate(lay.slices[c]):

@@ -308,8 +308,7 @@ class Transport:
     def _check_send(self, peer: int, comm_id: int) -> None:
         # without the Condition: each read is atomic, and an abort that lands just after the
         # check fails the receiver's wait anyway (messages to an aborted comm_id are dropped)
-        if not (type(peer) is int and 0 <= peer < self.size):
-            self._check_peer(peer)
+        self._check_peer(peer)
         if self._closed:
             raise TransportClosed(f"rank {self.rank}: transport closed")
         ab = self._aborted.get(comm_id) or self._failed
