@@ -22,8 +22,12 @@ blocks. A full ring or a payload larger than a slot is refused (``post`` returns
 caller sends it another way, so a send never blocks.
 
 A waiter reads the bell, looks for what it waits for, and if it is not there spins on the bell
-for ``spin`` seconds (0 when the node has more ranks than cores: spinning would starve the very
-rank it waits for; then it yields once), then sleeps in FUTEX_WAIT on the bell's old value: any
+for ``spin`` seconds, yielding the core at every turn (``sched_yield``, ~1 us here when nothing
+else wants the core): the scheduler sometimes starts both ranks of a pair on one core and leaves
+them there, and a spin that does not yield then holds the core its peer needs (1 KiB all_reduce
+at world 2: 570-600 us instead of 270-305 us, both ranks forced onto one core). With more ranks
+on the node than cores the spin is 0 (it would starve the very rank it waits for; the waiter
+yields once), then it sleeps in FUTEX_WAIT on the bell's old value: any
 post or ``poke`` after the read changes the bell, so the kernel refuses to sleep or wakes it.
 Sleeps are bounded by ``SLICE`` seconds anyway (the wait re-checks close, abort and liveness),
 so the remaining window (two increments of one bell racing, a store reordered past a load, both
@@ -257,6 +261,9 @@ class Channel:
         if self.spin > 0:
             end = time.perf_counter() + min(self.spin, seconds)
             while u32[0] == seen:
+                os.sched_yield()          # a peer that shares this core runs now, not at the sleep
+                if u32[0] != seen:
+                    return
                 if time.perf_counter() >= end:
                     break
             else:
