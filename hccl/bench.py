@@ -2,13 +2,15 @@
 
 One row per size: size (bytes), count (elements), type, redop, time (us), algbw and busbw (GB/s)
 and #wrong (elements that differ from the expected value when ``-c 1``). time is the mean over
-``-n`` iterations of the slowest rank; busbw as nccl-tests defines it: algbw x 2(n-1)/n for
+``-n`` iterations of the slowest rank (``--timing median``: the median over calls of the slowest
+rank's; ``--target-s``: as many calls as fill that time, as the peers' benchmarks do); busbw as nccl-tests defines it: algbw x 2(n-1)/n for
 AllReduce, x (n-1)/n for AllGather / ReduceScatter / AlltoAll, x 1 for Broadcast / Reduce.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -91,6 +93,10 @@ def main(argv=None) -> int:
                     help="mean: nccl-tests (iterations back to back, mean of the slowest rank); "
                          "median: each call waited for, median over calls of the slowest rank "
                          "(the peers' benchmarks' convention: enqueue-to-completion)")
+    ap.add_argument("--target-s", type=float, default=None,
+                    help="the peers' benchmarks' policy instead of -n / -w: warm up for ~0.1 s "
+                         "(at least -w calls), then as many calls as fill TARGET_S seconds "
+                         "(5 to 20,000), every rank agreeing")
     ap.add_argument("--json", default=None, help="rank 0 writes the rows here")
     a = ap.parse_args(argv)
     runtime.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -100,8 +106,9 @@ def main(argv=None) -> int:
     redop = ReduceOp[a.redop.upper()]
     s = runtime.Stream()
     if rank == 0:
-        print(f"# npusim hccl.bench: {a.op}, {n} ranks, {dt.name}, {redop.name}, iters {a.iters}, "
-              f"warmup {a.warmup_iters}", flush=True)
+        calls = (f"iters {a.iters}, warmup {a.warmup_iters}" if a.target_s is None else
+                 f"iters to fill {a.target_s:g} s after ~0.1 s of warm-up")
+        print(f"# npusim hccl.bench: {a.op}, {n} ranks, {dt.name}, {redop.name}, {calls}", flush=True)
         print(f"#{'size':>12} {'count':>12} {'type':>6} {'redop':>6} {'time':>10} {'algbw':>8} "
               f"{'busbw':>8} {'#wrong':>7}\n#{'(B)':>12} {'(elements)':>12} {'':>6} {'':>6} "
               f"{'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8}", flush=True)
@@ -114,21 +121,23 @@ def main(argv=None) -> int:
         count, ns, nr = _layout(a.op, size, n, dt.itemsize)
         send = runtime.to_device(np.full(ns, rank + 1, dt.numpy))
         recv = send if a.op == "broadcast" else runtime.empty(nr, dt.numpy)
-        for _ in range(a.warmup_iters):
-            enqueue(a.op, comm, send, recv, count, dt, redop, s)
+        iters = a.iters
+        if a.target_s is None:
+            for _ in range(a.warmup_iters):
+                enqueue(a.op, comm, send, recv, count, dt, redop, s)
+        else:
+            iters = _iters_for(a, lambda: enqueue(a.op, comm, send, recv, count, dt, redop, s),
+                               s, t_dev, comm)
         comm.barrier(stream=s)
         s.synchronize()
         if a.timing == "median":
-            t = _median_of_slowest(a, comm, send, recv, count, dt, redop, s)
+            t = _median_of_slowest(iters, comm, send, recv, count, dt, redop, s, a.op)
         else:
             t0 = time.perf_counter()
-            for _ in range(a.iters):
+            for _ in range(iters):
                 enqueue(a.op, comm, send, recv, count, dt, redop, s)
             s.synchronize()
-            t = (time.perf_counter() - t0) / max(a.iters, 1)
-            t_dev.copy_from_host(np.array([t]))
-            comm.all_reduce(t_dev, op=ReduceOp.MAX, stream=s)
-            t = float(t_dev.to_host(stream=s)[0])
+            t = _agree_max((time.perf_counter() - t0) / max(iters, 1), t_dev, comm, s)
         wrong = 0
         if a.check:
             wrong = _count_wrong(a.op, recv.to_host(stream=s), n, rank, redop, dt, count)
@@ -140,7 +149,7 @@ def main(argv=None) -> int:
                   f"{algbw:>8.3f} {algbw * _busbw_factor(a.op, n):>8.3f} {wrong:>7}", flush=True)
         rows.append({"coll": a.op, "world": n, "bytes": nbytes, "time_us": t * 1e6,
                      "algbw_GBps": algbw, "busbw_GBps": algbw * _busbw_factor(a.op, n),
-                     "wrong": wrong, "timing": a.timing})
+                     "wrong": wrong, "timing": a.timing, "iters": iters})
         if recv is not send:
             recv.free()
         send.free()
@@ -160,12 +169,37 @@ def _sweep(lo: int, hi: int, factor: float) -> list[int]:
     return out
 
 
-def _median_of_slowest(a, comm, send, recv, count, dt, redop, s) -> float:
+def _agree_max(value: float, t_dev, comm, s) -> float:
+    """The largest ``value`` of all ranks (a MAX all_reduce through ``t_dev``)."""
+    t_dev.copy_from_host(np.array([value], np.float64))
+    comm.all_reduce(t_dev, op=ReduceOp.MAX, stream=s)
+    return float(t_dev.to_host(stream=s)[0])
+
+
+def _iters_for(a, call, s, t_dev, comm) -> int:
+    """The peers' policy (../shared/peers/gloo_bench.py): warm up for at least ``-w`` calls and
+    ~0.1 s (every rank stops at the same call), estimate a call from three more, and return
+    the number of calls that fill ``--target-s`` seconds (5 to 20,000), the same on every rank."""
+    t0 = time.perf_counter()
+    for k in range(1, 1000):
+        call()
+        s.synchronize()
+        if k >= max(a.warmup_iters, 3) and _agree_max(time.perf_counter() - t0, t_dev, comm, s) > 0.1:
+            break
+    t0 = time.perf_counter()
+    for _ in range(3):
+        call()
+        s.synchronize()
+    est = _agree_max((time.perf_counter() - t0) / 3, t_dev, comm, s)
+    return int(min(20000, max(5, math.ceil(a.target_s / max(est, 1e-7)))))
+
+
+def _median_of_slowest(iters, comm, send, recv, count, dt, redop, s, op) -> float:
     """Each call enqueued and waited for; the median over calls of the slowest rank's time."""
-    ts = np.empty(a.iters, np.float64)
-    for i in range(a.iters):
+    ts = np.empty(iters, np.float64)
+    for i in range(iters):
         t0 = time.perf_counter()
-        enqueue(a.op, comm, send, recv, count, dt, redop, s)
+        enqueue(op, comm, send, recv, count, dt, redop, s)
         s.synchronize()
         ts[i] = time.perf_counter() - t0
     dev = runtime.to_device(ts)

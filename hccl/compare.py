@@ -1,7 +1,8 @@
 """npusim next to gloo and Open MPI, interleaved in one run: ``python -m hccl.compare``.
 
 For every world size and round it runs, one after the other, ``npurun -m hccl.bench`` (with
-``--timing median``: each call waited for, median over calls of the slowest rank),
+``--timing median``: each call waited for, median over calls of the slowest rank; ``--target-s``:
+the peers' iteration policy, ~0.1 s of warm-up then as many calls as fill the target time),
 ``gloo_bench.py`` and ``mpi_bench.py`` (the peers' benchmarks, same convention) on the same
 sizes and collectives, then prints one markdown table: time (us) for sizes below 1 MiB, busbw
 (GB/s, nccl-tests' definition) from 1 MiB up, the medians over rounds, and npusim's ratio to each
@@ -56,13 +57,13 @@ def _run(cmd: list[str], out: str, timeout: float, env=None) -> tuple[list[dict]
         return None, f"no results ({e})"
 
 
-def _npusim(world, colls, sizes, iters, out, timeout):
+def _npusim(world, colls, sizes, target_s, out, timeout):
     rows, notes = [], []
     for coll in colls:
         path = f"{out}.{coll}"
         cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", str(world), "-m",
                "hccl.bench", "-o", coll, "--sizes", ",".join(map(str, sizes)), "--timing",
-               "median", "-n", str(iters), "-w", "3", "-c", "1", "--json", path]
+               "median", "--target-s", str(target_s), "-w", "3", "-c", "1", "--json", path]
         got, why = _run(cmd, path, timeout)
         if got is None:
             notes.append(f"npusim {coll} w{world}: {why}")
@@ -109,8 +110,8 @@ def main(argv=None) -> int:
     ap.add_argument("--colls", default="all_reduce,all_gather,broadcast")
     ap.add_argument("--sizes", default="1K,64K,1M,16M,64M")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved repetitions (medians)")
-    ap.add_argument("--iters", type=int, default=30, help="npusim calls per size")
-    ap.add_argument("--target-s", type=float, default=0.5, help="peers' seconds per size")
+    ap.add_argument("--target-s", type=float, default=0.5,
+                    help="seconds of calls per size, after ~0.1 s of warm-up (every system)")
     ap.add_argument("--peers-dir", default="/work/shared/peers")
     ap.add_argument("--peer-python", default="/tmp/peers/venv/bin/python")
     ap.add_argument("--no-gloo", action="store_true")
@@ -131,7 +132,7 @@ def main(argv=None) -> int:
                     print(f"# round {rnd + 1}/{a.rounds}: {system}, world {w}", file=sys.stderr,
                           flush=True)
                     if system == "npusim":
-                        rows, why = _npusim(w, colls, sizes, a.iters, out, a.timeout)
+                        rows, why = _npusim(w, colls, sizes, a.target_s, out, a.timeout)
                         notes += why
                     else:
                         rows, why = _peer(system, a, w, colls, sizes, out, a.timeout)
