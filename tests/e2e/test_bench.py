@@ -22,5 +22,5 @@ def test_bench_fills_the_target_time_and_checks_every_size(tmp_path, op):
     assert len(rows) == 2
     for r in rows:
         assert r["wrong"] == 0 and r["coll"] == op and r["world"] == 3
-        assert 5 <= r["iters"] <= 20000 and r["time_us"] > 0
+        assert 5 <= r["iters"] <= 20000 and r["time_us"] > 0 and r["wall_us"] > 0
     assert "iters to fill 0.05 s" in res.stdout

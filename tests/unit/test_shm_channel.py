@@ -200,14 +200,51 @@ def test_attach_checks_the_name_and_the_segment():
     assert _segments() == []
 
 
-def test_waits_spin_less_when_ranks_outnumber_cores(monkeypatch):
-    monkeypatch.setattr("hccl.transport.node._cores", lambda: 1)
+@pytest.mark.parametrize("cores, knob, batched", [(1, None, True), (1, "0", False),
+                                                   (64, None, False), (64, "1", True)])
+def test_ranks_that_outnumber_cores_sleep_at_once_and_keep_their_core(monkeypatch, cores, knob,
+                                                                      batched):
+    # (the class itself is changed by batch_threads, tested in a process of its own below: the
+    # test runner's threads keep theirs)
+    monkeypatch.setattr("hccl.transport.node._cores", lambda: cores)
+    calls = []
+    monkeypatch.setattr("hccl.transport.node.batch_threads", lambda: calls.append(1) or 0)
+    if knob is None:
+        monkeypatch.delenv("NPUSIM_SCHED_BATCH", raising=False)
+    else:
+        monkeypatch.setenv("NPUSIM_SCHED_BATCH", knob)
     a, b = _pair()
     try:
-        assert a.channel.spin == 0 and b.channel.spin == 0
+        assert (a.channel.spin == 0) == (cores == 1) and (b.channel.spin == 0) == (cores == 1)
+        assert len(calls) == (2 if batched else 0)
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="no SCHED_BATCH here")
+def test_batch_threads_moves_every_thread_of_the_process_and_later_ones_inherit():
+    import subprocess
+    import sys
+    code = """if True:
+        import os, threading
+        from hccl.transport.node import batch_threads
+        go, hold = threading.Event(), threading.Event()
+        def sleeper(ev):
+            ev.set(); hold.wait(30)
+        t = threading.Thread(target=sleeper, args=(go,)); t.start(); go.wait(30)
+        moved = batch_threads()
+        late = threading.Event()
+        t2 = threading.Thread(target=sleeper, args=(late,)); t2.start(); late.wait(30)
+        kinds = {int(tid): os.sched_getscheduler(int(tid)) for tid in os.listdir('/proc/self/task')}
+        hold.set(); t.join(); t2.join()
+        print(moved, len(kinds), sorted(set(kinds.values())) == [os.SCHED_BATCH])
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    moved, threads, all_batch = out.stdout.split()
+    assert int(moved) >= 2 and int(threads) >= 3 and all_batch == "True"
 
 
 def test_a_spinning_waiter_yields_its_core_to_the_peer(pair, monkeypatch):
