@@ -46,9 +46,9 @@ from hccl.types import OpType
 __all__ = [  # the steps and rooted builders are re-exported: callers import them from here
     "NONE", "RECV", "SCRATCH", "SEND", "Builder", "Copy", "LocalReduce", "Recv", "Send", "Step",
     "split", "chain_broadcast", "chain_reduce", "scatter_all_gather_broadcast", "tree_broadcast",
-    "tree_reduce", "one_shot_all_reduce", "ring_all_reduce", "ring_reduce_scatter",
+    "tree_reduce", "one_shot_all_reduce", "star_all_reduce", "ring_all_reduce", "ring_reduce_scatter",
     "ring_all_gather", "rhd_all_reduce", "pairwise_all_to_all", "p2p_send", "p2p_recv",
-    "dissemination_barrier", "ALGORITHMS", "ONE_SHOT_BYTES", "HD_BYTES", "TREE_BYTES",
+    "dissemination_barrier", "ALGORITHMS", "ONE_SHOT_BYTES", "STAR_BYTES", "TREE_BYTES",
     "BCAST_TREE_BYTES",
     "SCATTER_MIN_RANKS", "MESH_MIN_RANKS", "mesh_all_gather", "mesh_broadcast", "choose",
     "algorithms", "Schedule", "build", "reduces",
@@ -84,6 +84,24 @@ def one_shot_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, 
             steps.append(Recv(p, RECV, 0, nb, 0, True, own))
         else:
             steps.append(Recv(p, RECV, 0, nb, 0, p != 0))
+    return steps
+
+
+def star_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
+                    inplace=False) -> list:
+    """Every rank sends its buffer to rank 0, which reduces them in rank order and sends the
+    result back: 2(n-1) messages in all instead of the one-shot's n(n-1), in two dependent
+    hops. Rank 0 computes the only result, so every rank holds the same bytes. Buffers larger
+    than ``slice_bytes`` fall back to the ring."""
+    check_args(rank, size, count, itemsize, slice_bytes)
+    nb = count * itemsize
+    if size == 1 or nb == 0 or nb > slice_bytes:
+        return ring_all_reduce(rank, size, count, itemsize, slice_bytes, inplace=inplace)
+    if rank != 0:
+        return [Send(0, SEND, 0, nb, 0), Recv(0, RECV, 0, nb, 1)]
+    steps: list = [Recv(1, RECV, 0, nb, 0, True, SEND)]      # recv = r0 op r1 (in place too)
+    steps += [Recv(p, RECV, 0, nb, 0, True) for p in range(2, size)]
+    steps += [Send(p, RECV, 0, nb, 1) for p in range(1, size)]
     return steps
 
 
@@ -348,11 +366,13 @@ ALGORITHMS: dict[str, dict[OpType, Builder]] = {
     # one-shot AllReduce.
     "mesh": {**_RING, OpType.BROADCAST: mesh_broadcast, OpType.ALLGATHER: mesh_all_gather,
              OpType.ALLREDUCE: one_shot_all_reduce},
+    # AllReduce through rank 0 (gather, reduce, send back): the fewest messages.
+    "star": {**_RING, OpType.ALLREDUCE: star_all_reduce},
 }
 _ALIASES = {"h-d_r": "hd", "hd_r": "hd", "fullmesh": "mesh"}
 
 # Crossover points of ``choose``, measured on this machine (docs/algorithms.md, "Choosing").
-HD_BYTES = 1 << 20            # AllReduce: recursive halving / doubling up to here, then ring
+STAR_BYTES = 4 << 20         # AllReduce from 3 ranks on: through rank 0 up to here, then ring
 TREE_BYTES = 64 << 10         # Reduce: binomial tree up to here
 BCAST_TREE_BYTES = 16 << 20   # Broadcast: binomial tree up to here (fewer messages win on 2 cores)
 SCATTER_MIN_RANKS = 3         # Broadcast above TREE_BYTES: scatter + AllGather from 3 ranks on
@@ -366,9 +386,9 @@ def choose(op, nbytes: int, size: int) -> str:
     if size <= 1:
         return "ring"
     if op == OpType.ALLREDUCE:
-        if 0 < nbytes <= ONE_SHOT_BYTES:
-            return "oneshot"
-        return "hd" if nbytes <= HD_BYTES and size > 2 else "ring"
+        if size >= 3 and 0 < nbytes <= STAR_BYTES:
+            return "star"
+        return "oneshot" if 0 < nbytes <= ONE_SHOT_BYTES else "ring"
     if op == OpType.ALLGATHER and size >= MESH_MIN_RANKS:
         return "mesh"
     if op == OpType.BROADCAST and nbytes <= BCAST_TREE_BYTES:

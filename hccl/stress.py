@@ -5,7 +5,8 @@
 every time, because start-up is where races live. A job prepares its first case's buffers,
 creates the communicator and enqueues that collective at once, then runs its other cases back to
 back. Every rank checks every result exactly (integer data) against numpy and prints one
-``STRESS-RESULT`` line. The cases straddle the one-shot AllReduce limit (64 KiB),
+``STRESS-RESULT`` line. The cases straddle the one-shot AllReduce limit (64 KiB), the star's
+(4 MiB),
 ``NPUSIM_SHM_MIN_BYTES`` (512 KiB) and the slice size (``HCCL_BUFFSIZE=1``: 1 MiB slices;
 default: 8 MiB wire slices), in place and out of place, for every collective and send/recv and
 barrier.
@@ -30,6 +31,7 @@ import time
 
 KiB, MiB = 1 << 10, 1 << 20
 ONE_SHOT, SHM_MIN, SLICE_SMALL, WIRE_SLICE = 64 * KiB, 512 * KiB, 1 * MiB, 8 * MiB
+STAR = 4 * MiB            # schedule.STAR_BYTES: AllReduce through rank 0 from 3 ranks on
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
        "sendrecv", "barrier"]
 REDOPS = ["SUM", "PROD", "MAX", "MIN"]
@@ -44,7 +46,7 @@ def unit_sizes(short: bool) -> list[int]:
     sizes = [0, 8, 4 * KiB]
     for t in (ONE_SHOT, SHM_MIN, SLICE_SMALL):
         sizes += [t - 8, t, t + 8]
-    sizes += [2 * MiB + 8, 4 * MiB]
+    sizes += [2 * MiB + 8, STAR - 8, STAR, STAR + 8]
     if not short:
         sizes += [WIRE_SLICE, WIRE_SLICE + 8]
     return sizes

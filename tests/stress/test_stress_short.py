@@ -49,7 +49,7 @@ def test_case_matrix_straddles_every_threshold(world):
         if op == "barrier":
             assert sizes == {0}
             continue
-        for t in (stress.ONE_SHOT, stress.SHM_MIN, stress.SLICE_SMALL):
+        for t in (stress.ONE_SHOT, stress.SHM_MIN, stress.SLICE_SMALL, stress.STAR):
             assert {t - 8, t, t + 8} <= sizes, (op, t, sorted(sizes))
     allreduce = [s.split(":") for s in matrix if s.startswith("all_reduce:")]
     assert {f for *_, f in allreduce} == {"i", "o"}

@@ -180,7 +180,7 @@ def make_case(op, size, count, dtype, inplace, root, rng, redop=ReduceOp.SUM):
 # --- topology and counts ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("op", COLLECTIVES)
-@pytest.mark.parametrize("algo", ["ring", "tree", "hd", "scatter", "oneshot"])
+@pytest.mark.parametrize("algo", ["ring", "tree", "hd", "scatter", "oneshot", "star", "mesh"])
 def test_every_send_has_a_matching_recv(op, algo):
     for size, count, sl in itertools.product(SIZES, COUNTS, [BIG, 64]):
         if op is OpType.SEND and size == 1:
@@ -314,7 +314,7 @@ def test_buffer_extents():
 
 SIM_CASES = ([(op, algo) for op in COLLECTIVES for algo in ("ring", "tree")
               if algo == "ring" or op in (OpType.BROADCAST, OpType.REDUCE)]
-             + [(OpType.ALLREDUCE, "hd"), (OpType.ALLREDUCE, "oneshot"),
+             + [(OpType.ALLREDUCE, "hd"), (OpType.ALLREDUCE, "oneshot"), (OpType.ALLREDUCE, "star"),
                 (OpType.BROADCAST, "scatter"), (OpType.BROADCAST, "mesh"),
                 (OpType.ALLGATHER, "mesh")])
 
@@ -341,7 +341,7 @@ def test_simulated_results_match_numpy(op, algo, size):
                                                   f"slice={sl} inplace={inplace} rank={r}")
 
 
-@pytest.mark.parametrize("algo", ["ring", "hd", "oneshot"])
+@pytest.mark.parametrize("algo", ["ring", "hd", "oneshot", "star"])
 @pytest.mark.parametrize("size", [3, 5, 8])
 @pytest.mark.parametrize("redop", list(ReduceOp))
 def test_simulated_float_allreduce_is_bitwise_identical_on_every_rank(size, redop, algo):
@@ -383,6 +383,23 @@ def test_one_shot_all_reduce_structure_and_fallback():
     assert sch.algorithms("oneshot")[OpType.ALLREDUCE] is sch.one_shot_all_reduce
 
 
+def test_star_all_reduce_goes_through_rank_0_in_rank_order():
+    """2(n-1) messages in all; rank 0 reduces r0 op r1 op ... in rank order (its own data read
+    with rank 1's message), then sends the result; above slice_bytes it is the ring."""
+    n, count = 5, 100
+    for inplace in (False, True):
+        progs = [sch.star_all_reduce(r, n, count, 4, 1 << 20, inplace=inplace) for r in range(n)]
+        for r in range(1, n):
+            assert progs[r] == [sch.Send(0, sch.SEND, 0, 400, 0), sch.Recv(0, sch.RECV, 0, 400, 1)]
+        root = progs[0]
+        assert root[:n - 1] == [sch.Recv(1, sch.RECV, 0, 400, 0, True, sch.SEND)] + \
+            [sch.Recv(p, sch.RECV, 0, 400, 0, True) for p in range(2, n)]
+        assert root[n - 1:] == [sch.Send(p, sch.RECV, 0, 400, 1) for p in range(1, n)]
+    ring = sch.star_all_reduce(1, n, count, 4, 256)               # 400 B > 256 B slices: ring
+    assert len([s for s in ring if isinstance(s, Send)]) == 2 * (n - 1)
+    assert sch.algorithms("star")[OpType.ALLREDUCE] is sch.star_all_reduce
+
+
 def test_halving_doubling_rounds_are_logarithmic_and_extra_ranks_fold_in():
     """2 log2 p exchanges for the p = 2^k ranks, plus a fold at each end for the n - p others."""
     for size in (2, 4, 8, 5, 6):
@@ -400,10 +417,12 @@ def test_halving_doubling_rounds_are_logarithmic_and_extra_ranks_fold_in():
 
 
 def test_choose_picks_by_size_and_world_and_build_caches():
-    assert sch.choose(OpType.ALLREDUCE, 1024, 4) == "oneshot"
-    assert sch.choose(OpType.ALLREDUCE, sch.HD_BYTES, 4) == "hd"
-    assert sch.choose(OpType.ALLREDUCE, sch.HD_BYTES + 1, 4) == "ring"
-    assert sch.choose(OpType.ALLREDUCE, sch.HD_BYTES, 2) == "ring"
+    assert sch.choose(OpType.ALLREDUCE, 1024, 2) == "oneshot"
+    assert sch.choose(OpType.ALLREDUCE, sch.ONE_SHOT_BYTES + 1, 2) == "ring"
+    assert sch.choose(OpType.ALLREDUCE, 1024, 3) == "star"
+    assert sch.choose(OpType.ALLREDUCE, sch.STAR_BYTES, 8) == "star"
+    assert sch.choose(OpType.ALLREDUCE, sch.STAR_BYTES + 1, 4) == "ring"
+    assert sch.choose(OpType.ALLREDUCE, 0, 4) == "ring"
     assert sch.choose(OpType.BROADCAST, 1024, 4) == "tree"
     assert sch.choose(OpType.BROADCAST, 64 << 20, 4) == "scatter"
     assert sch.choose(OpType.BROADCAST, sch.BCAST_TREE_BYTES, 4) == "tree"
@@ -416,7 +435,7 @@ def test_choose_picks_by_size_and_world_and_build_caches():
     assert sch.algorithms("fullmesh") is sch.ALGORITHMS["mesh"]
     a = sch.build(OpType.ALLREDUCE, 1, 4, 300, 4, BIG, algo="auto")
     assert a is sch.build(OpType.ALLREDUCE, 1, 4, 300, 4, BIG, algo="auto")
-    assert list(a) == sch.one_shot_all_reduce(1, 4, 300, 4, BIG)
+    assert list(a) == sch.star_all_reduce(1, 4, 300, 4, BIG)
     assert sch.buffer_extents(a) is sch.buffer_extents(a)
     assert sch.algorithms("H-D_R") is sch.ALGORITHMS["hd"]
 
