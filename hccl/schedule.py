@@ -46,7 +46,7 @@ from hccl.types import OpType
 __all__ = [  # the steps and rooted builders are re-exported: callers import them from here
     "NONE", "RECV", "SCRATCH", "SEND", "Builder", "Copy", "LocalReduce", "Recv", "Send", "Step",
     "split", "chain_broadcast", "chain_reduce", "scatter_all_gather_broadcast", "tree_broadcast",
-    "tree_reduce", "one_shot_all_reduce", "star_all_reduce", "ring_all_reduce", "ring_reduce_scatter",
+    "tree_reduce", "one_shot_all_reduce", "star_all_reduce", "mesh_all_reduce", "ring_all_reduce", "ring_reduce_scatter",
     "ring_all_gather", "rhd_all_reduce", "pairwise_all_to_all", "p2p_send", "p2p_recv",
     "dissemination_barrier", "ALGORITHMS", "ONE_SHOT_BYTES", "STAR_BYTES", "TREE_BYTES",
     "BCAST_TREE_BYTES",
@@ -140,6 +140,33 @@ def ring_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, peer
             steps.append(Recv(prv, RECV, off, nb, lay.tag(s, k), reduce, SEND if reduce else ""))
             if s + 1 < total:
                 steps.append(Send(nxt, RECV, off, nb, lay.tag(s + 1, k)))
+    return steps
+
+
+def mesh_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
+                    inplace=False) -> list:
+    """ReduceScatter then AllGather, both straight between every pair (HCCL's fullmesh): rank r
+    sends chunk c of ``send`` to rank c, writes chunk r as its own data reduced with the n-1
+    contributions (in rank order), then sends it to every rank and receives theirs. Two
+    dependent rounds instead of the ring's 2(n-1) steps, the same bytes per rank; inside a node
+    the chunks are read in place. Chunk c is reduced once, on rank c, so every rank ends with
+    the same bytes; in place works as it is (a chunk this rank overwrites in the AllGather is
+    one its peer reads first, and the executor waits for that read)."""
+    if size == 1:
+        return _all_reduce_start(rank, size, count, itemsize, slice_bytes, inplace)
+    check_args(rank, size, count, itemsize, slice_bytes)
+    lay = Layout(split(count, size), itemsize, slice_bytes)
+    order = [(rank + i) % size for i in range(1, size)]   # staggered: no rank is hit by all first
+    peers = sorted(order)
+    steps: list = [Send(p, SEND, off, nb, lay.tag(0, k))
+                   for p in order for k, (off, nb) in enumerate(lay.slices[p])]
+    for k, (off, nb) in enumerate(lay.slices[rank]):
+        steps.append(Recv(peers[0], RECV, off, nb, lay.tag(0, k), True, SEND))
+        steps += [Recv(p, RECV, off, nb, lay.tag(0, k), True) for p in peers[1:]]
+    steps += [Send(p, RECV, off, nb, lay.tag(1, k))
+              for p in order for k, (off, nb) in enumerate(lay.slices[rank])]
+    steps += [Recv(p, RECV, off, nb, lay.tag(1, k))
+              for p in reversed(order) for k, (off, nb) in enumerate(lay.slices[p])]
     return steps
 
 
@@ -362,17 +389,17 @@ ALGORITHMS: dict[str, dict[OpType, Builder]] = {
     "hd": {**_RING, OpType.ALLREDUCE: rhd_all_reduce},
     # Broadcast as scatter + ring AllGather.
     "scatter": {**_RING, OpType.BROADCAST: scatter_all_gather_broadcast},
-    # Every rank straight to every other (HCCL's fullmesh): Broadcast, AllGather, and the
-    # one-shot AllReduce.
+    # Every rank straight to every other (HCCL's fullmesh): Broadcast, AllGather, and
+    # AllReduce as mesh ReduceScatter + mesh AllGather.
     "mesh": {**_RING, OpType.BROADCAST: mesh_broadcast, OpType.ALLGATHER: mesh_all_gather,
-             OpType.ALLREDUCE: one_shot_all_reduce},
+             OpType.ALLREDUCE: mesh_all_reduce},
     # AllReduce through rank 0 (gather, reduce, send back): the fewest messages.
     "star": {**_RING, OpType.ALLREDUCE: star_all_reduce},
 }
 _ALIASES = {"h-d_r": "hd", "hd_r": "hd", "fullmesh": "mesh"}
 
 # Crossover points of ``choose``, measured on this machine (docs/algorithms.md, "Choosing").
-STAR_BYTES = 4 << 20         # AllReduce from 3 ranks on: through rank 0 up to here, then ring
+STAR_BYTES = 4 << 20         # AllReduce from 3 ranks on: through rank 0 up to here, then mesh
 TREE_BYTES = 64 << 10         # Reduce: binomial tree up to here
 BCAST_TREE_BYTES = 16 << 20   # Broadcast: binomial tree up to here (fewer messages win on 2 cores)
 SCATTER_MIN_RANKS = 3         # Broadcast above TREE_BYTES: scatter + AllGather from 3 ranks on
@@ -386,8 +413,8 @@ def choose(op, nbytes: int, size: int) -> str:
     if size <= 1:
         return "ring"
     if op == OpType.ALLREDUCE:
-        if size >= 3 and 0 < nbytes <= STAR_BYTES:
-            return "star"
+        if size >= 3:
+            return "star" if 0 < nbytes <= STAR_BYTES else "mesh"
         return "oneshot" if 0 < nbytes <= ONE_SHOT_BYTES else "ring"
     if op == OpType.ALLGATHER and size >= MESH_MIN_RANKS:
         return "mesh"

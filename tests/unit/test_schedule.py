@@ -11,6 +11,7 @@ from hccl import schedule as sch
 from hccl.errors import InvalidArgumentError
 from hccl.reduction import reduce3, reduce_into, reduce_reference
 from hccl.schedule import NONE, SCRATCH, Copy, Recv, Send
+from hccl.steps import Layout, split
 from hccl.types import OpType, ReduceOp
 
 SIZES = [1, 2, 3, 4, 5, 8]
@@ -315,6 +316,7 @@ def test_buffer_extents():
 SIM_CASES = ([(op, algo) for op in COLLECTIVES for algo in ("ring", "tree")
               if algo == "ring" or op in (OpType.BROADCAST, OpType.REDUCE)]
              + [(OpType.ALLREDUCE, "hd"), (OpType.ALLREDUCE, "oneshot"), (OpType.ALLREDUCE, "star"),
+                (OpType.ALLREDUCE, "mesh"),
                 (OpType.BROADCAST, "scatter"), (OpType.BROADCAST, "mesh"),
                 (OpType.ALLGATHER, "mesh")])
 
@@ -341,7 +343,7 @@ def test_simulated_results_match_numpy(op, algo, size):
                                                   f"slice={sl} inplace={inplace} rank={r}")
 
 
-@pytest.mark.parametrize("algo", ["ring", "hd", "oneshot", "star"])
+@pytest.mark.parametrize("algo", ["ring", "hd", "oneshot", "star", "mesh"])
 @pytest.mark.parametrize("size", [3, 5, 8])
 @pytest.mark.parametrize("redop", list(ReduceOp))
 def test_simulated_float_allreduce_is_bitwise_identical_on_every_rank(size, redop, algo):
@@ -400,6 +402,26 @@ def test_star_all_reduce_goes_through_rank_0_in_rank_order():
     assert sch.algorithms("star")[OpType.ALLREDUCE] is sch.star_all_reduce
 
 
+def test_mesh_all_reduce_is_two_rounds_between_every_pair():
+    """Round 0: chunk c of send to rank c, own chunk = send op the others in rank order; round 1:
+    own chunk to every rank, every other chunk from its owner. 2(n-1) messages a rank."""
+    n, count = 4, 10                                    # chunks of 3, 3, 2, 2 elements
+    lay = Layout(split(count, n), 4, 1 << 20)
+    for r in range(n):
+        steps = sch.mesh_all_reduce(r, n, count, 4, 1 << 20)
+        others = [(r + i) % n for i in range(1, n)]
+        mine = lay.slices[r][0]
+        assert steps[:n - 1] == [Send(p, sch.SEND, *lay.slices[p][0], 0) for p in others]
+        peers = sorted(others)
+        assert steps[n - 1:2 * (n - 1)] == [Recv(peers[0], sch.RECV, *mine, 0, True, sch.SEND)] + \
+            [Recv(p, sch.RECV, *mine, 0, True) for p in peers[1:]]
+        assert steps[2 * (n - 1):3 * (n - 1)] == [Send(p, sch.RECV, *mine, 1) for p in others]
+        assert sorted(s.peer for s in steps[3 * (n - 1):]) == peers
+        assert all(isinstance(s, Recv) and not s.reduce and s.step == 1
+                   for s in steps[3 * (n - 1):])
+    assert sch.algorithms("mesh")[OpType.ALLREDUCE] is sch.mesh_all_reduce
+
+
 def test_halving_doubling_rounds_are_logarithmic_and_extra_ranks_fold_in():
     """2 log2 p exchanges for the p = 2^k ranks, plus a fold at each end for the n - p others."""
     for size in (2, 4, 8, 5, 6):
@@ -421,8 +443,9 @@ def test_choose_picks_by_size_and_world_and_build_caches():
     assert sch.choose(OpType.ALLREDUCE, sch.ONE_SHOT_BYTES + 1, 2) == "ring"
     assert sch.choose(OpType.ALLREDUCE, 1024, 3) == "star"
     assert sch.choose(OpType.ALLREDUCE, sch.STAR_BYTES, 8) == "star"
-    assert sch.choose(OpType.ALLREDUCE, sch.STAR_BYTES + 1, 4) == "ring"
-    assert sch.choose(OpType.ALLREDUCE, 0, 4) == "ring"
+    assert sch.choose(OpType.ALLREDUCE, sch.STAR_BYTES + 1, 4) == "mesh"
+    assert sch.choose(OpType.ALLREDUCE, 0, 4) == "mesh"
+    assert sch.choose(OpType.ALLREDUCE, 64 << 20, 2) == "ring"
     assert sch.choose(OpType.BROADCAST, 1024, 4) == "tree"
     assert sch.choose(OpType.BROADCAST, 64 << 20, 4) == "scatter"
     assert sch.choose(OpType.BROADCAST, sch.BCAST_TREE_BYTES, 4) == "tree"
