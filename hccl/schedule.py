@@ -49,8 +49,7 @@ __all__ = [  # the steps and rooted builders are re-exported: callers import the
     "tree_reduce", "one_shot_all_reduce", "star_all_reduce", "mesh_all_reduce", "ring_all_reduce", "ring_reduce_scatter",
     "ring_all_gather", "rhd_all_reduce", "pairwise_all_to_all", "p2p_send", "p2p_recv",
     "dissemination_barrier", "ALGORITHMS", "ONE_SHOT_BYTES", "STAR_BYTES", "TREE_BYTES",
-    "BCAST_TREE_BYTES",
-    "SCATTER_MIN_RANKS", "MESH_MIN_RANKS", "mesh_all_gather", "mesh_broadcast", "choose",
+    "MESH_MIN_RANKS", "mesh_all_gather", "mesh_broadcast", "choose",
     "algorithms", "Schedule", "build", "reduces",
     "buffer_extents"]
 
@@ -401,8 +400,6 @@ _ALIASES = {"h-d_r": "hd", "hd_r": "hd", "fullmesh": "mesh"}
 # Crossover points of ``choose``, measured on this machine (docs/algorithms.md, "Choosing").
 STAR_BYTES = 4 << 20         # AllReduce from 3 ranks on: through rank 0 up to here, then mesh
 TREE_BYTES = 64 << 10         # Reduce: binomial tree up to here
-BCAST_TREE_BYTES = 16 << 20   # Broadcast: binomial tree up to here (fewer messages win on 2 cores)
-SCATTER_MIN_RANKS = 3         # Broadcast above TREE_BYTES: scatter + AllGather from 3 ranks on
 MESH_MIN_RANKS = 3            # AllGather: every rank to every rank from 3 ranks on (at 2, a ring)
 
 
@@ -418,12 +415,8 @@ def choose(op, nbytes: int, size: int) -> str:
         return "oneshot" if 0 < nbytes <= ONE_SHOT_BYTES else "ring"
     if op == OpType.ALLGATHER and size >= MESH_MIN_RANKS:
         return "mesh"
-    if op == OpType.BROADCAST and nbytes <= BCAST_TREE_BYTES:
+    if op == OpType.BROADCAST or (op == OpType.REDUCE and nbytes <= TREE_BYTES):
         return "tree"
-    if op == OpType.REDUCE and nbytes <= TREE_BYTES:
-        return "tree"
-    if op == OpType.BROADCAST and size >= SCATTER_MIN_RANKS:
-        return "scatter"
     return "ring"
 
 
