@@ -115,10 +115,12 @@ def _focus(infos: list[RankInfo]) -> dict | None:
 
 
 def _dead(info: RankInfo) -> bool:
+    """Whether the rank's end is a cause: it exited non-zero or by a signal without an hccl
+    error first. One that recorded an hccl error and then died by a signal (npurun stopping it,
+    or torch aborting the interpreter's teardown, as it does now and then after an exception)
+    had already failed for that error."""
     if info.exit is None or info.exit == 0:
         return False
-    if info.exit < 0:
-        return True
     return (info.error or {}).get("kind") not in HCCL_KINDS
 
 

@@ -57,6 +57,23 @@ def test_mismatch_minority_is_culprit_and_dead_beats_everything():
     assert "killed by SIGKILL" in v["ranks"]["2"]["detail"]
 
 
+def test_a_rank_that_failed_with_an_hccl_error_and_then_died_by_a_signal_is_not_dead():
+    # torch aborts the interpreter's teardown now and then after an exception: the rank had
+    # already failed with the mismatch error, so the mismatch stays the verdict
+    three = (0, 1, 2)
+    mismatch = {"kind": "mismatch", "type": "CollectiveMismatchError", "text": "[rank 2] mismatch"}
+    infos = [RankInfo(r, st([rec(3, op="ALLGATHER" if r == 1 else "ALLREDUCE", members=three,
+                                  redop=None if r == 1 else "SUM", state="failed")], 3, 2),
+                      exit=1, error=mismatch) for r in range(3)]
+    infos[2].exit = -6
+    v = classify(infos)
+    assert v["reason"] == "mismatch" and v["culprits"] == [1], v["verdict"]
+    assert v["ranks"]["2"]["state"] != "dead"
+    infos[2].error = None                      # no error first: the signal is the cause
+    v = classify(infos)
+    assert v["reason"] == "dead_rank" and v["ranks"]["2"]["state"] == "dead"
+
+
 def test_a_rank_released_by_the_abort_before_it_entered_is_not_a_culprit():
     """The mismatch was seen and the communicator aborted while rank 2 was still on its way:
     its own call then failed at once, and it exited with an hccl error."""
