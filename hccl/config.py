@@ -24,6 +24,19 @@ def _raw(name: str) -> str | None:
     return raw.strip()
 
 
+def _switch(name: str, unset: str) -> bool | None:
+    """An on/off knob: True for 1 (on, true, yes), False for 0 (off, false, no), None when
+    unset; anything else raises, ``unset`` saying what leaving it out means."""
+    raw = _raw(name)
+    if raw is None:
+        return None
+    if raw in ("1", "on", "true", "yes"):
+        return True
+    if raw in ("0", "off", "false", "no"):
+        return False
+    raise InvalidArgumentError(f"{name}={raw!r} must be 1 or 0; {unset}")
+
+
 def _number(name: str, default: float, unit: str, example: str) -> float:
     raw = _raw(name)
     if raw is None:
@@ -120,12 +133,8 @@ def shm() -> bool:
     sockets, as does HCCL_INTRA_ROCE_ENABLE=1."""
     if intra_roce():
         return False
-    raw = _raw("NPUSIM_SHM")
-    if raw is None or raw in ("1", "on", "true", "yes"):
-        return True
-    if raw in ("0", "off", "false", "no"):
-        return False
-    raise InvalidArgumentError(f"NPUSIM_SHM={raw!r} must be 1 or 0; unset it to use 1")
+    value = _switch("NPUSIM_SHM", "unset it to use 1")
+    return True if value is None else value
 
 
 def shm_min_bytes() -> int:
@@ -171,15 +180,8 @@ def sched_batch() -> bool | None:
     that wakes a peer keeps its core until it waits itself), 0 leaves the scheduling class
     alone; unset (the default): 1 when the node runs more ranks than this process may use
     cores, else 0 (returned as None)."""
-    raw = _raw("NPUSIM_SCHED_BATCH")
-    if raw is None:
-        return None
-    if raw in ("1", "on", "true", "yes"):
-        return True
-    if raw in ("0", "off", "false", "no"):
-        return False
-    raise InvalidArgumentError(f"NPUSIM_SCHED_BATCH={raw!r} must be 1 or 0; unset it for the "
-                               "default (1 when the node's ranks outnumber its cores)")
+    return _switch("NPUSIM_SCHED_BATCH",
+                   "unset it for the default (1 when the node's ranks outnumber its cores)")
 
 
 def job_id() -> str:

@@ -261,11 +261,9 @@ class Channel:
         if self.spin > 0:
             end = time.perf_counter() + min(self.spin, seconds)
             while u32[0] == seen:
-                os.sched_yield()          # a peer that shares this core runs now, not at the sleep
-                if u32[0] != seen:
-                    return
                 if time.perf_counter() >= end:
                     break
+                os.sched_yield()          # a peer that shares this core runs now, not at the sleep
             else:
                 return
         else:
