@@ -7,8 +7,10 @@ the peers' iteration policy, ~0.1 s of warm-up then as many calls as fill the ta
 sizes and collectives, then prints one markdown table: time (us) for sizes below 1 MiB, busbw
 (GB/s, nccl-tests' definition) from 1 MiB up, the medians over rounds, and npusim's ratio to each
 peer (above 1 is better for npusim: peer time / npusim time, npusim busbw / peer busbw). A peer
-whose script or python is missing, or whose run fails, is skipped with a note. numpy's add
-bandwidth at 64 MiB on one core is measured in the same run, as the physical limit.
+whose script or python is missing, or whose run fails, is skipped with a note. The memory
+ceiling of every bandwidth row (``hccl.ceiling``: the copies and adds the collective must make,
+in as many processes at once, no communication) is measured in every round too, and npusim's
+share of it printed; numpy's add bandwidth at 64 MiB on one core closes the run.
 
 Example: ``python -m hccl.compare --worlds 2,4 --rounds 3``.
 """
@@ -25,6 +27,7 @@ import time
 
 import numpy as np
 
+from hccl import ceiling
 from hccl.bench import parse_size
 
 _MPI_NAMES = {"all_reduce": "allreduce", "all_gather": "allgather", "broadcast": "bcast",
@@ -92,6 +95,20 @@ def _peer(kind, a, world, colls, sizes, out, timeout):
     return rows, ""
 
 
+def _ceilings(world, colls, sizes, notes) -> list[dict]:
+    """``hccl.ceiling`` of every bandwidth row of ``world`` (a failure becomes a note)."""
+    rows = []
+    for coll in colls:
+        for b in sizes:
+            if b < _LATENCY_BELOW or coll not in ceiling.COLLS:
+                continue
+            try:
+                rows.append(ceiling.measure(coll, world, b))
+            except (RuntimeError, ValueError) as e:
+                notes.append(str(e))
+    return rows
+
+
 def _numpy_add_bw(nbytes: int = 64 << 20, reps: int = 5) -> float:
     a = np.ones(nbytes // 4, np.float32)
     b = np.ones_like(a)
@@ -116,6 +133,7 @@ def main(argv=None) -> int:
     ap.add_argument("--peer-python", default="/tmp/peers/venv/bin/python")
     ap.add_argument("--no-gloo", action="store_true")
     ap.add_argument("--no-mpi", action="store_true")
+    ap.add_argument("--no-ceiling", action="store_true", help="skip the memory ceilings")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per benchmark run")
     a = ap.parse_args(argv)
     worlds = [int(w) for w in a.worlds.split(",")]
@@ -142,8 +160,15 @@ def main(argv=None) -> int:
                         if "time_us" in r:
                             got.setdefault((system, w, r["coll"], r["bytes"]), []).append(
                                 (r["time_us"], r.get("busbw_GBps", 0.0), r.get("wrong", 0)))
+                if a.no_ceiling:
+                    continue
+                print(f"# round {rnd + 1}/{a.rounds}: memory ceiling, world {w}", file=sys.stderr,
+                      flush=True)
+                for r in _ceilings(w, colls, sizes, notes):
+                    got.setdefault(("ceiling", w, r["coll"], r["bytes"]), []).append(
+                        (r["time_us"], r["busbw_GBps"], 0))
     add_bw = _numpy_add_bw()
-    print(_table(got, worlds, colls, sizes, systems))
+    print(_table(got, worlds, colls, sizes, systems + ([] if a.no_ceiling else ["ceiling"])))
     print(f"\nnumpy add at 64 MiB on one core, same run: {add_bw:.1f} GB/s (2 reads + 1 write). "
           f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores.")
     wrong = sum(x[2] for k, v in got.items() if k[0] == "npusim" for x in v)
@@ -154,7 +179,7 @@ def main(argv=None) -> int:
 
 
 def _table(got, worlds, colls, sizes, systems) -> str:
-    label = {"npusim": "npusim", "gloo": "gloo", "mpi": "Open MPI"}
+    label = {"npusim": "npusim", "gloo": "gloo", "mpi": "Open MPI", "ceiling": "ceiling"}
     head = ["world", "collective", "size", "unit"] + [label[s] for s in systems] + \
         [f"npusim / {label[s]}" for s in systems[1:]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
