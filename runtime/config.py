@@ -44,3 +44,10 @@ def rank() -> str | None:
 def job_id() -> str:
     """NPUSIM_JOB_ID: names the job's shared-memory segments (set by npurun)."""
     return os.environ.get("NPUSIM_JOB_ID") or f"p{os.getpid()}"
+
+
+def sched_batch_workers() -> bool:
+    """NPUSIM_SCHED_BATCH: 0 keeps stream workers in the default scheduling class; otherwise
+    (unset or 1) a worker whose wake-ups find its work taken by a synchronizing caller runs in
+    SCHED_BATCH (see runtime/stream.py). hccl reads the same knob for the rank's threads."""
+    return os.environ.get("NPUSIM_SCHED_BATCH", "").strip().lower() not in ("0", "off", "false", "no")

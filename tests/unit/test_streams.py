@@ -1,4 +1,5 @@
 """Streams and events: ordering, concurrency, sticky errors, timeouts."""
+import os
 import threading
 import time
 
@@ -201,3 +202,81 @@ def test_use_before_set_device_says_what_to_call():
 def test_set_device_out_of_range():
     with pytest.raises(errors.InvalidParamError, match="NPUSIM_DEVICE_COUNT"):
         runtime.set_device(99)
+
+
+
+def test_work_left_behind_by_a_partial_synchronize_runs_without_anyone_waiting(device):
+    """A caller that runs the queue itself up to its value takes back the worker's wake-up;
+    what it leaves behind must ring the worker again (nobody synchronizes the rest)."""
+    s = runtime.Stream()
+    runtime.launch(lambda: None, stream=s)
+    s.synchronize()                       # the worker exists and sleeps
+    for i in range(200):
+        ran, order = threading.Event(), []
+        runtime.launch(order.append, 1, stream=s)
+        runtime.launch(lambda: (order.append(2), ran.set()), stream=s)
+        s.wait_value(s.issued - 1)        # runs at most the first task in this thread
+        assert ran.wait(10), f"round {i}: the task left in the queue never ran"
+        assert order == [1, 2]
+    s.synchronize()
+    assert s.query()
+
+
+def test_an_enqueue_wakes_a_sleeping_worker_every_time(device):
+    """No synchronize at all: each task is run by the worker, woken by its enqueue."""
+    s = runtime.Stream()
+    for i in range(300):
+        ran = threading.Event()
+        runtime.launch(ran.set, stream=s)
+        assert ran.wait(10), f"task {i} never ran"
+    assert s.query()
+
+
+def _wait_for(cond, what, seconds=10.0):
+    end = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < end, what
+        time.sleep(0.001)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling classes")
+@pytest.mark.parametrize("knob", [None, "0"])
+def test_a_worker_woken_for_taken_work_stops_preempting_and_runs_work_at_once_again(
+        device, monkeypatch, knob):
+    """The worker's class follows what its wake-ups find: work a synchronizing caller already
+    runs -> SCHED_BATCH; work nobody else runs -> the default class (NPUSIM_SCHED_BATCH=0:
+    always the default)."""
+    if knob is None:
+        monkeypatch.delenv("NPUSIM_SCHED_BATCH", raising=False)
+    else:
+        monkeypatch.setenv("NPUSIM_SCHED_BATCH", knob)
+    s = runtime.Stream()
+    ran, tid = threading.Event(), []
+    runtime.launch(lambda: (tid.append(threading.get_native_id()), ran.set()), stream=s)
+    assert ran.wait(10) and tid[0] != threading.get_native_id()   # the worker ran it
+    worker = tid[0]
+    assert os.sched_getscheduler(worker) == os.SCHED_OTHER
+
+    for _ in range(200):    # until the helper, not the woken worker, runs the gated task
+        gate, inside, runner = threading.Event(), threading.Event(), []
+        runtime.launch(lambda: (runner.append(threading.get_native_id()), inside.set(),
+                                gate.wait(10)), stream=s)
+        helper = threading.Thread(target=s.synchronize)
+        helper.start()
+        assert inside.wait(10)
+        if runner[0] == helper.native_id:
+            break
+        gate.set()
+        helper.join(10)
+    else:
+        pytest.skip("the worker always ran the task before a synchronizing thread could")
+    last = threading.Event()
+    runtime.launch(last.set, stream=s)                   # rings the worker; the queue is taken
+    if knob is None:
+        _wait_for(lambda: os.sched_getscheduler(worker) == os.SCHED_BATCH,
+                  "a worker woken for taken work stayed in the default class")
+    gate.set()
+    helper.join(10)
+    assert last.wait(10)                                 # left behind: the worker ran it
+    assert os.sched_getscheduler(worker) == os.SCHED_OTHER
+    s.synchronize()
