@@ -46,9 +46,9 @@ from hccl.types import OpType
 __all__ = [  # the steps and rooted builders are re-exported: callers import them from here
     "NONE", "RECV", "SCRATCH", "SEND", "Builder", "Copy", "LocalReduce", "Recv", "Send", "Step",
     "split", "chain_broadcast", "chain_reduce", "scatter_all_gather_broadcast", "tree_broadcast",
-    "tree_reduce", "one_shot_all_reduce", "star_all_reduce", "mesh_all_reduce", "ring_all_reduce", "ring_reduce_scatter",
+    "tree_reduce", "one_shot_all_reduce", "star_all_reduce", "star_all_gather", "mesh_all_reduce", "ring_all_reduce", "ring_reduce_scatter",
     "ring_all_gather", "rhd_all_reduce", "pairwise_all_to_all", "p2p_send", "p2p_recv",
-    "dissemination_barrier", "ALGORITHMS", "ONE_SHOT_BYTES", "STAR_BYTES", "TREE_BYTES",
+    "dissemination_barrier", "ALGORITHMS", "ONE_SHOT_BYTES", "STAR_BYTES", "STAR_GATHER_BYTES", "TREE_BYTES",
     "MESH_MIN_RANKS", "mesh_all_gather", "mesh_broadcast", "choose",
     "algorithms", "Schedule", "build", "reduces",
     "buffer_extents"]
@@ -241,6 +241,23 @@ def mesh_all_gather(rank, size, count, itemsize, slice_bytes, *, root=None, peer
     return steps
 
 
+def star_all_gather(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
+                    inplace=False) -> list:
+    """Every rank sends its block to rank 0, which sends the gathered buffer back: 2(n-1)
+    messages in all instead of the mesh's n(n-1), in two dependent hops (the star AllReduce's
+    shape). Buffers whose gathered size exceeds ``slice_bytes`` take the mesh."""
+    cb = count * itemsize
+    if size == 1 or cb == 0 or size * cb > slice_bytes:
+        return mesh_all_gather(rank, size, count, itemsize, slice_bytes)
+    check_args(rank, size, count, itemsize, slice_bytes)
+    if rank != 0:
+        return [Send(0, SEND, 0, cb, 0), Recv(0, RECV, 0, size * cb, 1)]
+    steps = [Recv(p, RECV, p * cb, cb, 0) for p in range(1, size)]
+    add_copy(steps, SEND, 0, RECV, 0, cb)
+    steps += [Send(p, RECV, 0, size * cb, 1) for p in range(1, size)]
+    return steps
+
+
 # --- recursive halving / doubling AllReduce (medium messages) -----------------------------------
 def rhd_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
                    inplace=False) -> list:
@@ -393,7 +410,7 @@ ALGORITHMS: dict[str, dict[OpType, Builder]] = {
     "mesh": {**_RING, OpType.BROADCAST: mesh_broadcast, OpType.ALLGATHER: mesh_all_gather,
              OpType.ALLREDUCE: mesh_all_reduce},
     # AllReduce through rank 0 (gather, reduce, send back): the fewest messages.
-    "star": {**_RING, OpType.ALLREDUCE: star_all_reduce},
+    "star": {**_RING, OpType.ALLREDUCE: star_all_reduce, OpType.ALLGATHER: star_all_gather},
 }
 _ALIASES = {"h-d_r": "hd", "hd_r": "hd", "fullmesh": "mesh"}
 
@@ -401,6 +418,8 @@ _ALIASES = {"h-d_r": "hd", "hd_r": "hd", "fullmesh": "mesh"}
 STAR_BYTES = 4 << 20         # AllReduce from 3 ranks on: through rank 0 up to here, then mesh
 TREE_BYTES = 64 << 10         # Reduce: binomial tree up to here
 MESH_MIN_RANKS = 3            # AllGather: every rank to every rank from 3 ranks on (at 2, a ring)
+STAR_GATHER_BYTES = 64 << 10  # AllGather from 3 ranks on: through rank 0 while the gathered
+                              # buffer fits a ring slot of the intra-node channel, then mesh
 
 
 def choose(op, nbytes: int, size: int) -> str:
@@ -414,7 +433,7 @@ def choose(op, nbytes: int, size: int) -> str:
             return "star" if 0 < nbytes <= STAR_BYTES else "mesh"
         return "oneshot" if 0 < nbytes <= ONE_SHOT_BYTES else "ring"
     if op == OpType.ALLGATHER and size >= MESH_MIN_RANKS:
-        return "mesh"
+        return "star" if 0 < nbytes * size <= STAR_GATHER_BYTES else "mesh"
     if op == OpType.BROADCAST or (op == OpType.REDUCE and nbytes <= TREE_BYTES):
         return "tree"
     return "ring"

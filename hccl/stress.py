@@ -5,8 +5,8 @@
 every time, because start-up is where races live. A job prepares its first case's buffers,
 creates the communicator and enqueues that collective at once, then runs its other cases back to
 back. Every rank checks every result exactly (integer data) against numpy and prints one
-``STRESS-RESULT`` line. The cases straddle the one-shot AllReduce limit (64 KiB), the star's
-(4 MiB),
+``STRESS-RESULT`` line. The cases straddle the one-shot AllReduce limit (64 KiB), the star
+AllReduce's (4 MiB), the star AllGather's (64 KiB gathered),
 ``NPUSIM_SHM_MIN_BYTES`` (512 KiB) and the slice size (``HCCL_BUFFSIZE=1``: 1 MiB slices;
 default: 8 MiB wire slices), in place and out of place, for every collective and send/recv and
 barrier.
@@ -55,7 +55,8 @@ def unit_sizes(short: bool) -> list[int]:
 # --- cases: "op:dtype:count:root:flags" strings, so a job's cases travel on its command line --
 
 def case_matrix(world: int, short: bool) -> list[str]:
-    """Every collective at every size; AllReduce also at world x size (ring chunk = size)."""
+    """Every collective at every size; AllReduce also at world x size (ring chunk = size),
+    AllGather also at size / world (gathered = size: around the star AllGather's limit)."""
     out = []
     for i, (unit, op) in enumerate(itertools.product(unit_sizes(short), OPS)):
         if op == "barrier" and unit:
@@ -63,7 +64,8 @@ def case_matrix(world: int, short: bool) -> list[str]:
         dtype = DTYPES[(i + i // len(OPS)) % len(DTYPES)]
         item = ITEMSIZE[dtype]
         root = i % world
-        units = [unit, unit * world] if op == "all_reduce" else [unit]
+        units = [unit, unit * world] if op == "all_reduce" else \
+            [unit, unit // world] if op == "all_gather" and unit >= world else [unit]
         for k, nbytes in enumerate(units):
             if op == "all_reduce" and k == 1 and nbytes > 8 * MiB and short:
                 continue

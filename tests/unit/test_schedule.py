@@ -318,7 +318,7 @@ SIM_CASES = ([(op, algo) for op in COLLECTIVES for algo in ("ring", "tree")
              + [(OpType.ALLREDUCE, "hd"), (OpType.ALLREDUCE, "oneshot"), (OpType.ALLREDUCE, "star"),
                 (OpType.ALLREDUCE, "mesh"),
                 (OpType.BROADCAST, "scatter"), (OpType.BROADCAST, "mesh"),
-                (OpType.ALLGATHER, "mesh")])
+                (OpType.ALLGATHER, "mesh"), (OpType.ALLGATHER, "star")])
 
 
 @pytest.mark.parametrize("op,algo", SIM_CASES)
@@ -402,6 +402,21 @@ def test_star_all_reduce_goes_through_rank_0_in_rank_order():
     assert sch.algorithms("star")[OpType.ALLREDUCE] is sch.star_all_reduce
 
 
+def test_star_all_gather_goes_through_rank_0():
+    """2(n-1) messages in all: every block to rank 0, the gathered buffer back; above
+    slice_bytes the mesh."""
+    n, count = 5, 100
+    progs = [sch.star_all_gather(r, n, count, 4, 1 << 20) for r in range(n)]
+    for r in range(1, n):
+        assert progs[r] == [sch.Send(0, sch.SEND, 0, 400, 0), sch.Recv(0, sch.RECV, 0, n * 400, 1)]
+    root = progs[0]
+    assert root[:n - 1] == [sch.Recv(p, sch.RECV, p * 400, 400, 0) for p in range(1, n)]
+    assert root[n - 1] == sch.Copy(sch.SEND, 0, sch.RECV, 0, 400)
+    assert root[n:] == [sch.Send(p, sch.RECV, 0, n * 400, 1) for p in range(1, n)]
+    assert sch.star_all_gather(1, n, count, 4, 1024) == sch.mesh_all_gather(1, n, count, 4, 1024)
+    assert sch.algorithms("star")[OpType.ALLGATHER] is sch.star_all_gather
+
+
 def test_mesh_all_reduce_is_two_rounds_between_every_pair():
     """Round 0: chunk c of send to rank c, own chunk = send op the others in rank order; round 1:
     own chunk to every rank, every other chunk from its owner. 2(n-1) messages a rank."""
@@ -453,7 +468,10 @@ def test_choose_picks_by_size_and_world_and_build_caches():
     assert sch.choose(OpType.REDUCE, sch.TREE_BYTES, 4) == "tree"
     assert sch.choose(OpType.REDUCE, sch.TREE_BYTES + 1, 4) == "ring"
     assert sch.choose(OpType.ALLGATHER, 1024, 2) == "ring"
-    assert sch.choose(OpType.ALLGATHER, 1024, 3) == "mesh"
+    assert sch.choose(OpType.ALLGATHER, 1024, 3) == "star"
+    assert sch.choose(OpType.ALLGATHER, sch.STAR_GATHER_BYTES // 4, 4) == "star"
+    assert sch.choose(OpType.ALLGATHER, sch.STAR_GATHER_BYTES // 4 + 1, 4) == "mesh"
+    assert sch.choose(OpType.ALLGATHER, 0, 4) == "mesh"
     assert sch.choose(OpType.ALLGATHER, 64 << 20, 4) == "mesh"
     assert sch.algorithms("fullmesh") is sch.ALGORITHMS["mesh"]
     a = sch.build(OpType.ALLREDUCE, 1, 4, 300, 4, BIG, algo="auto")
