@@ -24,10 +24,10 @@ class, once woken, does not take the core of the thread that woke it at once, bu
 free one or the next scheduling tick), and a worker woken for work nobody else runs moves back
 to the default class, so asynchronous work (a collective on a communication stream) still
 starts at once. ``NPUSIM_SCHED_BATCH=0`` keeps workers in the default class. Measured, 64 KiB
-all_reduce at world 2 (an enqueue then a synchronize per call): 2.7 -> 0.2 involuntary
-switches of the caller per call; median of 6 alternating jobs 93 -> 62 us; the data-parallel
-example at world 2 unchanged (it overlaps its AllReduces). Asynchronous work
-still starts without anyone synchronizing. An idle stream burns no core.
+all_reduce at world 2 (an enqueue then a synchronize per call): 2.7 -> 0.3-0.7 involuntary
+switches of the caller per call; medians of 6-8 alternating jobs 71 -> 45, 93 -> 62 and
+97 -> 75 us in three A/Bs; the data-parallel example, which overlaps its AllReduces,
+unchanged (docs/algorithms.md). An idle stream burns no core.
 
 A task that raises puts the stream in an error state: tasks already enqueued behind it are
 skipped; the error is raised once, by the first synchronize that observes it, as TaskError
