@@ -18,15 +18,21 @@ Built only on the public runtime API; see docs/acl.md for the table of calls and
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import threading
 import time
 
+from .callsite import callsite
+
 from . import acl_codes as _c
+from . import acl_data as _d
 from . import acl_ptr as _p
 from .acl_codes import *  # noqa: F401,F403  (pyACL scripts use acl.ACL_* names)
 from .acl_codes import (AclError, fail, get_recent_err_msg, int_arg, log, returns_ret,
                         returns_values)
+from .acl_data import (create_data_buffer, destroy_data_buffer, get_data_buffer_addr,  # noqa: F401
+                       get_data_buffer_size, get_data_buffer_size_v2)
 from .acl_ptr import check_count, register_host, resolve, strong, util
 
 import runtime as _rt
@@ -37,6 +43,9 @@ _state = {"initialized": False}
 _handles: dict = {}                 # int handle -> _Context / Stream / Event
 _next_handle = itertools.count(0x1000)
 _devices_used: set = set()
+_default_contexts: dict = {}        # device id -> handle of the context set_device implies
+_current = threading.local()        # .context: the calling thread's current context handle
+SOC_NAME = "Ascend910B1"            # what acl.get_soc_name reports (the simulated chip)
 
 
 def _new_handle(obj) -> int:
@@ -83,6 +92,8 @@ def finalize() -> int:
         streams = [o for o in _handles.values() if isinstance(o, _rt.Stream)]
         ptrs = [g() for g, _ in _p.dev.items.values()]
         _handles.clear()
+        _default_contexts.clear()
+        _d.clear()
         _p.dev.clear()
         _p.host.clear()
         devices = sorted(_devices_used)
@@ -106,6 +117,26 @@ def finalize() -> int:
     return _c.ACL_SUCCESS
 
 
+_APP_LEVELS = {_c.ACL_DEBUG: 10, _c.ACL_INFO: 20, _c.ACL_WARNING: 30, _c.ACL_ERROR: 40}
+
+
+def app_log(log_level, message) -> None:
+    """aclAppLog: write ``message`` to the application log (the ``runtime.acl`` logger, shown
+    from ASCEND_GLOBAL_LOG_LEVEL up) with the caller's file:line, as CANN does."""
+    level = _APP_LEVELS.get(log_level)
+    if level is None:
+        fail("aclAppLog", AclError(_c.ACL_ERROR_INVALID_PARAM,
+                                   f"log_level={log_level!r} is not ACL_DEBUG 0, ACL_INFO 1, "
+                                   "ACL_WARNING 2 or ACL_ERROR 3"))
+        return
+    log.log(level, "[%s] %s", callsite(2), message)
+
+
+def get_soc_name() -> str:
+    """aclrtGetSocName: the simulated chip's name (``SOC_NAME``)."""
+    return SOC_NAME
+
+
 # ---------------------------------------------------------------------- acl.rt: devices, contexts
 class _Context:
     __slots__ = ("device_id",)
@@ -123,6 +154,42 @@ def _set_device(device_id) -> None:
     _rt.set_device(d)
     with _lock:
         _devices_used.add(d)
+        if d not in _default_contexts:          # aclrtSetDevice makes the default context
+            _default_contexts[d] = _new_handle(_Context(d))
+        _current.context = _default_contexts[d]
+
+
+def _malloc(size, policy) -> int:
+    """A device pointer of ``size`` bytes from the caching pool (raises AclError)."""
+    n = int_arg("size", size)
+    pol = int_arg("policy", policy)
+    if pol not in (0, 1, 2):
+        raise AclError(_c.ACL_ERROR_INVALID_PARAM,
+                       f"policy={pol} is not an aclrtMemMallocPolicy (0 HUGE_FIRST, "
+                       "1 HUGE_ONLY, 2 NORMAL_ONLY)")
+    p = _rt.malloc(n, _rt.MemMallocPolicy(pol))
+    with _lock:
+        _p.dev.add(p.addr, strong(p), n)
+        _devices_used.add(p.device_id)
+    return p.addr
+
+
+def _free(dev_ptr) -> None:
+    """Free a pointer acl.rt.malloc / acl.media.dvpp_malloc returned (raises AclError)."""
+    addr = int_arg("dev_ptr", dev_ptr)
+    with _lock:
+        found = _p.dev.find(addr)
+        if found is None:
+            raise AclError(_c.ACL_ERROR_RT_PARAM_INVALID,
+                           f"dev_ptr=0x{addr:x}: double free or invalid pointer: no live "
+                           "acl.rt.malloc allocation holds it")
+        start, p, _ = found
+        if start != addr:
+            raise AclError(_c.ACL_ERROR_RT_PARAM_INVALID,
+                           f"dev_ptr=0x{addr:x} is {addr - start} bytes into its allocation; "
+                           "free the pointer acl.rt.malloc returned")
+        _rt.free(p)
+        _p.dev.pop(start)
 
 
 class _Rt:
@@ -175,7 +242,8 @@ class _Rt:
         """(context, ret): a context on ``device_id``, made current for the calling thread."""
         _set_device(device_id)
         with _lock:
-            return _new_handle(_Context(int(device_id)))
+            h = _current.context = _new_handle(_Context(int(device_id)))
+            return h
 
     @returns_ret("aclrtDestroyContext")
     def destroy_context(context):
@@ -183,6 +251,8 @@ class _Rt:
         with _lock:
             _lookup(context, _Context, "context")
             del _handles[context]
+            if getattr(_current, "context", None) == context:
+                _current.context = None
 
     @returns_ret("aclrtSetCurrentContext")
     def set_context(context):
@@ -190,18 +260,19 @@ class _Rt:
         with _lock:
             ctx = _lookup(context, _Context, "context")
         _rt.set_device(ctx.device_id)
+        _current.context = context
 
     @returns_values("aclrtGetCurrentContext", 0)
     def get_context():
-        """(a context handle of the calling thread's device, ret)."""
-        d = _rt.get_device()
+        """(the calling thread's current context, ret): contexts are per thread, as in CANN;
+        set_device, create_context and set_context make one current."""
+        h = getattr(_current, "context", None)
         with _lock:
-            for h, o in _handles.items():
-                if isinstance(o, _Context) and o.device_id == d:
-                    return h
+            if h is not None and h in _handles:
+                return h
         raise AclError(_c.ACL_ERROR_RT_CONTEXT_NULL,
-                       f"device {d} is set but no acl context was created on it; "
-                       "call acl.rt.create_context")
+                       f"thread {threading.current_thread().name!r} has no current context: call "
+                       "acl.rt.set_device, acl.rt.create_context or acl.rt.set_context in it first")
 
     @returns_ret("aclrtSynchronizeDevice")
     def synchronize_device():
@@ -212,11 +283,14 @@ class _Rt:
 
     @returns_values("aclrtGetMemInfo", 0, 0)
     def get_mem_info(attr=_c.ACL_HBM_MEM):
-        """(free bytes, total bytes, ret) of the current device (pool-cached memory is used)."""
+        """(free bytes, total bytes, ret) of the current device. aclrtFree gives memory back to
+        the device at once, so memory the pool only caches counts as free here (unlike
+        runtime.get_mem_info, which reports the pool's reservation as torch_npu does)."""
         a = int_arg("attr", attr)
         if not 0 <= a <= _c.ACL_HBM_MEM_NORMAL:
             raise AclError(_c.ACL_ERROR_INVALID_PARAM, f"attr={a} is not an aclrtMemAttr (0..5)")
-        return tuple(_rt.get_mem_info())
+        _, total = _rt.get_mem_info()
+        return total - _rt.memory_allocated(), total
 
     # ------------------------------------------------------------------ streams
     @returns_values("aclrtCreateStream", 0)
@@ -249,35 +323,12 @@ class _Rt:
     @returns_values("aclrtMalloc", 0)
     def malloc(size, policy=_c.ACL_MEM_MALLOC_HUGE_FIRST):
         """(device pointer, ret): ``size`` bytes from the device's caching pool."""
-        n = int_arg("size", size)
-        pol = int_arg("policy", policy)
-        if pol not in (0, 1, 2):
-            raise AclError(_c.ACL_ERROR_INVALID_PARAM,
-                           f"policy={pol} is not an aclrtMemMallocPolicy (0 HUGE_FIRST, "
-                           "1 HUGE_ONLY, 2 NORMAL_ONLY)")
-        p = _rt.malloc(n, _rt.MemMallocPolicy(pol))
-        with _lock:
-            _p.dev.add(p.addr, strong(p), n)
-            _devices_used.add(p.device_id)
-        return p.addr
+        return _malloc(size, policy)
 
     @returns_ret("aclrtFree")
     def free(dev_ptr):
         """Return ``dev_ptr`` (a pointer acl.rt.malloc returned) to the pool."""
-        addr = int_arg("dev_ptr", dev_ptr)
-        with _lock:
-            found = _p.dev.find(addr)
-            if found is None:
-                raise AclError(_c.ACL_ERROR_RT_PARAM_INVALID,
-                               f"dev_ptr=0x{addr:x}: double free or invalid pointer: no live "
-                               "acl.rt.malloc allocation holds it")
-            start, p, _ = found
-            if start != addr:
-                raise AclError(_c.ACL_ERROR_RT_PARAM_INVALID,
-                               f"dev_ptr=0x{addr:x} is {addr - start} bytes into its allocation; "
-                               "free the pointer acl.rt.malloc returned")
-            _rt.free(p)
-            _p.dev.pop(start)
+        _free(dev_ptr)
 
     @returns_values("aclrtMallocHost", 0)
     def malloc_host(size):
@@ -499,5 +550,21 @@ def _kind(kind) -> "_rt.MemcpyKind":
     return _rt.MemcpyKind(k)
 
 
+class _Media:
+    """``acl.media``: DVPP memory. The simulator has no separate media pool: it is device
+    memory from the same caching pool as acl.rt.malloc."""
+
+    @returns_values("acldvppMalloc", 0)
+    def dvpp_malloc(size):
+        """(device pointer, ret): ``size`` bytes of device memory."""
+        return _malloc(size, _c.ACL_MEM_MALLOC_HUGE_FIRST)
+
+    @returns_ret("acldvppFree")
+    def dvpp_free(dev_ptr):
+        """Free memory dvpp_malloc returned."""
+        _free(dev_ptr)
+
+
 rt = _Rt        # namespaces: their functions are called through the class, unbound
+media = _Media
 

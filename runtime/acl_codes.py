@@ -74,6 +74,11 @@ ACL_DEVICE = 0
 ACL_HOST = 1
 
 # aclrtMemAttr (get_mem_info): npusim reports its one memory, the device's HBM, for each
+ACL_DEBUG = 0           # acl.app_log levels (aclLogLevel)
+ACL_INFO = 1
+ACL_WARNING = 2
+ACL_ERROR = 3
+
 ACL_DDR_MEM = 0
 ACL_HBM_MEM = 1
 ACL_DDR_MEM_HUGE = 2

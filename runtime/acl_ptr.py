@@ -8,6 +8,7 @@ pointers are real process addresses of buffers registered here (``acl.rt.malloc_
 from __future__ import annotations
 
 import bisect
+import ctypes
 import threading
 import weakref
 
@@ -76,12 +77,28 @@ def register_host(obj, pinned: bool = False) -> int:
     return addr
 
 
+def _bytes_storage(data: bytes) -> np.ndarray:
+    """A writable view of a bytes object's storage. CANN's memcpy writes into the buffer that
+    ``acl.util.bytes_to_ptr`` pointed at, and Ascend's samples read device data back that way
+    (``bytes_data = array.tobytes(); memcpy(bytes_to_ptr(bytes_data), ...)``), so npusim does
+    too. CPython shares bytes objects of length 0 and 1, and caches a bytes object's hash: a
+    script must not use such a buffer as a dict key or rely on its identity."""
+    if len(data) <= 1:
+        raise AclError(_c.ACL_ERROR_RT_PARAM_INVALID,
+                       f"a bytes object of {len(data)} byte(s) is shared by the interpreter and "
+                       "cannot be a destination; use a bytearray or acl.util.numpy_to_ptr")
+    addr = np.frombuffer(data, np.uint8).__array_interface__["data"][0]
+    return np.ctypeslib.as_array((ctypes.c_ubyte * len(data)).from_address(addr))
+
+
 def host_region(addr: int):
     """A flat uint8 numpy view of the host buffer from ``addr`` to its end, or None."""
     found = host.find(addr)
     if found is None:
         return None
     start, obj, nbytes = found
+    if type(obj) is bytes:
+        return _bytes_storage(obj)[addr - start:]
     arr = obj if isinstance(obj, np.ndarray) else np.frombuffer(obj, np.uint8)
     flat = arr.reshape(-1).view(np.uint8) if arr.flags.c_contiguous else None
     if flat is None:
@@ -140,10 +157,22 @@ class _Util:
         return register_host(array)
 
     def bytes_to_ptr(data) -> int:
-        """The host address of a bytes / bytearray object (kept alive until acl.finalize)."""
+        """The host address of a bytes / bytearray object (kept alive until acl.finalize).
+
+        As with CANN, acl.rt.memcpy may write into it (even into an immutable bytes object)."""
         if not isinstance(data, (bytes, bytearray)):
             raise TypeError(f"bytes_to_ptr: expected bytes or bytearray, got {type(data).__name__}")
         return register_host(data)
+
+    def numpy_contiguous_to_ptr(array) -> tuple:
+        """(host address, the C-contiguous array it points into): ``array`` itself when it is
+        contiguous, else a contiguous copy, which the caller must keep alive while using the
+        address (pyACL's contract)."""
+        if not isinstance(array, np.ndarray):
+            raise TypeError("numpy_contiguous_to_ptr: expected a numpy array, got "
+                            f"{type(array).__name__}")
+        flat = np.ascontiguousarray(array)
+        return register_host(flat), flat
 
     def ptr_to_numpy(ptr, shape, np_type):
         """A numpy array viewing the host buffer at ``ptr`` (``np_type``: dtype or NPY type number)."""

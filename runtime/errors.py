@@ -123,3 +123,19 @@ def task_error_class(orig_cls: type) -> type:
                    {"__reduce__": __reduce__, "__str__": __str__, "__module__": __name__})
         _combined[orig_cls] = cls
     return cls
+
+
+def describe(value) -> str:
+    """How a value appears in an error message: arrays and buffers by type, shape, dtype and
+    address, never their contents (a repr of a large array spans lines and hides the reason)."""
+    import numpy as np      # local: errors.py stays importable on its own
+    if isinstance(value, np.ndarray):
+        addr = value.__array_interface__["data"][0]
+        return (f"{type(value).__name__}(shape={value.shape}, dtype={value.dtype}) "
+                f"at 0x{addr:x}")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"{type(value).__name__} of {len(value)} bytes"
+    text = repr(value)
+    if "\n" in text or len(text) > 120:
+        return f"{type(value).__name__} object"
+    return text

@@ -14,7 +14,7 @@ from . import profiler
 from .callsite import callsite
 from .context import (_contexts, current_context, current_context_and_stream, current_stream,
                       resolve_stream)
-from .errors import InvalidParamError, MemoryAccessError
+from .errors import InvalidParamError, MemoryAccessError, describe
 from .pool import MemMallocPolicy
 
 
@@ -76,6 +76,9 @@ class DevicePtr:
 class HostBuffer(np.ndarray):
     """A page-locked ("pinned") host buffer from ``malloc_host``; async copies use it directly."""
 
+    def __repr__(self):
+        return f"HostBuffer(nbytes={self.nbytes}, 0x{self.__array_interface__['data'][0]:x})"
+
 
 class DeviceBuffer:
     """Base of the device-memory objects other than DevicePtr (``DeviceArray``).
@@ -103,7 +106,7 @@ def _device_region(obj, name: str):
     """(ctx, addr, available bytes) of a DevicePtr / DeviceBuffer, after validating it is live."""
     if type(obj) is not DevicePtr:
         if not isinstance(obj, _DEVICE_TYPES):
-            raise InvalidParamError(f"{name}={obj!r}: expected a DevicePtr or DeviceArray")
+            raise InvalidParamError(f"{name}={describe(obj)}: expected a DevicePtr or DeviceArray")
         obj = obj.device_ptr(name)
         if obj is None:
             return None, 0, 0
@@ -356,14 +359,17 @@ def memcpy_async(dst, src, nbytes: int, kind: MemcpyKind = MemcpyKind.DEFAULT, s
 
 
 def _memset_region(ptr, value, nbytes, name):
+    """(uint8 view, byte) of a memset: device memory, or host memory as CANN's aclrtMemset allows
+    (a malloc_host buffer, a writable numpy array or buffer-protocol object)."""
     n = _check_nbytes(nbytes)
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= 255:
         raise InvalidParamError(f"{name}: value={value!r} must be a byte value in [0, 255]")
-    if not isinstance(ptr, _DEVICE_TYPES):
-        raise InvalidParamError(f"{name}: ptr={ptr!r} must be a DevicePtr or DeviceArray")
-    view = host_view(ptr, name="ptr")
+    if isinstance(ptr, _DEVICE_TYPES):
+        view = host_view(ptr, name="ptr")
+    else:
+        view = _host_region(ptr, "ptr", writable=True)
     if n > view.nbytes:
-        raise MemoryAccessError(f"{name}: {n} bytes overrun the allocation: only {view.nbytes} "
+        raise MemoryAccessError(f"{name}: {n} bytes overrun the buffer: only {view.nbytes} "
                                 "bytes are available from ptr")
     return view[:n], int(value)
 
