@@ -134,37 +134,55 @@ class Comm:
                                        Result.E_PARA)
 
     def create_sub_comm(self, rank_ids) -> "Comm":
-        """A communicator of the ranks ``rank_ids`` of this one (called by each of them, in the
-        same order on every member). The caller's rank in the new comm is its index there."""
-        self._check_alive("create_sub_comm")
+        """A communicator of the ranks ``rank_ids`` of this one (HCCL's habit: called by each of
+        them, in the same order on every member; non-members do not call it). The caller's rank
+        in the new comm is its index in ``rank_ids``. See ``new_group`` for torch's habit."""
+        ids = self._sub_ids(rank_ids, "create_sub_comm")
+        if self.rank not in ids:
+            raise InvalidArgumentError(
+                f"create_sub_comm(rank_ids={ids}): rank {self.rank} is not a member; only members "
+                "call it (or let every rank call comm.new_group(ranks), which returns None on "
+                "non-members, as torch's new_group does)")
+        return self._sub(ids)
+
+    def new_group(self, ranks) -> "Comm | None":
+        """torch's habit: EVERY rank of this communicator calls it, in the same order; members
+        get the communicator of ``ranks`` (ordered by rank, as torch orders a group), the other
+        ranks get None. Ranks in the new comm are local: its ``rank`` is the index there."""
+        ids = sorted(self._sub_ids(ranks, "new_group"))
+        return self._sub(ids) if self.rank in ids else None
+
+    def _sub_ids(self, rank_ids, api: str) -> list[int]:
+        """``rank_ids`` checked: ints, in range, no duplicates, not empty."""
+        self._check_alive(api)
         if isinstance(rank_ids, (str, bytes)) or not hasattr(rank_ids, "__iter__"):
-            raise InvalidArgumentError(f"create_sub_comm(rank_ids={rank_ids!r}): expected a list of ints")
+            raise InvalidArgumentError(f"{api}(rank_ids={rank_ids!r}): expected a list of ints")
         rank_ids = list(rank_ids)
         bad = [r for r in rank_ids if isinstance(r, bool) or not isinstance(r, (int, np.integer))]
         if bad:
             # int() would silently turn 1.5 into 1 and True into 1: a different communicator
-            raise InvalidArgumentError(
-                f"create_sub_comm(rank_ids={rank_ids!r}): {bad[0]!r} is not an int rank")
+            raise InvalidArgumentError(f"{api}(rank_ids={rank_ids!r}): {bad[0]!r} is not an int rank")
         ids = [int(r) for r in rank_ids]
         if not ids:
-            raise InvalidArgumentError("create_sub_comm(rank_ids=[]): a communicator needs at least one rank")
+            raise InvalidArgumentError(f"{api}(rank_ids=[]): a communicator needs at least one rank")
         dup = sorted({r for r in ids if ids.count(r) > 1})
         if dup:
-            raise InvalidArgumentError(f"create_sub_comm(rank_ids={ids}): rank(s) {dup} listed more than once")
+            raise InvalidArgumentError(f"{api}(rank_ids={ids}): rank(s) {dup} listed more than once")
         out = [r for r in ids if not 0 <= r < self.size]
         if out:
             raise InvalidArgumentError(
-                f"create_sub_comm(rank_ids={ids}): rank(s) {out} out of range for a communicator of "
+                f"{api}(rank_ids={ids}): rank(s) {out} out of range for a communicator of "
                 f"{self.size} ranks (valid: 0..{self.size - 1})")
-        if self.rank not in ids:
-            raise InvalidArgumentError(
-                f"create_sub_comm(rank_ids={ids}): rank {self.rank} is not a member; only members call it")
+        return ids
+
+    def _sub(self, ids: list[int]) -> "Comm":
         key = tuple(ids)
         with self._lock:
             n = self._subs.get(key, 0)
             self._subs[key] = n + 1
         cid = comm_id_of(f"{self.comm_id}/sub/{key}/{n}")
-        return Comm(self.world, [self.ranks[r] for r in ids], cid, f"{self.name}.sub{list(ids)}" + (f"#{n}" if n else ""))
+        return Comm(self.world, [self.ranks[r] for r in ids], cid,
+                    f"{self.name}.sub{list(ids)}" + (f"#{n}" if n else ""))
 
     # ------------------------------------------------------------------ the core
     def _enqueue(self, op: OpType, api: str, *, bufs: dict, count: int, dtype: DataType,

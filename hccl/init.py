@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 import socket
+import sys
 import threading
 
 from . import config, diag
@@ -22,6 +23,7 @@ from .comm import Comm, World, comm_id_of
 from .errors import HcclError, HcclTimeoutError, InvalidArgumentError
 from .store import StoreClient, StoreServer, StoreTimeout
 from .transport import liveness, shm
+from .transport.inproc import InprocFabric
 from .transport.node import NodeTransport
 from .transport.zmq import ZmqTransport
 from .types import Result
@@ -106,11 +108,17 @@ def comm_init_root_info(nranks: int, root_info: bytes, rank: int) -> Comm:
 def init_comm() -> Comm:
     """The world communicator of a job started by npurun / launcher.spawn (from its environment:
     RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, NPUSIM_JOB_SECRET). Each call makes a new one;
-    every rank must make the same calls in the same order."""
+    every rank must make the same calls in the same order.
+
+    With none of those variables set (a script run with plain ``python``) it makes a world of
+    one, rank 0 of 1, and says so in one line on stderr, as MPI's singleton init does; a partial
+    set is an error naming what is missing."""
     global _init_calls
     env = os.environ
-    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NPUSIM_JOB_SECRET")
-               if not env.get(k)]
+    launcher_keys = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NPUSIM_JOB_SECRET")
+    missing = [k for k in launcher_keys if not env.get(k)]
+    if len(missing) == len(launcher_keys):
+        return _singleton()
     if missing:
         raise InvalidArgumentError(
             f"init_comm: {', '.join(missing)} not set; start the job with npurun (or launcher.spawn), "
@@ -126,6 +134,19 @@ def init_comm() -> Comm:
     attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
     uid = f"hccl/{job}/{attempt}/world{n}"
     return _rendezvous(env["MASTER_ADDR"], port, _env_secret(), uid, rank, size)
+
+
+def _singleton() -> Comm:
+    """A world of one over the in-process transport: no store, no sockets, no shared memory."""
+    global _init_calls
+    with _lock:
+        _init_calls += 1
+        uid = f"hccl/singleton/{os.getpid()}/world{_init_calls}"
+    print("npusim: no launcher environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): "
+          "hccl.init_comm() makes a world of one (rank 0 of 1); start with npurun for more ranks",
+          file=sys.stderr, flush=True)
+    world = World(InprocFabric(1).transport(0), uid=uid)
+    return Comm(world, [0], comm_id_of(uid), "world")
 
 
 def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: int) -> Comm:

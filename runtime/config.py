@@ -36,6 +36,11 @@ def log_level() -> int:
     return _int("ASCEND_GLOBAL_LOG_LEVEL", 3)
 
 
+def local_rank() -> int:
+    """LOCAL_RANK: the device ``set_device()`` takes without an argument (0 without a launcher)."""
+    return _int("LOCAL_RANK", 0)
+
+
 def rank() -> str | None:
     """RANK: this process's global rank when a launcher started it (labels logs and traces)."""
     return os.environ.get("RANK")

@@ -96,9 +96,15 @@ def _check_id(device_id) -> int:
     return device_id
 
 
-def set_device(device_id: int) -> None:
-    """Bind the calling thread (and by default the process) to simulated NPU ``device_id``."""
+def set_device(device_id: int | None = None) -> None:
+    """Bind the calling thread (and by default the process) to simulated NPU ``device_id``.
+
+    Without an argument: LOCAL_RANK when a launcher set it, else 0 (a script run with plain
+    ``python`` is a world of one on device 0).
+    """
     global _process_device
+    if device_id is None:
+        device_id = config.local_rank()
     _check_id(device_id)
     with _contexts_lock:
         if device_id not in _contexts:
@@ -125,8 +131,8 @@ def current_context() -> Context:
     ctx = _contexts.get(dev) if dev is not None else None
     if ctx is None:
         raise ContextError(
-            "no NPU device is set for this thread: call runtime.set_device(device_id) first "
-            "(under npurun: runtime.set_device(int(os.environ[\"LOCAL_RANK\"])))")
+            "no NPU device is set for this thread: call runtime.set_device() first (without an "
+            "argument it takes LOCAL_RANK under a launcher, else device 0)")
     return ctx
 
 
