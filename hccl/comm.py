@@ -28,7 +28,7 @@ from runtime.callsite import add_internal, callsite
 from runtime import profiler
 from runtime.log import setup as setup_log
 from runtime.context import resolve_stream
-from runtime.errors import NpuError
+from runtime.errors import NpuError, describe
 
 from . import abortrec, collectives, config, diag, executor, schedule
 from .errors import CollectiveMismatchError, HcclError, HcclTimeoutError, InvalidArgumentError, RemoteRankError
@@ -399,7 +399,7 @@ def _same(a, b) -> bool:
 
 def _size(a, name) -> int:
     if not isinstance(a, runtime.DeviceArray):
-        raise InvalidArgumentError(f"{name}={a!r}: the Comm methods infer count and dtype from a "
+        raise InvalidArgumentError(f"{name}={describe(a)}: the Comm methods infer count and dtype from a "
                                    "DeviceArray; use hccl.<collective>(...) with a count for DevicePtr")
     return a.size
 
