@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-pytest.importorskip("torch.distributed", reason="torch is not installed: pip install -e '.[torch]'")
+pytest.importorskip("torch.distributed", reason="torch is not installed: pip install torch "
+                    "--index-url https://download.pytorch.org/whl/cpu (docs/torch.md)")
 
 from launcher.testing import LeakCheck, run_npurun  # noqa: E402
 
