@@ -230,7 +230,7 @@ def _nbytes(spec: str) -> int:
 
 def run_job(world, env_extra, specs, exec_timeout: float, wall: float, salt: int = 0):
     """Start one npurun job; returns (verdict, seconds, output)."""
-    from launcher.testing import MARKER, tagged_pids
+    from tests.leakcheck import MARKER, tagged_pids
     tag = f"stress-{os.getpid()}-{time.monotonic_ns()}"
     env = job_env(**env_extra, HCCL_EXEC_TIMEOUT=str(exec_timeout),
                   HCCL_CONNECT_TIMEOUT=str(max(exec_timeout, 60)), **{MARKER: tag})

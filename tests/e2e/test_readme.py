@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from launcher.testing import LeakCheck
+from tests.leakcheck import LeakCheck
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from benchmarks import ROOT, stress
-from launcher.testing import LeakCheck
+from tests.leakcheck import LeakCheck
 
 JOBS = 24
 

@@ -11,7 +11,7 @@ pytest.importorskip("torch.distributed", reason="torch is not installed: pip ins
                     "--index-url https://download.pytorch.org/whl/cpu (docs/torch.md)")
 
 import launcher  # noqa: E402
-from launcher.testing import LeakCheck, MARKER  # noqa: E402
+from tests.leakcheck import LeakCheck, MARKER  # noqa: E402
 
 import torch_cases  # noqa: E402
 
