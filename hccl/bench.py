@@ -41,7 +41,7 @@ def _busbw_factor(op: str, n: int) -> float:
 
 def enqueue(op: str, comm, send, recv, count, dt, redop, stream, root: int = 0) -> None:
     """Enqueue collective ``op`` (its hccl function's name) with the bench's argument
-    conventions (AllToAll: ``count`` per peer both ways); hccl.stress uses it too."""
+    conventions (AllToAll: ``count`` per peer both ways); benchmarks/stress.py uses it too."""
     if op == "all_reduce":
         hccl.all_reduce(send, recv, count, dt, redop, comm, stream)
     elif op == "all_gather":

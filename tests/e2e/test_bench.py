@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from launcher.testing import LeakCheck, run_npurun
+from tests.leakcheck import LeakCheck, run_npurun
 
 
 @pytest.mark.timeout(120)

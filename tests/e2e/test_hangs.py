@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from launcher.testing import LeakCheck, run_npurun
+from tests.leakcheck import LeakCheck, run_npurun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO = os.path.join(ROOT, "examples", "hang_demo.py")
@@ -201,7 +201,7 @@ def test_early_notice_prints_the_live_status_once_and_the_job_goes_on(tmp_path):
     import signal
     import threading
 
-    from launcher.testing import start_npurun
+    from tests.leakcheck import start_npurun
     with LeakCheck() as lc:
         lc.env.update(HCCL_EXEC_TIMEOUT="120", NPUSIM_HANG_NOTICE="2")
         job = start_npurun("--nproc-per-node", "3", "--log-dir", str(tmp_path / "logs"), DEMO,
@@ -263,7 +263,7 @@ def test_live_status_of_a_running_job(tmp_path):
     import subprocess
     import sys
 
-    from launcher.testing import start_npurun, wait_for
+    from tests.leakcheck import start_npurun, wait_for
     with LeakCheck() as lc:
         lc.env["HCCL_EXEC_TIMEOUT"] = "200"    # ranks 0 and 1 wait this long: the window to look
         job = start_npurun("--nproc-per-node", "3", "--log-dir", str(tmp_path / "logs"), DEMO,

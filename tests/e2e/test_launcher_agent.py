@@ -14,7 +14,7 @@ from launcher.agent import Agent, StopRequest, WorkerSpec
 from launcher.env import worker_command
 from launcher.janitor import Janitor
 from launcher.rendezvous import LocalRendezvous
-from launcher.testing import LeakCheck, pid_gone, wait_for
+from tests.leakcheck import LeakCheck, pid_gone, wait_for
 
 
 @pytest.mark.timeout(60)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from launcher.testing import LeakCheck, pid_gone, run_npurun
+from tests.leakcheck import LeakCheck, pid_gone, run_npurun
 
 # Every rank records its pid and creates a shared-memory segment of the job, then waits for all
 # ranks to be up (files, no sleeps) before rank FAIL_RANK fails in the way argv[1] names.

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from launcher.testing import LeakCheck, start_npurun
+from tests.leakcheck import LeakCheck, start_npurun
 
 # Every rank dumps its environment, then all ranks exchange values through the job's store,
 # authenticated with the job secret from the environment.

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from launcher.testing import LeakCheck, pid_gone, start_npurun, wait_for
+from tests.leakcheck import LeakCheck, pid_gone, start_npurun, wait_for
 
 # Each rank starts a child (`sleep`) in its process group, creates a segment, writes its pid and
 # its child's pid, then sleeps; a SIGINT shows up as KeyboardInterrupt, which it reports.

@@ -10,7 +10,7 @@ import pytest
 
 import launcher
 from launcher.errors import ProcessExitedError, ProcessRaisedError, SpawnTimeoutError
-from launcher.testing import LeakCheck, MARKER, pid_gone
+from tests.leakcheck import LeakCheck, MARKER, pid_gone
 
 
 @pytest.mark.timeout(60)

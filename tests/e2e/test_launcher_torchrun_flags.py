@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from launcher.testing import LeakCheck, run_npurun
+from tests.leakcheck import LeakCheck, run_npurun
 
 SCRIPT = """
 import os, sys

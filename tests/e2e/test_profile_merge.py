@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from launcher.testing import LeakCheck, run_npurun
+from tests.leakcheck import LeakCheck, run_npurun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

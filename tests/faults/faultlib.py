@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from launcher.testing import wait_for
+from tests.leakcheck import wait_for
 
 PROG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_prog.py")
 BIG = 1 << 20          # float32 elements: 4 MiB, many slices under HCCL_BUFFSIZE=1, shared memory

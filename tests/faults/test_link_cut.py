@@ -27,7 +27,7 @@ import uuid
 
 import pytest
 
-from launcher.testing import LeakCheck, npurun_cmd, wait_for
+from tests.leakcheck import LeakCheck, npurun_cmd, wait_for
 
 HEARTBEAT = 3.0
 STORE_TIMEOUT = 15.0

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from launcher.testing import LeakCheck, pid_gone, start_npurun, wait_for
+from tests.leakcheck import LeakCheck, pid_gone, start_npurun, wait_for
 from tests.faults.test_link_cut import RANK
 
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from launcher.testing import LeakCheck
+from tests.leakcheck import LeakCheck
 from tests.faults.faultlib import BIG, Ranks, read
 
 BOUND = 30.0   # s, stated bound ~2.5 s: generous slack for a loaded machine

@@ -14,7 +14,7 @@ import pytest
 
 import launcher
 from launcher.errors import ProcessExitedError
-from launcher.testing import MARKER, LeakCheck
+from tests.leakcheck import MARKER, LeakCheck
 from tests.faults.faultlib import BIG, FAULT_ENV
 
 

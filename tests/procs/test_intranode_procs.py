@@ -11,7 +11,7 @@ import traceback
 import pytest
 
 import hccl
-from launcher.testing import LeakCheck, run_npurun
+from tests.leakcheck import LeakCheck, run_npurun
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)

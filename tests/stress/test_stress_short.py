@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from hccl import stress
-from launcher.testing import LeakCheck
+from benchmarks import ROOT, stress
+from tests.leakcheck import LeakCheck
 
 JOBS = 24
 
@@ -30,9 +30,9 @@ def test_short_stress_has_no_hang_and_no_wrong_result(tmp_path):
     # HCCL_EXEC_TIMEOUT 30 s: a loaded machine is slow, but never 30 s without progress in a wait;
     # a real hang still ends its job at 30 s (a rank stuck outside a wait: the 360 s wall clock).
     with LeakCheck(grace=10) as leaks:
-        p = subprocess.run([sys.executable, "-m", "hccl.stress", "--short", "--jobs", str(JOBS),
+        p = subprocess.run([sys.executable, "-m", "benchmarks.stress", "--short", "--jobs", str(JOBS),
                             "--worlds", "3,4", "--exec-timeout", "30", "--log-dir", str(tmp_path)],
-                           env=leaks.env, capture_output=True, text=True, timeout=850)
+                           env=leaks.env, cwd=ROOT, capture_output=True, text=True, timeout=850)
     logs = "".join(f"\n--- {f.name}\n{f.read_text()[-4000:]}" for f in sorted(tmp_path.iterdir()))
     totals = _totals(p.stdout)
     assert totals, p.stdout + p.stderr[-3000:]

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("torch.distributed", reason="torch is not installed: pip install -e '.[torch]'")
+pytest.importorskip("torch.distributed", reason="torch is not installed: pip install torch "
+                    "--index-url https://download.pytorch.org/whl/cpu (docs/torch.md)")
 
 import launcher  # noqa: E402
-from launcher.testing import LeakCheck, MARKER  # noqa: E402
+from tests.leakcheck import LeakCheck, MARKER  # noqa: E402
 
 import torch_cases  # noqa: E402
 

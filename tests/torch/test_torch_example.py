@@ -7,9 +7,10 @@ import re
 
 import pytest
 
-pytest.importorskip("torch.distributed", reason="torch is not installed: pip install -e '.[torch]'")
+pytest.importorskip("torch.distributed", reason="torch is not installed: pip install torch "
+                    "--index-url https://download.pytorch.org/whl/cpu (docs/torch.md)")
 
-from launcher.testing import LeakCheck, run_npurun  # noqa: E402
+from tests.leakcheck import LeakCheck, run_npurun  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "train_torch_ddp.py")

@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-pytest.importorskip("torch.distributed", reason="torch is not installed: pip install -e '.[torch]'")
+pytest.importorskip("torch.distributed", reason="torch is not installed: pip install torch "
+                    "--index-url https://download.pytorch.org/whl/cpu (docs/torch.md)")
 
-from launcher.testing import LeakCheck, run_npurun  # noqa: E402
+from tests.leakcheck import LeakCheck, run_npurun  # noqa: E402
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_hang_job.py")
 T = 5            # HCCL_EXEC_TIMEOUT for these jobs

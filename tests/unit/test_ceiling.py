@@ -1,4 +1,4 @@
-"""hccl.ceiling: the memory work of a collective, and its measurement in n processes at once."""
+"""benchmarks.ceiling: the memory work of a collective, and its measurement in n processes at once."""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -6,7 +6,7 @@ import multiprocessing as mp
 import numpy as np
 import pytest
 
-from hccl import ceiling, compare
+from benchmarks import ceiling
 
 
 def _arrays(fn) -> dict:
@@ -68,13 +68,3 @@ def test_measure_runs_every_process_and_leaves_none():
     assert r["busbw_GBps"] == pytest.approx((3 << 16) / (r["time_us"] * 1e3) * 4 / 3)
     assert not mp.active_children()
 
-
-def test_compare_table_puts_the_ceiling_beside_npusim():
-    got = {("npusim", 2, "all_reduce", 1 << 20): [(100.0, 2.0, 0)],
-           ("ceiling", 2, "all_reduce", 1 << 20): [(50.0, 4.0, 0), (60.0, 5.0, 0), (40.0, 3.0, 0)],
-           ("npusim", 2, "all_reduce", 1024): [(80.0, 0.0, 0)]}
-    table = compare._table(got, [2], ["all_reduce"], [1024, 1 << 20], ["npusim", "ceiling"])
-    lines = table.splitlines()
-    assert lines[0] == "| world | collective | size | unit | npusim | ceiling | npusim / ceiling |"
-    assert lines[2] == "| 2 | all_reduce | 1 KiB | us | 80.0 | — | — |"
-    assert lines[3] == "| 2 | all_reduce | 1 MiB | busbw GB/s | 2.00 | 4.00 | 0.50x |"

@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from launcher.shm import SHM_DIR
-from launcher.testing import LeakCheck, wait_for
+from tests.leakcheck import LeakCheck, wait_for
 
 CHILD = """
 import os, sys

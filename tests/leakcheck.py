@@ -1,4 +1,4 @@
-"""Helpers for tests that run npurun or launcher.spawn: commands, and leak checks.
+"""Test helpers for tests that run npurun or launcher.spawn: commands, and leak checks.
 
 ``LeakCheck`` tags every process a test starts with a marker environment variable (inherited by
 npurun, its ranks, their children and the janitor) and, at the end, waits a bounded time for every

@@ -1,6 +1,6 @@
 """Soak: one long job of small and large collectives, probing each rank's RSS, fds and threads.
 
-``NPUSIM_SHM=1 npurun --nproc-per-node 3 -m hccl.soak --small 30000 --large 1000``
+``NPUSIM_SHM=1 npurun --nproc-per-node 3 -m benchmarks.soak --small 30000 --large 1000``
 
 Runs ``--small`` collectives of at most a few KiB (AllReduce one-shot, AllGather, ReduceScatter,
 Broadcast, AlltoAll, send/recv, Barrier, in turn) and ``--large`` ones of 4-16 MiB (AllReduce in
@@ -121,7 +121,7 @@ def large(comm, op: str, mib: int, stream) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hccl.soak", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__.splitlines()[0])
     ap.add_argument("--small", type=int, default=30000, help="small collectives (default 30000)")
     ap.add_argument("--large", type=int, default=1000, help="large collectives (default 1000)")
     ap.add_argument("--small-count", type=int, default=256, help="int32 elements per rank block")
@@ -174,7 +174,7 @@ def report(comm, stream, probes, wrong, n_small, n_large, seconds) -> None:
     allr = every.to_host().reshape(comm.size, -1)
     if comm.rank != 0:
         return
-    print(f"# hccl.soak: world {comm.size}, NPUSIM_SHM={os.environ.get('NPUSIM_SHM', '1')}, "
+    print(f"# benchmarks.soak: world {comm.size}, NPUSIM_SHM={os.environ.get('NPUSIM_SHM', '1')}, "
           f"{n_small} small + {n_large} large collectives in {seconds:.1f} s", flush=True)
     print(f"{'rank':>4} {'step':>7} {'small':>6} {'large':>6} {'rss_MiB':>8} {'anon':>7} "
           f"{'shmem':>7} {'fds':>4} {'threads':>7}")

@@ -1,7 +1,7 @@
 """Stress harness: many fresh npurun jobs around every threshold, counting hangs and wrong results.
 
-``python -m hccl.stress --jobs 200 --worlds 3,4 --shm on`` starts each job as a new
-``npurun --nproc-per-node W -m hccl.stress --salt J --worker CASE...`` run: fresh interpreters
+``python -m benchmarks.stress --jobs 200 --worlds 3,4 --shm on`` starts each job as a new
+``npurun --nproc-per-node W -m benchmarks.stress --salt J --worker CASE...`` run: fresh interpreters
 every time, because start-up is where races live. A job prepares its first case's buffers,
 creates the communicator and enqueues that collective at once, then runs its other cases back to
 back. Every rank checks every result exactly (integer data) against numpy and prints one
@@ -28,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from benchmarks import job_env
 
 KiB, MiB = 1 << 10, 1 << 20
 ONE_SHOT, SHM_MIN, SLICE_SMALL, WIRE_SLICE = 64 * KiB, 512 * KiB, 1 * MiB, 8 * MiB
@@ -228,11 +230,11 @@ def _nbytes(spec: str) -> int:
 
 def run_job(world, env_extra, specs, exec_timeout: float, wall: float, salt: int = 0):
     """Start one npurun job; returns (verdict, seconds, output)."""
-    from launcher.testing import MARKER, tagged_pids
+    from tests.leakcheck import MARKER, tagged_pids
     tag = f"stress-{os.getpid()}-{time.monotonic_ns()}"
-    env = dict(os.environ, **env_extra, HCCL_EXEC_TIMEOUT=str(exec_timeout),
-               HCCL_CONNECT_TIMEOUT=str(max(exec_timeout, 60)), **{MARKER: tag})
-    cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", str(world), "-m", "hccl.stress",
+    env = job_env(**env_extra, HCCL_EXEC_TIMEOUT=str(exec_timeout),
+                  HCCL_CONNECT_TIMEOUT=str(max(exec_timeout, 60)), **{MARKER: tag})
+    cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", str(world), "-m", "benchmarks.stress",
            "--salt", str(salt), "--worker", *specs]
     t0 = time.monotonic()
     with tempfile.TemporaryFile("w+") as out:
@@ -279,7 +281,7 @@ def classify(text: str, rc: int, killed: bool, world: int) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hccl.stress", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.stress", description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=None, help="fresh jobs (default 200; --short 24)")
     ap.add_argument("--worlds", default=None, help="comma list (default 2,3,4,5; --short 3,4)")
     ap.add_argument("--shm", default="on,off", help="on, off or on,off (default on,off)")

@@ -1,4 +1,4 @@
-"""The memory ceiling of a collective on this node: ``python -m hccl.ceiling``.
+"""The memory ceiling of a collective on this node: ``python -m benchmarks.ceiling``.
 
 A collective of S bytes on n ranks of one node moves at least some bytes through the memory of
 every rank, whatever its transport. This module runs exactly that work in numpy, in n processes
@@ -15,10 +15,10 @@ nccl-tests' busbw; hccl.bench's conventions (out of place, Broadcast in place fr
 
 A rank's "peer" blocks are a second local array: reading a peer's memory in place costs the
 same memory traffic. No implementation on this node can beat these figures, since the copies and
-adds are the ones it has to make; ``hccl.compare`` prints npusim's share of them. With more ranks
+adds are the ones it has to make; ``benchmarks.compare`` prints npusim's share of them. With more ranks
 than cores the processes also share the cores, as the ranks do.
 
-Example: ``python -m hccl.ceiling --worlds 2,4 --sizes 16M,64M``.
+Example: ``python -m benchmarks.ceiling --worlds 2,4 --sizes 16M,64M``.
 """
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ def measure(coll: str, n: int, nbytes: int, reps: int = 7) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hccl.ceiling", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.ceiling", description=__doc__.splitlines()[0])
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--colls", default="all_reduce,all_gather,broadcast")
     ap.add_argument("--sizes", default="1M,16M,64M")
