@@ -23,6 +23,7 @@ import threading
 import time
 
 from . import acl_codes as _c
+from . import acl_mdl as _mdl
 from . import acl_ptr as _p
 from .acl_codes import *  # noqa: F401,F403  (pyACL scripts use acl.ACL_* names)
 from .acl_codes import (AclError, fail, get_recent_err_msg, int_arg, log, returns_ret,
@@ -88,6 +89,7 @@ def finalize() -> int:
         devices = sorted(_devices_used)
         _devices_used.clear()
         _reports.clear()
+        _mdl.clear()
     for s in streams:
         try:
             s.destroy()
@@ -500,4 +502,6 @@ def _kind(kind) -> "_rt.MemcpyKind":
 
 
 rt = _Rt        # namespaces: their functions are called through the class, unbound
+mdl = _mdl.mdl
+stream_of = _stream     # the runtime.Stream of a pyACL stream handle (0: the default stream)
 

@@ -259,3 +259,26 @@ def test_ten_thousand_replays_do_not_grow(device):
     assert grown < 64 * 1024, grown
     assert len(os.listdir("/proc/self/fd")) == fds and threading.active_count() == threads
     s.destroy()
+
+
+def test_pyacl_capture_calls(device):
+    from runtime import acl
+    assert acl.init() == 0
+    try:
+        stream, _ = acl.rt.create_stream()
+        x = runtime.to_device(np.zeros(4, np.float32))
+        one = runtime.to_device(np.ones(4, np.float32))
+        assert acl.mdl.ri_capture_begin(stream, 0) == 0
+        runtime.launch(add, x, one, stream=acl.stream_of(stream))
+        assert acl.rt.synchronize_stream(stream) == 207000       # refused, capture goes on
+        model, ret = acl.mdl.ri_capture_end(stream)
+        assert ret == 0 and model != 0
+        assert acl.mdl.ri_capture_end(stream)[1] == acl.ACL_ERROR_INVALID_PARAM
+        for _ in range(3):
+            assert acl.mdl.ri_execute_async(model, stream) == 0
+        assert acl.rt.synchronize_stream(stream) == 0
+        assert np.array_equal(x.to_host(), np.full(4, 3.0))
+        assert acl.mdl.ri_destroy(model) == 0
+        assert acl.mdl.ri_execute_async(model, stream) == acl.ACL_ERROR_RT_INVALID_HANDLE
+    finally:
+        acl.finalize()
