@@ -11,6 +11,7 @@ from .context import (current_stream, default_stream, device_count, get_device, 
                       reset_device, set_device, stream, synchronize)
 from .errors import NpuError
 from .event import Event
+from .graph import Graph, graph
 from .kernels import launch, launch_callback
 from .memory import (DevicePtr, HostBuffer, MemcpyKind, buffer_nbytes, empty_cache, free, free_host,
                      host_view, malloc, malloc_host, max_memory_allocated, max_memory_reserved,
@@ -24,9 +25,10 @@ from .stream import Stream
 _setup_log("runtime")
 
 __all__ = [
-    "DeviceArray", "DevicePtr", "Event", "HostBuffer", "MemMallocPolicy", "MemcpyKind", "NpuError",
+    "DeviceArray", "DevicePtr", "Event", "Graph", "HostBuffer", "MemMallocPolicy", "MemcpyKind", "NpuError",
     "Stream", "as_dtype", "buffer_nbytes", "current_stream", "default_stream", "device_count",
-    "empty", "empty_cache", "errors", "free", "free_host", "get_device", "get_mem_info", "host_view",
+    "empty", "empty_cache", "errors", "free", "free_host", "get_device", "get_mem_info", "graph",
+    "host_view",
     "launch", "launch_callback", "malloc", "malloc_host", "max_memory_allocated",
     "max_memory_reserved", "memcpy", "memcpy_async", "memory_allocated", "memory_reserved",
     "memory_snapshot", "memory_stats", "memory_summary", "memset", "memset_async", "profile",

@@ -23,14 +23,14 @@ import queue
 import threading
 import time
 
-from .callsite import callsite
-
 from . import acl_codes as _c
 from . import acl_data as _d
+from . import acl_mdl as _mdl
 from . import acl_ptr as _p
 from .acl_codes import *  # noqa: F401,F403  (pyACL scripts use acl.ACL_* names)
 from .acl_codes import (AclError, fail, get_recent_err_msg, int_arg, log, returns_ret,
                         returns_values)
+from .callsite import callsite
 from .acl_data import (create_data_buffer, destroy_data_buffer, get_data_buffer_addr,  # noqa: F401
                        get_data_buffer_size, get_data_buffer_size_v2)
 from .acl_ptr import check_count, register_host, resolve, strong, util
@@ -99,6 +99,7 @@ def finalize() -> int:
         devices = sorted(_devices_used)
         _devices_used.clear()
         _reports.clear()
+        _mdl.clear()
     for s in streams:
         try:
             s.destroy()
@@ -567,4 +568,6 @@ class _Media:
 
 rt = _Rt        # namespaces: their functions are called through the class, unbound
 media = _Media
+mdl = _mdl.mdl
+stream_of = _stream     # the runtime.Stream of a pyACL stream handle (0: the default stream)
 

@@ -75,6 +75,13 @@ class SyncTimeoutError(NpuError, TimeoutError):
     code = ACL_ERROR_RT_STREAM_SYNC_TIMEOUT
 
 
+class GraphCaptureError(NpuError):
+    """A call that a task graph cannot capture, or a graph used wrongly (code 207000,
+    ACL_ERROR_RT_FEATURE_NOT_SUPPORT); the capture and the streams stay usable."""
+
+    code = 207000
+
+
 class TaskError(NpuError):
     """A task on a stream raised; chained to the original exception (code 507015).
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 
+from . import graph
 from .callsite import callsite
 from .context import resolve_stream
 from .errors import InvalidParamError, NpuError
@@ -21,6 +22,7 @@ class Event:
         self._value = 0
         self._time: float | None = None
         self._gen = 0
+        self.captured_by = None     # (Capture, stream, node index) while recorded in a capture
 
     @property
     def point(self):
@@ -32,6 +34,9 @@ class Event:
     def record(self, stream=None) -> None:
         """Capture the work enqueued on ``stream`` (the current stream when None) so far."""
         s = resolve_stream(stream)
+        if s.capture is not None:       # a node of the graph; pointed at each replay
+            s.capture.record(self, s, self._stamp if self.enable_timing else None)
+            return
         if self.enable_timing:
             self._gen += 1
             gen = self._gen
@@ -45,6 +50,16 @@ class Event:
             value = s.issued
         self._stream, self._value = s, value
 
+    def _stamp(self) -> None:
+        self._time = time.perf_counter()
+
+    def replayed(self, stream, value: int) -> None:
+        """Point the event at a graph replay (``runtime.graph``): the task ``value`` of
+        ``stream`` runs the node that records it."""
+        self._gen += 1
+        self._time = None
+        self._stream, self._value = stream, value
+
     def query(self) -> bool:
         """True once the captured work has finished (or the event was never recorded)."""
         t = self.point
@@ -57,6 +72,8 @@ class Event:
             TaskError: a task captured by this event failed (raised once per failure).
             SyncTimeoutError: ``timeout`` passed first (code 507046); nothing changes.
         """
+        if graph.active:
+            graph.refuse("Event.synchronize")
         t = self.point
         if t is not None:
             t[0].wait_value(t[1], timeout, "Event.synchronize")

@@ -10,7 +10,7 @@ from functools import partial
 
 import numpy as np
 
-from . import profiler
+from . import graph, profiler
 from .callsite import callsite
 from .context import (_contexts, current_context, current_context_and_stream, current_stream,
                       resolve_stream)
@@ -191,6 +191,8 @@ def malloc(nbytes: int, policy: MemMallocPolicy = MemMallocPolicy.HUGE_FIRST) ->
 def _malloc(nbytes, policy, site: str) -> DevicePtr:
     """``malloc`` with the caller's ``site`` (file:line) given: the one path of every allocation
     (runtime.malloc and the arrays'), on the current stream of the current device."""
+    if graph.active:
+        graph.refuse("malloc (an array's allocation included)")
     ctx, stream = current_context_and_stream()
     lock = ctx.lock
     lock.acquire()              # not ``with``: half the cost here (0.17 us against 0.4)
@@ -209,6 +211,8 @@ def free(ptr: DevicePtr) -> None:
     Raises:
         MemoryAccessError: double free, or a pointer that is not the start of a live allocation.
     """
+    if graph.active:
+        graph.refuse("free")
     if not isinstance(ptr, DevicePtr):
         raise InvalidParamError(f"free(ptr={ptr!r}): expected a DevicePtr from runtime.malloc")
     ctx = ptr._ctx
@@ -321,6 +325,8 @@ def _run_sync(s, name: str, category: str, site: str | None, nbytes: int, fn, *a
     On an idle stream ``fn`` runs inline (after raising the stream's pending task error, as
     synchronize would; timed when the profiler is on); otherwise it is enqueued and waited for.
     """
+    if graph.active:
+        graph.refuse(f"a host-synchronous {name}")
     if s.idle() and not profiler.active():     # the common case: nothing to wait for or report
         fn(*args)
         return

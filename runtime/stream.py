@@ -43,9 +43,10 @@ import os
 import threading
 import time
 
-from . import config, profiler
+from . import config, graph, profiler
 from .callsite import callsite
-from .errors import InvalidParamError, SyncTimeoutError, TaskError, task_error_class
+from .errors import (GraphCaptureError, InvalidParamError, SyncTimeoutError, TaskError,
+                     task_error_class)
 
 log = logging.getLogger("runtime.stream")
 _ids = itertools.count(1)
@@ -115,6 +116,7 @@ class Stream:
         self._destroyed = False
         self._thread: threading.Thread | None = None
         self._exec = threading.Lock()       # held while a task runs: keeps the order
+        self.capture = None                 # the runtime.graph Capture this stream is part of
         profiler.register_track(self.id, f"NPU{self.device_id} {self.name}")
         self._ctx._add_stream(self)
 
@@ -158,6 +160,8 @@ class Stream:
             raise InvalidParamError(f"{self.name} was destroyed; create a new Stream")
         if site is None:
             site = callsite(2)
+        if self.capture is not None:
+            return self.capture.add(self, fn, None, name, category, meta, site)
         with self._mu:
             self._issued += 1
             seq = self._issued
@@ -169,6 +173,27 @@ class Stream:
             else:
                 self._ring()
         return seq
+
+    def enqueue_deferred(self, make, name: str, category: str = "kernel", meta=None,
+                         site: str | None = None) -> int:
+        """Queue the task ``make()`` returns: built now when eager, at every replay when the
+        stream is capturing a graph (hccl's collectives take their sequence numbers then).
+
+        Raises GraphCaptureError when the calling thread captures a graph this stream is not
+        part of (the task would run eagerly once, and not at the replays).
+        """
+        if site is None:
+            site = callsite(2)
+        if self.capture is not None:
+            if self._destroyed:
+                raise InvalidParamError(f"{self.name} was destroyed; create a new Stream")
+            return self.capture.add(self, None, make, name, category, meta, site)
+        if graph.active and graph.capturing() is not None:
+            raise GraphCaptureError(
+                f"'{name}' on {self.name}, which is not part of the capture of "
+                f"{graph.capturing().graph.name}: make the stream join the capture (wait on an "
+                "event recorded inside it) or issue it outside the capture")
+        return self.enqueue(make(), name, category, meta, site)
 
     def _ring(self) -> None:
         """Wake the worker if it sleeps and is not woken yet (the caller holds ``_mu``)."""
@@ -262,6 +287,8 @@ class Stream:
             TaskError: a task up to ``value`` failed since the last synchronize.
             SyncTimeoutError: ``timeout`` seconds passed first (``what`` names the call).
         """
+        if graph.active:
+            graph.refuse(what)
         if self._done < value and timeout is None:
             self._steal(value)
         if self._done < value:
@@ -329,6 +356,9 @@ class Stream:
         from .event import Event
         if not isinstance(event, Event):
             raise InvalidParamError(f"wait_event(event={event!r}): expected a runtime.Event")
+        if self.capture is not None or event.captured_by is not None:
+            (self.capture or event.captured_by[0]).wait(self, event)
+            return
         point = event.point
         if point is None:
             return
@@ -343,6 +373,9 @@ class Stream:
         if not isinstance(other, Stream):
             raise InvalidParamError(f"wait_stream(other={other!r}): expected a runtime.Stream")
         if other is self:
+            return
+        if self.capture is not None or other.capture is not None:
+            self.wait_event(other.record_event())     # a fork or join of a graph capture
             return
         value = other._issued
         self.enqueue(lambda: other._block_until(value), name="wait_stream", category="event",
