@@ -17,7 +17,7 @@ import runtime
 from runtime.callsite import callsite
 from runtime.errors import NpuError
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, describe_value
 from .types import DataType, OpType, ReduceOp
 
 
@@ -66,7 +66,8 @@ def _buf(b, need: int, api: str, name: str, dtype: DataType, count_desc: str):
     dtype: a float64 array passed as FP32 would otherwise be reduced as garbage.
     """
     if not isinstance(b, (runtime.DevicePtr, runtime.DeviceArray)):
-        raise InvalidArgumentError(f"{api}: {name}={b!r} must be a runtime.DevicePtr or DeviceArray")
+        raise InvalidArgumentError(f"{api}: {name}={describe_value(b)} must be a runtime.DevicePtr "
+                                   "or DeviceArray")
     if isinstance(b, runtime.DeviceArray):
         if b.dtype != dtype.numpy:
             raise InvalidArgumentError(

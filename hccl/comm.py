@@ -31,7 +31,8 @@ from runtime.context import resolve_stream
 from runtime.errors import NpuError
 
 from . import abortrec, collectives, config, diag, executor, schedule
-from .errors import CollectiveMismatchError, HcclError, HcclTimeoutError, InvalidArgumentError, RemoteRankError
+from .errors import (CollectiveMismatchError, HcclError, HcclTimeoutError, InvalidArgumentError,
+                     RemoteRankError, describe_value)
 from .flight import recorder
 from .types import DataType, Fingerprint, OpType, ReduceOp, Result, describe_call
 
@@ -255,7 +256,7 @@ class Comm:
                 stopping = "" if "seen_by" in ab else "; the job is being stopped"
                 err = RemoteRankError(f"[rank {self.rank}] {call} failed: {text}{stopping}",
                                       rank=ab["rank"], reason=text, seq=seq)
-            elif ab["kind"] in ("deadlock", "stopped"):     # its text says npurun stops the job
+            elif ab["kind"] in ("deadlock", "stopped", "error"):   # its text names the cause
                 err = RemoteRankError(f"[rank {self.rank}] {call} failed: {text}", rank=ab["rank"],
                                       reason=text, seq=seq)
             elif ab["kind"] == "mismatch":
@@ -381,7 +382,8 @@ def _same(a, b) -> bool:
 
 def _size(a, name) -> int:
     if not isinstance(a, runtime.DeviceArray):
-        raise InvalidArgumentError(f"{name}={a!r}: the Comm methods infer count and dtype from a "
+        raise InvalidArgumentError(f"{name}={describe_value(a)}: the Comm methods infer count and "
+                                   "dtype from a "
                                    "DeviceArray; use hccl.<collective>(...) with a count for DevicePtr")
     return a.size
 

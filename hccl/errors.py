@@ -100,5 +100,17 @@ class RemoteRankError(HcclError):
         super().__init__(message, result, rank=rank, world_peer=world_peer, reason=reason, seq=seq)
 
 
+def describe_value(value, limit: int = 80) -> str:
+    """An argument as an error message shows it, on one line: an array by its type, shape and
+    dtype (its repr spans lines and says nothing of what was wrong), anything else by its repr,
+    cut at ``limit`` characters."""
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:
+        kind = type(value)
+        return f"{kind.__module__}.{kind.__qualname__}(shape={tuple(shape)}, dtype={dtype})"
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _secs(x) -> str:
     return "?" if x is None else f"{float(x):.1f} s"

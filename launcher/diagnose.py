@@ -21,8 +21,8 @@ While the job runs, ``on_tick`` polls the states about once a second (node 0's n
   makes npurun print the live status once (who waits, who has not entered, the likely culprit);
   the job keeps running.
 
-It only reports when collectives were involved: a plain exception outside any collective gets
-the usual failure summary alone. ``status()`` gives the same table for a running job (SIGUSR1 to
+It only reports when the job has communicators (a rank published its state): a job without
+any gets the usual failure summary alone. ``status()`` gives the same table for a running job (SIGUSR1 to
 npurun, or ``npurun --status``).
 """
 from __future__ import annotations
@@ -31,7 +31,8 @@ import json
 import os
 import time
 
-from launcher import config, verdict
+from hccl.failure import COLLECTIVE, Failure, parse
+from launcher import config, report, verdict
 from launcher.errors import describe_exit
 from launcher.summary import read_error_file
 
@@ -50,7 +51,7 @@ def _error(path: str) -> tuple[dict | None, str | None]:
     tb = msg.get("extraInfo", {}).get("py_callstack") if isinstance(msg, dict) else None
     if rec is None:         # an error file written by something else than launcher.worker
         text = msg.get("message") if isinstance(msg, dict) else msg
-        rec = {"kind": "exception", "type": "Error", "text": str(text or "").splitlines()[0]
+        rec = {"kind": Failure.ERROR.value, "type": "Error", "text": str(text or "").splitlines()[0]
                if text else ""}
     return rec, tb
 
@@ -126,7 +127,7 @@ class Diagnoser:
         for w in self.agent.workers:
             if not w.proc.alive():
                 rec, _ = _error(w.proc.files.error_file)
-                if rec is not None and rec.get("kind") not in (None, "exception"):
+                if rec is not None and parse(rec.get("kind")) in COLLECTIVE:
                     return True
         return False
 
@@ -134,9 +135,8 @@ class Diagnoser:
         if agent.stop_signal:          # the user asked to stop: no verdict needed
             return
         states = self.states()
-        if not (any(s.get("in_flight") or s.get("failed") for s in states.values())
-                or self._collective_failed()):
-            return                 # no collective involved: the failure summary says it all
+        if not states and not self._collective_failed():
+            return                 # no communicator in the job: the failure summary says it all
         t0 = time.time()
         agent.poll_live()                    # a rank that has exited since is not asked
         stacks = agent.collect_stacks(2.0)   # before the abort below releases the waiting ranks
@@ -149,24 +149,30 @@ class Diagnoser:
         path = os.path.join(self.report_dir, "hang_report.json")
         with open(path, "w") as f:
             json.dump(v, f, indent=1, default=str)
-        self.report = {"verdict": v, "text": verdict.format_report(v), "path": path}
+        self.report = {"verdict": v, "text": report.format_report(v), "path": path}
 
     def _abort_all(self, v: dict) -> None:
         """Release every live rank with a typed record naming the culprit (``hccl.diag``)."""
         from hccl import abortrec  # noqa: PLC0415
         from hccl.diag import abort_key  # noqa: PLC0415
         culprits = v.get("culprits") or []
-        dead = [c for c in culprits if v["ranks"].get(str(c), {}).get("state") == "dead"]
+        by_state = {}
+        for c in culprits:
+            by_state.setdefault(v["ranks"].get(str(c), {}).get("state"), []).append(c)
         # short: every released rank prints it in its one-line error; npurun's report has the rest
-        if v.get("reason") == "deadlock":
-            rec = abortrec.record("deadlock", culprits[0] if culprits else None,
+        if v.get("reason") == Failure.DEADLOCK:
+            rec = abortrec.record(Failure.DEADLOCK, culprits[0] if culprits else None,
                                   f"npurun stops the job: deadlock of ranks {culprits} across "
                                   "communicators (see npurun's report)")
-        elif dead:
-            e = v["ranks"][str(dead[0])]
-            rec = abortrec.record("dead", dead[0], f"rank {dead[0]} {describe(e)}")
+        elif by_state.get("dead"):
+            c = by_state["dead"][0]
+            rec = abortrec.record(Failure.DEAD, c, f"rank {c} {describe(v['ranks'][str(c)])}")
+        elif by_state.get("error"):
+            c = by_state["error"][0]
+            rec = abortrec.record(Failure.ERROR, c, f"rank {c} failed in its own code: "
+                                  f"{v['ranks'][str(c)].get('error')}")
         else:
-            rec = abortrec.record("stopped", culprits[0] if culprits else None,
+            rec = abortrec.record(Failure.STOPPED, culprits[0] if culprits else None,
                                   f"npurun stops the job: culprit rank(s) {culprits} "
                                   "(see npurun's report)")
         try:
@@ -249,7 +255,7 @@ class Diagnoser:
         say(head + "\n" + self._live(v))
 
     def _live(self, v: dict) -> str:
-        return verdict.format_report(v, stacks=False).replace(
+        return report.format_report(v, stacks=False).replace(
             "npusim job verdict", f"npusim job status (attempt {self.agent.attempt}, live view)", 1)
 
     def status(self) -> str:

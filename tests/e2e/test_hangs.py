@@ -129,7 +129,7 @@ def test_rank_dying_in_a_large_collective(tmp_path, scenario, exit_code, words):
     res, elapsed, rep = run_demo(tmp_path, scenario)
     assert res.returncode != 0
     assert elapsed < T + 90, elapsed                   # T, plus start-up and load slack
-    assert rep["reason"] == "dead_rank" and rep["culprits"] == [1]
+    assert rep["reason"] == "dead" and rep["culprits"] == [1]
     assert rep["ranks"]["1"]["state"] == "dead" and rep["ranks"]["1"]["exit"] == exit_code
     assert words in rep["ranks"]["1"]["detail"]
     others = states(rep)

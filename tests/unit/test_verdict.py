@@ -1,7 +1,8 @@
 """launcher.verdict on synthetic rank states: focus, classification, culprits, the report, the
 wait-for graph (deadlock) and stale states."""
-from launcher.verdict import (RankInfo, classify, cycle_key, find_cycle, format_report,
-                              user_threads_first, wait_edges)
+from launcher.report import format_report, user_threads_first
+from launcher.verdict import (RankInfo, classify, cycle_key, find_cycle,
+                              wait_edges)
 
 TIMEOUT = {"kind": "timeout", "type": "HcclTimeoutError", "text": "[rank 0] timed out"}
 RELEASED = {"kind": "released", "type": "RemoteRankError", "text": "aborted"}
@@ -71,7 +72,7 @@ def test_a_rank_that_failed_with_an_hccl_error_and_then_died_by_a_signal_is_not_
     assert v["ranks"]["2"]["state"] != "dead"
     infos[2].error = None                      # no error first: the signal is the cause
     v = classify(infos)
-    assert v["reason"] == "dead_rank" and v["ranks"]["2"]["state"] == "dead"
+    assert v["reason"] == "dead" and v["ranks"]["2"]["state"] == "dead"
 
 
 def test_a_rank_released_by_the_abort_before_it_entered_is_not_a_culprit():
@@ -102,7 +103,7 @@ def test_completed_and_enqueued_but_not_started():
 
 def test_no_collective_and_dead_rank_outside_any():
     v = classify([RankInfo(0, None, exit=-9), RankInfo(1, None)])
-    assert v["reason"] == "dead_rank" and v["culprits"] == [0] and v["comm"] is None
+    assert v["reason"] == "dead" and v["culprits"] == [0] and v["comm"] is None
 
 
 def test_user_threads_first_drops_npusim_daemons():
@@ -111,16 +112,17 @@ def test_user_threads_first_drops_npusim_daemons():
     assert user_threads_first(dump).startswith("Current thread") and "diag.py" not in user_threads_first(dump)
 
 
-def test_a_rank_that_exited_with_a_plain_exception_is_dead_and_typed_fields_decide():
+def test_a_rank_that_exited_with_a_plain_exception_is_an_error_and_typed_fields_decide():
     """The error file's kind decides, not its text: a ValueError whose message mentions
-    HcclTimeoutError is still a death of the rank."""
+    HcclTimeoutError is still the rank's own error, the root cause."""
     three = (0, 1, 2)
     infos = [RankInfo(0, st([rec(2, waiting_for=1, members=three)], 2, 1)),
-             RankInfo(1, st([], 1, 1), exit=1, error={"kind": "exception", "type": "ValueError",
+             RankInfo(1, st([], 1, 1), exit=1, error={"kind": "error", "type": "ValueError",
                                                       "text": "HcclTimeoutError in my config"}),
              RankInfo(2, st([rec(2, waiting_for=1, members=three)], 2, 1))]
     v = classify(infos)
-    assert v["reason"] == "dead_rank" and v["culprits"] == [1]
+    assert v["reason"] == "error" and v["culprits"] == [1]
+    assert v["ranks"]["1"]["state"] == "error"
     assert "ValueError: HcclTimeoutError in my config" in v["ranks"]["1"]["detail"]
 
 
