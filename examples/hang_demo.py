@@ -15,6 +15,8 @@ Scenarios (the culprit is always rank 1 or 2; the others do the right thing):
   deadlock  ranks 0 and 1 share the world and a sub-communicator and call them in opposite
             orders: rank 0 waits in the world for rank 1, rank 1 waits in the sub-communicator
             for rank 0 (a cycle, reported within seconds whatever HCCL_EXEC_TIMEOUT is)
+  p2p       ranks 0 and 1 each post a receive from the other before their send, on one stream:
+            each receive waits for a send queued behind the other's receive (a cycle)
   argerror  rank 1 calls hccl.all_reduce with count=1000 on a 100-element buffer (an argument
             error raised at the call): the others wait for it in the next collective
   numpy     rank 1 passes a numpy array where a DeviceArray is expected
@@ -41,7 +43,7 @@ import hccl
 import runtime
 
 SCENARIOS = ("sleep", "mismatch", "count", "dtype", "kill", "exit", "event", "subcomm", "deadlock",
-             "argerror", "numpy", "nonmember", "raise", "oom", "slow")
+             "p2p", "argerror", "numpy", "nonmember", "raise", "oom", "slow")
 
 
 def load_batch(seconds: float) -> None:
@@ -92,6 +94,7 @@ def main() -> int:
         time.sleep(0.3)      # the odd rank comes last, as one on another code path often does
     if scenario == "sleep":
         if rank == 2:
+            print(f"rank {rank}: load_batch starts", flush=True)
             load_batch(600)
         comm.all_reduce(x)
     elif scenario == "mismatch":
@@ -143,6 +146,11 @@ def main() -> int:
             comm.all_reduce(x)                 # ...everyone else (rank 0 too): the world first
             if sub is not None:
                 sub.all_reduce(x)
+    elif scenario == "p2p":
+        if rank in (0, 1):
+            y = runtime.empty(1024, np.float32)
+            comm.recv(y, 1 - rank)          # posted first on both ranks...
+            comm.send(x, 1 - rank)          # ...so each send waits behind its own receive
     elif scenario in ("argerror", "numpy", "nonmember", "raise", "oom"):
         user_error(scenario, comm, x)
     elif scenario == "slow":

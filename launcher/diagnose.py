@@ -17,9 +17,12 @@ While the job runs, ``on_tick`` polls the states about once a second (node 0's n
 
 - a wait-for cycle that stays the same for NPUSIM_DEADLOCK_STABLE seconds (default 3) is a
   deadlock: the job is stopped at once with a ``deadlock`` verdict, whatever HCCL_EXEC_TIMEOUT is;
-- a collective waiting longer than NPUSIM_HANG_NOTICE seconds (default 60) without progress
-  makes npurun print the live status once (who waits, who has not entered, the likely culprit);
-  the job keeps running.
+- ranks that wait NPUSIM_HANG_NOTICE seconds (default 15) for a rank that does not come (alive
+  in its own code, in another collective, or with its send queued behind a blocked receive)
+  make npurun name that rank with its state and Python stack, worded as a notice
+  ("rank 2 has not called seq 5 of world for 15 s; ranks 0, 1, 3 wait for it"), once per stall
+  and then every NPUSIM_HANG_REMIND seconds (default 300); the job keeps running until
+  HCCL_EXEC_TIMEOUT.
 
 It only reports when the job has communicators (a rank published its state): a job without
 any gets the usual failure summary alone. ``status()`` gives the same table for a running job (SIGUSR1 to
@@ -32,7 +35,7 @@ import os
 import time
 
 from hccl.failure import COLLECTIVE, Failure, parse
-from launcher import config, report, verdict
+from launcher import config, report, stacks, verdict
 from launcher.errors import describe_exit
 from launcher.summary import read_error_file
 
@@ -73,8 +76,9 @@ class Diagnoser:
         self._cycle_key = None
         self._cycle_since = 0.0
         self._cycle: list | None = None
-        self._noticed: set = set()
+        self._noticed: dict = {}        # (comm_id, seq, op) of a stall -> when it was named
         self.notice_after = config.hang_notice()
+        self.remind_after = config.hang_remind()
         self.stable_for = config.deadlock_stable()
         agent.before_stop.append(self.before_stop)
         agent.on_tick.append(self.on_tick)
@@ -231,7 +235,42 @@ class Diagnoser:
         return None
 
     def _notice(self, infos: list[verdict.RankInfo], now: float) -> None:
-        """Print the live status once per collective that waits too long without progress."""
+        """Name the rank a stall waits for, with its state and stack: once when the ranks have
+        waited NPUSIM_HANG_NOTICE s, then a reminder every NPUSIM_HANG_REMIND s."""
+        stall = self._stall(infos)
+        if stall is None or now - stall["since"] < self.notice_after:
+            return
+        key = (stall["comm_id"], stall["seq"], stall["op"])
+        last = self._noticed.get(key)
+        if last is not None and now - last < self.remind_after:
+            return
+        self._noticed[key] = now
+        v = verdict.classify(infos, now=now)
+        culprits = stall["blockers"] or v["culprits"]
+        local = {w.rank: w for w in self.agent.live_workers() if w.rank in culprits}
+        stacks_now = stacks.collect(((w.proc, w.proc.files.stack_file) for w in local.values()),
+                                    2.0) if local else {}
+        from launcher.agent import say  # noqa: PLC0415
+        say(report.format_notice(stall, v, culprits, stacks_now, now=now, reminder=last is not None,
+                                 settings=f"NPUSIM_HANG_NOTICE={self.notice_after:g}, "
+                                          f"HCCL_EXEC_TIMEOUT={config.exec_timeout_text()}"))
+
+    @staticmethod
+    def _stall(infos: list[verdict.RankInfo]) -> dict | None:
+        """The oldest wait of the job: its collective (or receive), who waits in it and for whom.
+
+        From the wait-for graph when some rank has not started what the others wait in; else
+        (every member inside, one not progressing) from the longest wait alone.
+        """
+        edges = verdict.wait_edges(infos)
+        if edges:
+            first = min(edges, key=lambda e: e["since"] or float("inf"))
+            same = [e for e in edges if (e["comm_id"], e["seq"], e["op"]) ==
+                    (first["comm_id"], first["seq"], first["op"])]
+            return {"comm": first["comm"], "comm_id": first["comm_id"], "seq": first["seq"],
+                    "op": first["op"], "since": first["since"] or 0.0,
+                    "waiters": sorted({e["rank"] for e in same}),
+                    "blockers": sorted({e["waits_for"] for e in same})}
         longest = None
         for info in infos:
             for r in (info.state or {}).get("in_flight") or ():
@@ -239,20 +278,11 @@ class Diagnoser:
                 if r.get("state") == "started" and since and r.get("peer") is None:
                     if longest is None or since < longest[1]:
                         longest = (info.rank, since, r)
-        if longest is None or now - longest[1] < self.notice_after:
-            return
+        if longest is None:
+            return None
         rank, since, r = longest
-        key = (r.get("comm_id"), r.get("seq"))
-        if key in self._noticed:
-            return
-        self._noticed.add(key)
-        v = verdict.classify(infos, now=now)
-        head = (f"npurun: notice: rank {rank} has waited {now - since:.0f} s without progress in "
-                f"{verdict.describe_call(r)} seq {r.get('seq')} of {r.get('comm')} "
-                f"(NPUSIM_HANG_NOTICE={self.notice_after:g}); the job keeps running until "
-                "HCCL_EXEC_TIMEOUT. Live status:")
-        from launcher.agent import say  # noqa: PLC0415
-        say(head + "\n" + self._live(v))
+        return {"comm": r.get("comm"), "comm_id": r.get("comm_id"), "seq": r.get("seq"),
+                "op": verdict.describe_call(r), "since": since, "waiters": [rank], "blockers": []}
 
     def _live(self, v: dict) -> str:
         return report.format_report(v, stacks=False).replace(

@@ -145,3 +145,50 @@ def format_report(v: dict, *, now: float | None = None, stacks: bool = True) -> 
                     lines.append(f"... ({more} more lines in hang_report.json)")
     lines.append(bar)
     return "\n".join(lines)
+
+
+def ranks_text(ranks) -> str:
+    """``rank 2`` / ``ranks 0, 1, 3`` / ``ranks 1-3`` (runs of three or more as ranges)."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    parts, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts += [f"{ranks[i]}-{ranks[j]}"] if j - i >= 2 else [str(r) for r in ranks[i:j + 1]]
+        i = j + 1
+    return "ranks " + ", ".join(parts)
+
+
+def format_notice(stall: dict, v: dict, culprits: list, stacks: dict, *, now: float,
+                  reminder: bool = False, settings: str = "") -> str:
+    """The early verdict of a stall, as a notice: the rank the others wait for first, its state
+    and its Python stack; then who waits. The job goes on, so nothing here says it failed."""
+    waited = now - stall["since"]
+    who = ranks_text(culprits) if culprits else "no rank"
+    where = f"seq {stall['seq']} of {stall['comm']} ({stall['op']})"
+    if stall["op"].startswith("RECV"):
+        head = (f"{who} {'has' if len(culprits) == 1 else 'have'} not sent what "
+                f"{ranks_text(stall['waiters'])} {'waits' if len(stall['waiters']) == 1 else 'wait'}"
+                f" to receive in {where} for {waited:.0f} s")
+    else:
+        head = (f"{who} {'has' if len(culprits) == 1 else 'have'} not called {where} for "
+                f"{waited:.0f} s; {ranks_text(stall['waiters'])} "
+                f"{'waits' if len(stall['waiters']) == 1 else 'wait'} for "
+                f"{'it' if len(culprits) == 1 else 'them'}")
+    lines = [f"npurun: {'reminder' if reminder else 'notice'}: {head} ({settings}; the job "
+             "goes on: a rank doing long work of its own is fine)"]
+    for c in culprits:
+        e = (v.get("ranks") or {}).get(str(c))
+        if e is not None:
+            lines.append(f"  rank {c}: {e['state']}: {e['detail'] or e['op'] or ''}".rstrip())
+        st = stacks.get(c)
+        if st:
+            body = user_threads_first(st).strip().splitlines()
+            lines.append(f"----- Python stacks of rank {c} (now) -----")
+            lines.extend(body[:_STACK_LINES])
+            if len(body) > _STACK_LINES:
+                lines.append(f"... ({len(body) - _STACK_LINES} more lines: npurun --status)")
+    return "\n".join(lines)

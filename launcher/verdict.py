@@ -215,7 +215,7 @@ def classify(infos: list[RankInfo], *, now: float | None = None,
             where = ("exited 0 without calling it" if info.exit == 0 else
                      f"it failed before calling it, released by the failure of another rank "
                      f"({info.error_line or describe_exit(info.exit)})" if released else
-                     "alive, still in user code")
+                     _elsewhere(info) or "alive, still in user code")
             ranks[str(g)] = _entry("not_entered", info, None,
                                    f"never called seq {seq} (last enqueued seq {done[0]}); {where}",
                                    members)
@@ -249,6 +249,16 @@ def classify(infos: list[RankInfo], *, now: float | None = None,
             "other_ranks": others,
             "verdict": _headline(culprits, ranks, seq, focus, _call_of(majority, recs)),
             "time": now}
+
+
+def _elsewhere(info: RankInfo) -> str | None:
+    """Where a live rank that has not called the focus waits instead, if in a collective or a
+    receive: the stall's other end."""
+    for r in (info.state or {}).get("in_flight") or ():
+        if r.get("state") == "started":
+            return (f"alive, inside {describe_call(r)} seq {r.get('seq')} of {r.get('comm')} "
+                    f"at {r.get('site')}")
+    return None
 
 
 def _outside(infos: list[RankInfo], now: float) -> dict:
@@ -313,7 +323,9 @@ def wait_edges(infos: list[RankInfo]) -> list[dict]:
     seq s of X (never called it, or it sits on a blocked stream). Waits between members that are
     all inside the same collective are no edges: that collective progresses or times out (a
     ring of neighbours waiting for each other is how a large collective works, not a deadlock).
-    Edges carry comm, seq and op, so a cycle reads as a story.
+    A rank inside a receive (seq k from peer p) waits for p unless p has started (or done) its
+    send number k to it: a send enqueued behind a blocked stream does not count. Edges carry
+    comm, seq and op, so a cycle reads as a story.
     """
     started = {}                    # (rank, comm_id, seq) of every started collective
     for info in infos:
@@ -326,10 +338,44 @@ def wait_edges(infos: list[RankInfo]) -> list[dict]:
         blockers = [m for m in members if m != rank and (m, cid, seq) not in started
                     and not _completed(infos, m, cid, seq)]
         for b in blockers:
-            edges.append({"rank": rank, "waits_for": b, "comm": r.get("comm"), "comm_id": cid,
-                          "seq": seq, "op": describe_call(r), "site": r.get("site"),
-                          "since": r.get("waiting_since") or r.get("t_started")})
-    return edges
+            edges.append(_edge(rank, b, r))
+    return edges + _p2p_edges(infos)
+
+
+def _edge(rank: int, blocker: int, r: dict) -> dict:
+    return {"rank": rank, "waits_for": blocker, "comm": r.get("comm"), "comm_id": r.get("comm_id"),
+            "seq": r.get("seq"), "op": describe_call(r), "site": r.get("site"),
+            "since": r.get("waiting_since") or r.get("t_started")}
+
+
+def _p2p_edges(infos: list[RankInfo]) -> list[dict]:
+    sent, recvs = set(), []     # sends started or done: (sender, comm_id, to, seq)
+    for info in infos:
+        for r in _p2p(info.state):
+            members = r.get("members") or []
+            if not isinstance(r.get("peer"), int) or not 0 <= r["peer"] < len(members):
+                continue
+            peer = members[r["peer"]]
+            if r.get("op") == "SEND" and r.get("state") in ("started", "completed"):
+                sent.add((info.rank, r.get("comm_id"), peer, r.get("seq")))
+            elif r.get("op") == "RECV" and r.get("state") == "started":
+                recvs.append((info.rank, peer, r))
+    return [_edge(rank, peer, r) for rank, peer, r in recvs
+            if (peer, r.get("comm_id"), rank, r.get("seq")) not in sent]
+
+
+def _p2p(st: dict | None) -> list[dict]:
+    """The point-to-point records of a published state (each direction and peer has its seq)."""
+    if not st:
+        return []
+    out, seen = [], set()
+    for key in ("in_flight", "recent"):
+        for r in st.get(key) or ():
+            k = (r.get("comm_id"), r.get("op"), r.get("seq"), r.get("peer"))
+            if r.get("peer") is not None and k not in seen:
+                seen.add(k)
+                out.append(r)
+    return out
 
 
 def _completed(infos, rank, cid, seq) -> bool:
@@ -388,14 +434,18 @@ def _deadlock(infos: list[RankInfo], cycle: list[dict], now: float) -> dict:
     story = "; ".join(f"rank {e['rank']} waits in {e['comm']} (seq {e['seq']}, {e['op']}) for "
                       f"rank {e['waits_for']}" for e in cycle)
     first = cycle[0]
+    across = " across communicators" if len({e["comm_id"] for e in cycle}) > 1 else ""
+    advice = ("post one side's send before its receive, or put them on two streams (a receive "
+              "blocks the stream, and the send queued behind it never starts)"
+              if any(e["op"].startswith("RECV") for e in cycle) else
+              "make every rank call the collectives of shared communicators in the same order")
     return {"reason": Failure.DEADLOCK.value, "comm": first["comm"], "comm_id": first["comm_id"],
             "members": sorted(in_cycle), "seq": first["seq"], "op": first["op"],
             "culprits": sorted(in_cycle), "ranks": ranks, "other_ranks": others,
             "cycle": [{k: e[k] for k in ("rank", "comm", "seq", "op", "waits_for", "site")}
                       for e in cycle],
-            "verdict": f"deadlock across communicators: {story}; each waits for the other, "
-                       "no timeout can resolve it: make every rank call the collectives of "
-                       "shared communicators in the same order",
+            "verdict": f"deadlock{across}: {story}; each waits for the other, no timeout can "
+                       f"resolve it: {advice}",
             "time": now}
 
 

@@ -195,46 +195,106 @@ def test_deadlock_across_communicators_is_called_at_once(tmp_path):
     assert_one_story(res, rep)
 
 
-@pytest.mark.timeout(240)
-def test_early_notice_prints_the_live_status_once_and_the_job_goes_on(tmp_path):
-    import queue
-    import signal
-    import threading
+class Console:
+    """npurun's stdout and stderr, read as they come, each line with the time it arrived."""
 
+    def __init__(self, job):
+        import queue
+        import threading
+        self.job, self.lines, self.q = job, [], queue.Queue()
+        self.readers = [threading.Thread(target=self._read, args=(f,), daemon=True)
+                        for f in (job.stdout, job.stderr)]
+        for t in self.readers:
+            t.start()
+
+    def _read(self, f):
+        for line in f:
+            self.q.put((time.monotonic(), line))
+
+    def wait(self, predicate, timeout, what):
+        """The arrival time of the first line for which ``predicate`` holds."""
+        import queue
+        deadline = time.monotonic() + timeout
+        for t, line in self.lines:
+            if predicate(line):
+                return t
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {what} within {timeout} s:\n" + self.text()
+            try:
+                t, line = self.q.get(timeout=min(1.0, left))
+            except queue.Empty:
+                assert self.job.poll() is None, self.text()
+                continue
+            self.lines.append((t, line))
+            if predicate(line):
+                return t
+
+    def text(self):
+        return "".join(line for _, line in self.lines)
+
+    def stop(self):
+        import signal
+        if self.job.poll() is None:
+            self.job.send_signal(signal.SIGTERM)
+        self.job.wait(timeout=60)
+        for t in self.readers:
+            t.join(timeout=10)
+        while not self.q.empty():
+            self.lines.append(self.q.get())
+
+
+@pytest.mark.timeout(180)
+def test_at_default_settings_the_culprit_and_its_stack_come_within_20_s(tmp_path):
+    """Nothing set (no HCCL_EXEC_TIMEOUT, no NPUSIM_HANG_NOTICE): rank 2 stalls in user code;
+    within 20 s of the stall npurun names it, its state and its stack, as a notice; the job
+    goes on (HCCL's default timeout is 30 minutes), so the test stops it."""
     from launcher.testing import start_npurun
     with LeakCheck() as lc:
-        lc.env.update(HCCL_EXEC_TIMEOUT="120", NPUSIM_HANG_NOTICE="2")
+        for name in ("HCCL_EXEC_TIMEOUT", "NPUSIM_HANG_NOTICE", "NPUSIM_HANG_REMIND"):
+            lc.env.pop(name, None)
         job = start_npurun("--nproc-per-node", "3", "--log-dir", str(tmp_path / "logs"), DEMO,
                            "sleep", env=lc.env, cwd=str(tmp_path))
-        lines: queue.Queue = queue.Queue()
-        reader = threading.Thread(target=lambda: [lines.put(l) for l in job.stderr], daemon=True)
-        reader.start()
-        seen = []
+        con = Console(job)
         try:
-            deadline = time.monotonic() + 60
-            while not any("live view" in l for l in seen):
-                assert time.monotonic() < deadline, "no notice within 60 s:\n" + "".join(seen)
-                try:
-                    seen.append(lines.get(timeout=1))
-                except queue.Empty:
-                    assert job.poll() is None, "".join(seen)
-            # the table follows the notice line; read it to its end
-            while not seen[-1].startswith("=" * 78) or sum(l.startswith("=" * 78) for l in seen) < 3:
-                seen.append(lines.get(timeout=10))
+            stall = con.wait(lambda l: "rank 2: load_batch starts" in l, 90, "stall")
+            named = con.wait(lambda l: "in load_batch" in l, 60, "culprit stack")
+            assert job.poll() is None                      # a notice, not a failure
+        finally:
+            con.stop()
+    text = con.text()
+    assert named - stall <= 20, f"culprit named {named - stall:.1f} s after the stall:\n{text}"
+    notice = [l for l in text.splitlines() if l.startswith("npurun: notice:")]
+    assert len(notice) == 1, text
+    assert notice[0].startswith("npurun: notice: rank 2 has not called seq 2 of world "
+                                "(ALLREDUCE(count=1024, FP32, SUM)) for 1"), notice[0]
+    assert "; ranks 0, 1 wait for it (NPUSIM_HANG_NOTICE=15, HCCL_EXEC_TIMEOUT=1800" in notice[0]
+    after = text[text.index(notice[0]):]
+    assert "  rank 2: not_entered: never called seq 2" in after and "alive" in after
+    assert "----- Python stacks of rank 2 (now) -----" in after
+    assert "FAILED" not in text and "timed out" not in text
+    assert job.returncode == 128 + 15                      # stopped by the test's SIGTERM
+
+
+@pytest.mark.timeout(240)
+def test_early_notice_is_given_once_per_stall_then_a_reminder(tmp_path):
+    from launcher.testing import start_npurun
+    with LeakCheck() as lc:
+        lc.env.update(HCCL_EXEC_TIMEOUT="120", NPUSIM_HANG_NOTICE="2", NPUSIM_HANG_REMIND="6")
+        job = start_npurun("--nproc-per-node", "3", "--log-dir", str(tmp_path / "logs"), DEMO,
+                           "sleep", env=lc.env, cwd=str(tmp_path))
+        con = Console(job)
+        try:
+            first = con.wait(lambda l: l.startswith("npurun: notice:"), 90, "notice")
+            again = con.wait(lambda l: l.startswith("npurun: reminder:"), 60, "reminder")
             assert job.poll() is None                      # the notice does not stop the job
         finally:
-            job.send_signal(signal.SIGTERM)
-            job.wait(timeout=30)
-            reader.join(timeout=10)
-    text = "".join(seen)
-    while not lines.empty():
-        text += lines.get()
-    notice = [l for l in text.splitlines() if l.startswith("npurun: notice:")]
-    assert len(notice) == 1, text                          # once, not at every poll
-    assert "without progress in ALLREDUCE(count=1024, FP32, SUM) seq 2 of world" in notice[0]
-    assert "NPUSIM_HANG_NOTICE=2" in notice[0]
-    assert "culprit rank(s): [2]" in text and "not_entered" in text
-    assert job.returncode == 128 + signal.SIGTERM
+            con.stop()
+    text = con.text()
+    assert again - first >= 5, text                        # not at every poll (1 s)
+    assert len([l for l in text.splitlines() if l.startswith("npurun: notice:")]) == 1, text
+    assert "NPUSIM_HANG_NOTICE=2, HCCL_EXEC_TIMEOUT=120" in text
+    assert "rank 2 has not called seq 2 of world" in text and "in load_batch" in text
 
 
 @pytest.mark.timeout(180)
@@ -285,3 +345,43 @@ def test_live_status_of_a_running_job(tmp_path):
             job.send_signal(signal.SIGTERM)
             job.communicate(timeout=30)
     assert job.returncode == 128 + signal.SIGTERM
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("scenario,culprit,error", [
+    ("argerror", 1, "InvalidArgumentError: all_reduce: send holds 400 bytes but count=1000"),
+    ("numpy", 1, "InvalidArgumentError: send=numpy.ndarray(shape=(3, 4), dtype=float32): the "
+                 "Comm methods infer count and dtype from a DeviceArray"),
+    ("nonmember", 2, "InvalidArgumentError: create_sub_comm(rank_ids=[0, 1]): rank 2 is not a "
+                     "member"),
+    ("raise", 1, "ValueError: batch has 8 NaN values, expected none"),
+    ("oom", 1, "OutOfMemoryError: NPU out of memory")])
+def test_a_rank_whose_own_code_raised_is_the_root_cause(tmp_path, scenario, culprit, error):
+    """One rank's own code raises (a bad argument, a numpy array for a DeviceArray, a call only
+    members make, its own exception, out of memory) while the others call the next collective:
+    class ``error``, that rank the only culprit with its reason on one line and where it raised;
+    the others are victims, never causes."""
+    res, elapsed, rep = run_demo(tmp_path, scenario, nproc=3)
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert elapsed < 60, elapsed                    # no timeout waited for (T is 5 s)
+    assert rep["reason"] == "error" and rep["culprits"] == [culprit], rep["verdict"]
+    me = rep["ranks"][str(culprit)]
+    assert me["state"] == "error" and me["error"].startswith(error), me
+    where = "in check_batch" if scenario == "raise" else "in user_error"   # where it raised
+    assert re.search(rf"at \S+hang_demo\.py:\d+ {where}", me["detail"]), me["detail"]
+    victims = {int(r): e["state"] for r, e in rep["ranks"].items() if int(r) != culprit}
+    assert set(victims) == {0, 1, 2} - {culprit}
+    assert all(s in ("waiting", "not_entered", "released", "running") for s in victims.values())
+    err = res.stderr
+    assert f"culprit rank(s): [{culprit}]" in err and "none found" not in err
+    assert f"FAILED (error)" in err and f"npurun exits with 1 (culprit rank {culprit}: error" in err
+    root = err[err.index("Root Cause"):]
+    root = root[:root.index("-" * 72)]
+    assert re.findall(r"rank      : (\d+)", root) == [str(culprit)], root
+    assert f"  error     : {error}" in root                 # its reason, whole on one line
+    released = err[err.index("Released by the culprit"):]
+    for v in victims:                          # one line each, naming the culprit's error
+        assert re.search(rf"rank {v}: exited with code 1: RemoteRankError: .*rank {culprit} "
+                         r"failed in its own code", released), released
+    for marker in ("npusim-abort", '{"kind"', "array(["):
+        assert marker not in res.stdout + err, marker
