@@ -25,8 +25,8 @@ While the job runs, ``on_tick`` polls the states about once a second (node 0's n
   HCCL_EXEC_TIMEOUT.
 
 It only reports when the job has communicators (a rank published its state): a job without
-any gets the usual failure summary alone. ``status()`` gives the same table for a running job (SIGUSR1 to
-npurun, or ``npurun --status``).
+any gets the usual failure summary alone. ``status()`` gives the same table for a running job
+(``npurun --status``, see ``launcher.status``).
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ import time
 
 from hccl.failure import COLLECTIVE, Failure, parse
 from launcher import config, report, stacks, verdict
+from launcher.status import answer as answer_status
 from launcher.errors import describe_exit
 from launcher.summary import read_error_file
 
@@ -300,13 +301,7 @@ class Diagnoser:
                 text = self.status()
             except Exception as e:
                 text = f"npurun: status unavailable: {e}"
-            from launcher.agent import say  # noqa: PLC0415
-            say(text)
-            path = status_file(os.getpid())
-            tmp = f"{path}.tmp"
-            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-                f.write(text + "\n")
-            os.replace(tmp, path)
+            answer_status(text)         # to the requester only, never into the job's console
         now = time.time()
         if agent.job is None or agent.job.node_rank != 0 or now < self._next_poll:
             return None         # node 0 watches the whole job; the others would repeat it
@@ -322,59 +317,3 @@ class Diagnoser:
         if self._client is not None:
             self._client.close()
             self._client = None
-
-
-def status_file(pid: int) -> str:
-    """Where npurun ``pid`` writes its live status table (user-private directory)."""
-    from launcher.secret import _secure_dir  # noqa: PLC0415
-    return os.path.join(_secure_dir(), f"npurun-{pid}.status")
-
-
-def query_status(pid: int | None, timeout: float = 10.0) -> int:
-    """``npurun --status [PID]``: ask a running npurun for its table and print it."""
-    import glob  # noqa: PLC0415
-    import signal  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-    from launcher.secret import _secure_dir  # noqa: PLC0415
-    if pid is None:
-        pids = []
-        for path in glob.glob(os.path.join(_secure_dir(), "npurun-*.job")):
-            p = int(os.path.basename(path)[7:-4])
-            try:
-                os.kill(p, 0)
-                pids.append(p)
-            except OSError:
-                pass
-        if not pids:
-            print("npurun --status: no running npurun job of yours was found", file=sys.stderr)
-            return 1
-        pid = max(pids)
-    if not os.path.exists(os.path.join(_secure_dir(), f"npurun-{pid}.job")):
-        print(f"npurun --status: {pid} is not a running npurun of yours (or it is still starting)",
-              file=sys.stderr)
-        return 1
-    path = status_file(pid)
-    before = os.stat(path).st_mtime_ns if os.path.exists(path) else 0
-    try:
-        os.kill(pid, signal.SIGUSR1)
-    except OSError as e:
-        print(f"npurun --status: cannot signal npurun {pid}: {e}", file=sys.stderr)
-        return 1
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if os.path.exists(path) and os.stat(path).st_mtime_ns != before:
-            with open(path) as f:
-                sys.stdout.write(f.read())
-            return 0
-        time.sleep(0.05)
-    print(f"npurun --status: npurun {pid} did not answer within {timeout:g} s", file=sys.stderr)
-    return 1
-
-
-def register(pid: int) -> str:
-    """Mark npurun ``pid`` as running (for ``npurun --status`` without a pid)."""
-    from launcher.secret import _secure_dir  # noqa: PLC0415
-    path = os.path.join(_secure_dir(), f"npurun-{pid}.job")
-    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        f.write(str(pid))
-    return path

@@ -469,7 +469,7 @@ def _entry(state, info: RankInfo, rec, detail, members=None) -> dict:
             "detail": detail,
             # where the rank's code saw its own error; a release by another rank's abort says
             # nothing about this rank (its stack, taken before the abort, does)
-            "traceback": info.traceback if (info.error or {}).get("kind") != "released" else None,
+            "traceback": info.traceback if info.kind is not Failure.RELEASED else None,
             "stack": name_threads(info.stack, (info.state or {}).get("threads"))}
 
 

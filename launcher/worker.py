@@ -159,7 +159,7 @@ def _excepthook(exc_type, exc, tb) -> None:
     if exc is not None:
         exc = exc.with_traceback(tb)
     text = "".join(traceback.format_exception(exc_type, exc, tb))
-    if not issubclass(exc_type, KeyboardInterrupt):
+    if _interrupt(exc) is None:
         write_error_file(exc, text)
     sys.stderr.write(_console_text(exc, text))
     sys.stderr.flush()
@@ -169,12 +169,14 @@ def _console_text(exc: BaseException | None, text: str) -> str:
     """What the console gets of an uncaught exception.
 
     A collective error under npurun is one line: npurun's verdict tells the story, and the
-    chained tracebacks of every rank would bury it. The full traceback goes to
+    chained tracebacks of every rank would bury it; so is a KeyboardInterrupt (npurun forwards
+    a Ctrl-C to every rank: one line each, where it was). The full traceback goes to
     ``traceback.log`` next to the error file. Any other exception prints in full, as Python
     does.
     """
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if exc is None or not path or of_exception(exc)[0] is Failure.ERROR:
+    interrupted = _interrupt(exc) is not None
+    if exc is None or not path or (of_exception(exc)[0] is Failure.ERROR and not interrupted):
         return text
     tb_path = os.path.join(os.path.dirname(path), "traceback.log")
     try:
@@ -182,8 +184,24 @@ def _console_text(exc: BaseException | None, text: str) -> str:
             f.write(text)
     except OSError:
         return text
+    if interrupted:     # npurun forwarded a Ctrl-C: where the rank was is all the console needs
+        site = user_site(_interrupt(exc).__traceback__) or user_site(exc.__traceback__)
+        return (f"KeyboardInterrupt: stopped{f' at {site}' if site else ''} "
+                f"(full traceback: {tb_path})\n")
     rec = error_record(exc)
     return f"{rec['type']}: {rec['text']} (full traceback: {tb_path})\n"
+
+
+def _interrupt(exc: BaseException | None) -> BaseException | None:
+    """The KeyboardInterrupt ``exc`` is or was caused by (a stream task the main thread ran
+    when Ctrl-C came fails with it), if any."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _install_stack_dump() -> None:

@@ -195,6 +195,30 @@ def test_deadlock_across_communicators_is_called_at_once(tmp_path):
     assert_one_story(res, rep)
 
 
+
+@pytest.mark.timeout(240)
+def test_receives_posted_before_the_sends_on_both_ranks_are_named_a_deadlock(tmp_path):
+    """Ranks 0 and 1 each post a receive from the other before their send, on one stream: each
+    receive waits for a send queued behind the other's receive. Named at once, not a silent
+    wait until HCCL_EXEC_TIMEOUT (300 s here)."""
+    logs = tmp_path / "logs"
+    with LeakCheck() as lc:
+        lc.env["HCCL_EXEC_TIMEOUT"] = "300"
+        res = run_npurun("--nproc-per-node", "3", "--log-dir", str(logs), DEMO, "p2p",
+                         env=lc.env, cwd=str(tmp_path), timeout=150)
+    rep = json.loads((logs / "hang_report.json").read_text())
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert rep["reason"] == "deadlock" and rep["culprits"] == [0, 1], rep["verdict"]
+    waited = rep["time"] - max(rep["ranks"][r]["since"] for r in ("0", "1"))
+    assert 0 < waited < 20, waited
+    cyc = {e["rank"]: e for e in rep["cycle"]}
+    assert {r: (e["op"], e["waits_for"]) for r, e in cyc.items()} == {
+        0: ("RECV(count=1024, FP32)", 1), 1: ("RECV(count=1024, FP32)", 0)}
+    assert "post one side's send before its receive" in rep["verdict"]
+    assert "timed out" not in res.stderr
+    assert_one_story(res, rep)
+
+
 class Console:
     """npurun's stdout and stderr, read as they come, each line with the time it arrived."""
 
@@ -317,35 +341,57 @@ def test_slow_but_progressing_collective_is_not_a_hang(tmp_path):
 
 
 @pytest.mark.timeout(240)
-def test_live_status_of_a_running_job(tmp_path):
-    """``npurun --status PID`` (SIGUSR1 to npurun) prints the table without stopping the job."""
+def test_live_status_of_running_jobs_goes_to_the_requester_only(tmp_path):
+    """Two jobs run: ``npurun --status`` lists them (and any other npurun of the user) and asks
+    for a pid; ``npurun --status PID`` prints that job's table without stopping it, and the
+    table never appears in the job's own console."""
     import signal
     import subprocess
     import sys
 
     from launcher.testing import start_npurun, wait_for
     with LeakCheck() as lc:
-        lc.env["HCCL_EXEC_TIMEOUT"] = "200"    # ranks 0 and 1 wait this long: the window to look
-        job = start_npurun("--nproc-per-node", "3", "--log-dir", str(tmp_path / "logs"), DEMO,
-                           "sleep", env=lc.env, cwd=str(tmp_path))
+        # ranks 0 and 1 wait this long: the window to look; no notice in the console
+        lc.env.update(HCCL_EXEC_TIMEOUT="200", NPUSIM_HANG_NOTICE="0")
+        jobs = [start_npurun("--nproc-per-node", "3", "--log-dir", str(tmp_path / f"logs{i}"),
+                             DEMO, "sleep", env=lc.env, cwd=str(tmp_path)) for i in range(2)]
+        cons = [Console(j) for j in jobs]
+
+        def status(*pid):
+            return subprocess.run([sys.executable, "-m", "launcher", "--status", *map(str, pid)],
+                                  env=lc.env, capture_output=True, text=True, timeout=30,
+                                  stdin=subprocess.DEVNULL)
         try:
+            for con in cons:
+                con.wait(lambda l: "load_batch starts" in l, 120, "rank 2 in load_batch")
+
+            def listed():
+                out = status()
+                found = {int(ln.split()[0]) for ln in out.stderr.splitlines()[2:]
+                         if ln.split()[:1] and ln.split()[0].isdigit()}
+                return out if {j.pid for j in jobs} <= found else None
+            out = wait_for(listed, 60, interval=0.5, what="both jobs listed")
+            assert out.returncode == 2 and out.stdout == "", out
+            assert "running npurun jobs of yours; which one? (npurun --status PID)" in out.stderr
+            assert all(f"hang_demo.py sleep" in ln for ln in out.stderr.splitlines()[2:]
+                       if ln.split()[0] in {str(j.pid) for j in jobs})
+
             def table():
-                out = subprocess.run([sys.executable, "-m", "launcher", "--status", str(job.pid)],
-                                     env=lc.env, capture_output=True, text=True, timeout=30)
-                # wait until ranks 0 and 1 are inside seq 2 (rank 2 sleeps before it): two rows
-                # in state "waiting" (the header's "waiting for" column does not count)
+                out = status(jobs[1].pid)
+                # ranks 0 and 1 inside seq 2 (rank 2 sleeps before it): two rows "waiting"
                 rows = [ln.split() for ln in out.stdout.splitlines()]
                 waiting = [r[0] for r in rows if r[1:2] == ["waiting"] and r[0].isdigit()]
                 return out.stdout if len(waiting) >= 2 else None
             text = wait_for(table, 150, interval=0.5, what="a status table with waiting ranks")
             assert "live view" in text and "culprit rank(s): [2]" in text
             assert "not_entered" in text and "seq 2" in text
-            assert job.poll() is None                         # still running
+            assert all(j.poll() is None for j in jobs)              # still running
         finally:
-            job.send_signal(signal.SIGTERM)
-            job.communicate(timeout=30)
-    assert job.returncode == 128 + signal.SIGTERM
-
+            for con in cons:
+                con.stop()
+    for j, con in zip(jobs, cons):
+        assert j.returncode == 128 + signal.SIGTERM
+        assert "live view" not in con.text() and "culprit rank(s)" not in con.text()
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("scenario,culprit,error", [
@@ -385,3 +431,36 @@ def test_a_rank_whose_own_code_raised_is_the_root_cause(tmp_path, scenario, culp
                          r"failed in its own code", released), released
     for marker in ("npusim-abort", '{"kind"', "array(["):
         assert marker not in res.stdout + err, marker
+
+
+@pytest.mark.timeout(180)
+def test_ctrl_c_prints_one_line_per_rank_and_one_closing_line(tmp_path):
+    """Ctrl-C (SIGINT to npurun, forwarded to every rank): each rank says where it was in one
+    line, npurun closes with one line; the tracebacks go to the ranks' log files."""
+    import signal
+
+    from launcher.testing import start_npurun
+    logs = tmp_path / "logs"
+    with LeakCheck() as lc:
+        lc.env.update(NPUSIM_HANG_NOTICE="0")
+        job = start_npurun("--nproc-per-node", "3", "--log-dir", str(logs), DEMO, "sleep",
+                           env=lc.env, cwd=str(tmp_path))
+        con = Console(job)
+        try:
+            con.wait(lambda l: "load_batch starts" in l, 120, "rank 2 in load_batch")
+            n = len(con.lines)
+            job.send_signal(signal.SIGINT)
+            con.wait(lambda l: l.startswith("npurun: SIGINT received"), 60, "closing line")
+        finally:
+            con.stop()
+    assert job.returncode == 128 + signal.SIGINT
+    after = [line for _, line in con.lines[n:]]
+    assert len(after) == 4, "".join(after)
+    ranks = sorted(l for l in after if l.startswith("[rank "))
+    assert [l[:8] for l in ranks] == ["[rank 0]", "[rank 1]", "[rank 2]"], after
+    assert all("KeyboardInterrupt: stopped at " in l and "traceback.log" in l for l in ranks)
+    assert "hang_demo.py" in ranks[2] and "in load_batch" in ranks[2]
+    assert after[-1].startswith("npurun: SIGINT received: stopped rank(s) [0, 1, 2]")
+    assert "exits with 130" in after[-1]
+    tbs = list(logs.glob("*/attempt_0/*/traceback.log"))
+    assert len(tbs) == 3 and all("KeyboardInterrupt" in p.read_text() for p in tbs)
