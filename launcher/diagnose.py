@@ -60,6 +60,10 @@ def _error(path: str) -> tuple[dict | None, str | None]:
     return rec, tb
 
 
+def _across(cycle: list[dict]) -> str:
+    return " across communicators" if len({e.get("comm") for e in cycle}) > 1 else ""
+
+
 def describe(entry: dict) -> str:
     """A dead rank's verdict line without its error text (``killed by SIGKILL; it was in ...``)."""
     return describe_exit(entry.get("exit"))
@@ -167,8 +171,8 @@ class Diagnoser:
         # short: every released rank prints it in its one-line error; npurun's report has the rest
         if v.get("reason") == Failure.DEADLOCK:
             rec = abortrec.record(Failure.DEADLOCK, culprits[0] if culprits else None,
-                                  f"npurun stops the job: deadlock of ranks {culprits} across "
-                                  "communicators (see npurun's report)")
+                                  f"npurun stops the job: deadlock of ranks {culprits}"
+                                  f"{_across(v.get('cycle') or [])} (see npurun's report)")
         elif by_state.get("dead"):
             c = by_state["dead"][0]
             rec = abortrec.record(Failure.DEAD, c, f"rank {c} {describe(v['ranks'][str(c)])}")
@@ -229,8 +233,8 @@ class Diagnoser:
             if now - self._cycle_since >= self.stable_for:
                 from launcher.agent import StopRequest  # noqa: PLC0415
                 ranks = sorted({e["rank"] for e in cycle})
-                return StopRequest(f"deadlock: ranks {ranks} wait for each other across "
-                                   f"communicators (stable for {now - self._cycle_since:.0f} s)")
+                return StopRequest(f"deadlock: ranks {ranks} wait for each other{_across(cycle)} "
+                                   f"(stable for {now - self._cycle_since:.0f} s)")
         if self.notice_after > 0:
             self._notice(infos, now)
         return None
@@ -249,8 +253,9 @@ class Diagnoser:
         v = verdict.classify(infos, now=now)
         culprits = stall["blockers"] or v["culprits"]
         local = {w.rank: w for w in self.agent.live_workers() if w.rank in culprits}
-        stacks_now = stacks.collect(((w.proc, w.proc.files.stack_file) for w in local.values()),
-                                    2.0) if local else {}
+        threads = {i.rank: (i.state or {}).get("threads") for i in infos}
+        stacks_now = {r: report.name_threads(st, threads.get(r)) for r, st in stacks.collect(
+            ((w.proc, w.proc.files.stack_file) for w in local.values()), 2.0).items()}
         from launcher.agent import say  # noqa: PLC0415
         say(report.format_notice(stall, v, culprits, stacks_now, now=now, reminder=last is not None,
                                  settings=f"NPUSIM_HANG_NOTICE={self.notice_after:g}, "

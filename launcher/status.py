@@ -65,9 +65,18 @@ def running_jobs() -> list[dict]:
             info = None
         if not isinstance(info, dict):      # registered by an older npurun: its pid only
             info = {}
-        jobs.append({"pid": pid, "started": float(info.get("started") or 0.0),
-                     "cmd": [str(c) for c in info.get("cmd") or ()]})
+        cmd = [str(c) for c in info.get("cmd") or ()] or _cmdline(pid)
+        started = float(info.get("started") or 0.0) or os.stat(path).st_mtime
+        jobs.append({"pid": pid, "started": started, "cmd": cmd})
     return sorted(jobs, key=lambda j: (j["started"], j["pid"]))
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
 
 
 def _listing(jobs: list[dict]) -> str:
