@@ -407,9 +407,9 @@ def test_a_rank_whose_own_code_raised_is_the_root_cause(tmp_path, scenario, culp
     members make, its own exception, out of memory) while the others call the next collective:
     class ``error``, that rank the only culprit with its reason on one line and where it raised;
     the others are victims, never causes."""
-    res, elapsed, rep = run_demo(tmp_path, scenario, nproc=3)
+    res, _, rep = run_demo(tmp_path, scenario, nproc=3)
     assert res.returncode == 1, res.stderr[-3000:]
-    assert elapsed < 60, elapsed                    # no timeout waited for (T is 5 s)
+    assert "timed out" not in res.stderr            # released by its abort, not a timeout
     assert rep["reason"] == "error" and rep["culprits"] == [culprit], rep["verdict"]
     me = rep["ranks"][str(culprit)]
     assert me["state"] == "error" and me["error"].startswith(error), me
