@@ -35,9 +35,10 @@ import os
 import time
 
 from hccl.failure import COLLECTIVE, Failure, parse
-from launcher import config, report, stacks, verdict
-from launcher.status import answer as answer_status
+from launcher import config, report, verdict
 from launcher.errors import describe_exit
+from launcher.stacks import collect as collect_stacks
+from launcher.status import answer as answer_status
 from launcher.summary import read_error_file
 
 SETTLE = 5.0          # at most this long for live ranks to publish a state newer than the failure
@@ -254,7 +255,7 @@ class Diagnoser:
         culprits = stall["blockers"] or v["culprits"]
         local = {w.rank: w for w in self.agent.live_workers() if w.rank in culprits}
         threads = {i.rank: (i.state or {}).get("threads") for i in infos}
-        stacks_now = {r: report.name_threads(st, threads.get(r)) for r, st in stacks.collect(
+        stacks_now = {r: report.name_threads(st, threads.get(r)) for r, st in collect_stacks(
             ((w.proc, w.proc.files.stack_file) for w in local.values()), 2.0).items()}
         from launcher.agent import say  # noqa: PLC0415
         say(report.format_notice(stall, v, culprits, stacks_now, now=now, reminder=last is not None,

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 
 from hccl import types
-from hccl.failure import COLLECTIVE, Failure, parse
+from hccl.failure import Failure, parse
 from launcher.errors import describe_exit
 from launcher.report import name_threads
 
