@@ -15,6 +15,14 @@ Scenarios (the culprit is always rank 1 or 2; the others do the right thing):
   deadlock  ranks 0 and 1 share the world and a sub-communicator and call them in opposite
             orders: rank 0 waits in the world for rank 1, rank 1 waits in the sub-communicator
             for rank 0 (a cycle, reported within seconds whatever HCCL_EXEC_TIMEOUT is)
+  p2p       ranks 0 and 1 each post a receive from the other before their send, on one stream:
+            each receive waits for a send queued behind the other's receive (a cycle)
+  argerror  rank 1 calls hccl.all_reduce with count=1000 on a 100-element buffer (an argument
+            error raised at the call): the others wait for it in the next collective
+  numpy     rank 1 passes a numpy array where a DeviceArray is expected
+  nonmember rank 2 calls create_sub_comm([0, 1]) without being a member
+  raise     rank 1 raises a plain exception of its own (ValueError) between two collectives
+  oom       rank 1 allocates more device memory than the NPU has
   slow [MiB] no hang: a large (default 64 MiB), slow but progressing all_reduce under a short
             HCCL_EXEC_TIMEOUT completes (the timeout bounds each wait for a peer, not the whole collective)
 
@@ -35,12 +43,37 @@ import hccl
 import runtime
 
 SCENARIOS = ("sleep", "mismatch", "count", "dtype", "kill", "exit", "event", "subcomm", "deadlock",
-             "slow")
+             "p2p", "argerror", "numpy", "nonmember", "raise", "oom", "slow")
 
 
 def load_batch(seconds: float) -> None:
     """Stands for user code that never returns in time (a stuck data loader, a deadlock...)."""
     time.sleep(seconds)
+
+
+def check_batch(batch: np.ndarray) -> None:
+    """Stands for user code that rejects its input: the job's own error, no collective in it."""
+    raise ValueError(f"batch has {int(np.isnan(batch).sum())} NaN values, expected none")
+
+
+def user_error(scenario: str, comm, x) -> None:
+    """Rank 1 (rank 2 for ``nonmember``) fails by its own code; the others call the next
+    collective and are released by its failure."""
+    rank = comm.rank
+    if scenario == "argerror" and rank == 1:
+        small = runtime.to_device(np.ones(100, np.float32))
+        hccl.all_reduce(small, small, 1000, hccl.DataType.FP32, hccl.ReduceOp.SUM, comm,
+                        runtime.current_stream())
+    elif scenario == "numpy" and rank == 1:
+        comm.all_reduce(np.arange(12, dtype=np.float32).reshape(3, 4))
+    elif scenario == "nonmember" and rank == 2:
+        comm.create_sub_comm([0, 1])
+    elif scenario == "raise" and rank == 1:
+        check_batch(np.full(8, np.nan, np.float32))
+    elif scenario == "oom" and rank == 1:
+        runtime.empty(runtime.get_mem_info()[1] // 4 + (1 << 20), np.float32)
+    else:
+        comm.all_reduce(x)
 
 
 def main() -> int:
@@ -61,6 +94,7 @@ def main() -> int:
         time.sleep(0.3)      # the odd rank comes last, as one on another code path often does
     if scenario == "sleep":
         if rank == 2:
+            print(f"rank {rank}: load_batch starts", flush=True)
             load_batch(600)
         comm.all_reduce(x)
     elif scenario == "mismatch":
@@ -112,6 +146,13 @@ def main() -> int:
             comm.all_reduce(x)                 # ...everyone else (rank 0 too): the world first
             if sub is not None:
                 sub.all_reduce(x)
+    elif scenario == "p2p":
+        if rank in (0, 1):
+            y = runtime.empty(1024, np.float32)
+            comm.recv(y, 1 - rank)          # posted first on both ranks...
+            comm.send(x, 1 - rank)          # ...so each send waits behind its own receive
+    elif scenario in ("argerror", "numpy", "nonmember", "raise", "oom"):
+        user_error(scenario, comm, x)
     elif scenario == "slow":
         mib = int(sys.argv[2]) if len(sys.argv) > 2 else 64
         big = runtime.to_device(np.full(mib << 18, rank + 1, np.float32))

@@ -3,29 +3,33 @@
 An abort travels as text (the transport's ABORT message, the launcher's abort key in the job's
 store). That text is the JSON of ``{"kind", "rank", "text"}`` (plus optional fields):
 
-- ``kind``: ``timeout`` (rank timed out waiting for a peer), ``mismatch`` (rank saw a different
-  collective at the same seq), ``failed`` (rank's collective failed otherwise), ``dead`` (the
-  launcher saw rank's process die), ``deadlock`` (the launcher found a wait-for cycle), or
-  ``error`` (a reason that was not a record, e.g. a transport protocol error: its text as is);
+- ``kind``: a ``hccl.failure.Failure`` word: ``timeout`` (rank timed out waiting for a peer),
+  ``mismatch`` (rank saw a different collective at the same seq), ``failed`` (rank's collective
+  failed otherwise; also a reason that was not a record, e.g. a transport protocol error: its
+  text as is), ``dead`` (rank's process died), ``deadlock`` (the launcher found a wait-for
+  cycle), ``stopped`` (npurun stops the job, naming the culprit);
 - ``rank``: the rank the abort is about (world rank), or None;
 - ``text``: one line for a user, never containing internal markers.
 
-``read`` accepts any text: plain text becomes kind ``error`` with that text, so every reader
+``read`` accepts any text: plain text becomes kind ``failed`` with that text, so every reader
 sees the same three fields whoever wrote the abort.
 """
 from __future__ import annotations
 
 import json
 
-KINDS = ("timeout", "mismatch", "failed", "dead", "deadlock", "stopped", "error")
+from .failure import Failure
+
+KINDS = tuple(k.value for k in Failure)
 _TAG = "npusim-abort"
 _MAX_TEXT = 1500
 
 
-def record(kind: str, rank: int | None, text: str, **extra) -> str:
+def record(kind: Failure | str, rank: int | None, text: str, **extra) -> str:
     """The abort text for ``kind`` about ``rank`` (JSON); ``extra`` fields must be JSON-able."""
-    if kind not in KINDS:
+    if str(kind) not in KINDS:
         raise ValueError(f"abort kind {kind!r} is not one of {', '.join(KINDS)}")
+    kind = str(kind)
     # the transport carries at most 4000 bytes of reason: a cut record would not parse
     return json.dumps({_TAG: 1, "kind": kind, "rank": rank, "text": str(text)[:_MAX_TEXT],
                        **extra})
@@ -34,7 +38,7 @@ def record(kind: str, rank: int | None, text: str, **extra) -> str:
 def read(reason: str | bytes | None, sender: int | None = None) -> dict:
     """The record of an abort text: ``{"kind", "rank", "text", ...}``.
 
-    Text that is not a record (or is truncated) becomes ``{"kind": "error", "rank": sender,
+    Text that is not a record (or is truncated) becomes ``{"kind": "failed", "rank": sender,
     "text": reason}``.
     """
     if isinstance(reason, bytes):
@@ -50,4 +54,4 @@ def read(reason: str | bytes | None, sender: int | None = None) -> dict:
         data.setdefault("rank", sender)
         data["text"] = str(data.get("text") or "")
         return data
-    return {"kind": "error", "rank": sender, "text": reason or "no reason given"}
+    return {"kind": Failure.FAILED.value, "rank": sender, "text": reason or "no reason given"}

@@ -31,7 +31,9 @@ from runtime.context import resolve_stream
 from runtime.errors import NpuError, describe
 
 from . import abortrec, collectives, config, diag, executor, schedule
-from .errors import CollectiveMismatchError, HcclError, HcclTimeoutError, InvalidArgumentError, RemoteRankError
+from .errors import (CollectiveMismatchError, HcclError, HcclTimeoutError, InvalidArgumentError,
+                     RemoteRankError)
+from .failure import Failure
 from .flight import recorder
 from .types import DataType, Fingerprint, OpType, ReduceOp, Result, describe_call
 
@@ -258,32 +260,32 @@ class Comm:
                                    waited=e.waited, timeout=timeout, rank=self.rank,
                                    step=getattr(e, "step", None))
             transport.abort(cid, abortrec.record(
-                "timeout", self.world.rank, f"rank {self.rank} timed out in {call} waiting for "
+                Failure.TIMEOUT, self.world.rank, f"rank {self.rank} timed out in {call} waiting for "
                 f"rank {e.peer}", waited_for=e.peer))
             return err
         if isinstance(e, CollectiveMismatchError):
             msg = f"[rank {self.rank}] {call}: collective mismatch: {e}"
             err = CollectiveMismatchError(msg, seq=seq, ranks=e.ranks, calls=[str(c) for c in e.calls])
-            transport.abort(cid, abortrec.record("mismatch", self.world.rank, str(e)))
+            transport.abort(cid, abortrec.record(Failure.MISMATCH, self.world.rank, str(e)))
             return err
         if isinstance(e, RemoteRankError):
             ab = getattr(e, "abort", None) or abortrec.read(getattr(e, "reason", ""), e.rank)
             text = ab["text"]
-            if ab["kind"] == "dead":     # seen by a rank's transport, or by the launcher
+            if ab["kind"] == Failure.DEAD:     # seen by a rank's transport, or by the launcher
                 stopping = "" if "seen_by" in ab else "; the job is being stopped"
                 err = RemoteRankError(f"[rank {self.rank}] {call} failed: {text}{stopping}",
                                       rank=ab["rank"], reason=text, seq=seq)
-            elif ab["kind"] in ("deadlock", "stopped"):     # its text says npurun stops the job
+            elif ab["kind"] in (Failure.DEADLOCK, Failure.STOPPED, Failure.ERROR):  # text: the cause
                 err = RemoteRankError(f"[rank {self.rank}] {call} failed: {text}", rank=ab["rank"],
                                       reason=text, seq=seq)
-            elif ab["kind"] == "mismatch":
+            elif ab["kind"] == Failure.MISMATCH:
                 err = CollectiveMismatchError(
                     f"[rank {self.rank}] {call}: collective mismatch reported by rank {e.rank}: "
                     f"{text}", seq=seq, ranks=[e.rank], calls=[])
-            elif ab["kind"] in ("timeout", "failed"):   # the text names who waited for whom
+            elif ab["kind"] in (Failure.TIMEOUT, Failure.FAILED):   # the text names who waited for whom
                 waiting = getattr(e, "waiting_for", None)
                 chain = (f"; rank {self.rank} was itself waiting for rank {waiting}"
-                         if ab["kind"] == "timeout" and waiting is not None else "")
+                         if ab["kind"] == Failure.TIMEOUT and waiting is not None else "")
                 err = RemoteRankError(f"[rank {self.rank}] {call} aborted: {text}{chain}",
                                       rank=e.rank, reason=text, seq=seq)
             else:
@@ -296,7 +298,7 @@ class Comm:
         err = type(e).__new__(type(e))
         Exception.__init__(err, msg)
         err.__dict__.update(e.__dict__)
-        transport.abort(cid, abortrec.record("failed", self.world.rank,
+        transport.abort(cid, abortrec.record(Failure.FAILED, self.world.rank,
                                              f"rank {self.rank} failed in {call}: "
                                              f"{str(e).splitlines()[0]}"))
         return err

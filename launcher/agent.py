@@ -128,6 +128,7 @@ class Agent:
         self._log_root: str | None = None
         self._temp_root = False
         self.keep_logs = False          # keep a temporary log root (a verdict points into it)
+        self._logs_said = False         # a closing line already said where the logs are
         self.status_requested = False
         # the job verdict of the failure being handled: {"verdict", "text", "path"} or None
         self.verdict_hooks: list[Callable[[], dict | None]] = []
@@ -428,14 +429,22 @@ class Agent:
                          message=request.message)
 
     def _interrupted(self) -> RunResult:
+        """Forward the signal; the console then gets one line per rank (its own, where it was)
+        and this one closing line."""
         sig = self._signal
-        say(f"npurun: {signal_name(sig)} received, forwarding it to every rank "
-             f"(SIGKILL after {self.spec.stop_grace:g} s)")
         self.rdzv.report_failure(self.attempt, {
             "node": self.job.node_rank, "rank": None, "exitcode": 128 + sig,
             "message": f"npurun on node {self.job.node_rank} received {signal_name(sig)}"})
+        live = [w.rank for w in self.live_workers()]
         self._stop_live(f"{signal_name(sig)} received", sig)
         self._pump.wait_idle(2.0)
+        killed = [w.rank for w in self.workers if w.proc.returncode == -signal.SIGKILL]
+        self.keep_logs = self._logs_said = True       # the ranks' lines point into them
+        say(f"npurun: {signal_name(sig)} received: stopped rank(s) {live or 'none'} "
+            f"(forwarded {signal_name(sig)}"
+            + (f"; SIGKILL after {self.spec.stop_grace:g} s: {killed}" if killed else "")
+            + f"); exits with {128 + sig}; tracebacks in "
+            f"{os.path.join(self.attempt_dir, '<local_rank>', 'traceback.log')}")
         return RunResult(WorkerState.STOPPED, 128 + sig, self.attempt, signum=sig)
 
     def _shutdown(self) -> None:
@@ -454,7 +463,8 @@ class Agent:
                 say(f"npurun: closing the rendezvous: {e}")
             if self._temp_root and self._log_root:
                 if self._keep_temp_logs():
-                    say(f"npurun: logs kept in {self._log_root} (no --log-dir given)")
+                    if not self._logs_said:
+                        say(f"npurun: logs kept in {self._log_root} (no --log-dir given)")
                 else:
                     shutil.rmtree(self._log_root, ignore_errors=True)
             if self._waiter is not None:

@@ -84,9 +84,21 @@ def user_device_count() -> str | None:
 
 
 def hang_notice() -> float:
-    """NPUSIM_HANG_NOTICE: seconds a collective may wait without progress before npurun prints
-    the live status once, without stopping the job (default 60; 0 turns the notice off)."""
-    return _float("NPUSIM_HANG_NOTICE", 60.0)
+    """NPUSIM_HANG_NOTICE: seconds ranks may wait for another without progress before npurun
+    names the rank they wait for, with its Python stack, without stopping the job (default 15,
+    so the culprit of a stall is named within 20 s; 0 turns the notice off)."""
+    return _float("NPUSIM_HANG_NOTICE", 15.0)
+
+
+def exec_timeout_text() -> str:
+    """HCCL_EXEC_TIMEOUT as the ranks see it (they inherit npurun's environment), for a notice:
+    until then a stalled job goes on."""
+    return os.environ.get("HCCL_EXEC_TIMEOUT") or "1800 (HCCL's default)"
+
+
+def hang_remind() -> float:
+    """NPUSIM_HANG_REMIND: seconds between two reminders of the same stall (default 300)."""
+    return _float("NPUSIM_HANG_REMIND", 300.0)
 
 
 def deadlock_stable() -> float:

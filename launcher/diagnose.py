@@ -17,13 +17,16 @@ While the job runs, ``on_tick`` polls the states about once a second (node 0's n
 
 - a wait-for cycle that stays the same for NPUSIM_DEADLOCK_STABLE seconds (default 3) is a
   deadlock: the job is stopped at once with a ``deadlock`` verdict, whatever HCCL_EXEC_TIMEOUT is;
-- a collective waiting longer than NPUSIM_HANG_NOTICE seconds (default 60) without progress
-  makes npurun print the live status once (who waits, who has not entered, the likely culprit);
-  the job keeps running.
+- ranks that wait NPUSIM_HANG_NOTICE seconds (default 15) for a rank that does not come (alive
+  in its own code, in another collective, or with its send queued behind a blocked receive)
+  make npurun name that rank with its state and Python stack, worded as a notice
+  ("rank 2 has not called seq 5 of world for 15 s; ranks 0, 1, 3 wait for it"), once per stall
+  and then every NPUSIM_HANG_REMIND seconds (default 300); the job keeps running until
+  HCCL_EXEC_TIMEOUT.
 
-It only reports when collectives were involved: a plain exception outside any collective gets
-the usual failure summary alone. ``status()`` gives the same table for a running job (SIGUSR1 to
-npurun, or ``npurun --status``).
+It only reports when the job has communicators (a rank published its state): a job without
+any gets the usual failure summary alone. ``status()`` gives the same table for a running job
+(``npurun --status``, see ``launcher.status``).
 """
 from __future__ import annotations
 
@@ -31,8 +34,11 @@ import json
 import os
 import time
 
-from launcher import config, verdict
+from hccl.failure import COLLECTIVE, Failure, parse
+from launcher import config, report, verdict
 from launcher.errors import describe_exit
+from launcher.stacks import collect as collect_stacks
+from launcher.status import answer as answer_status
 from launcher.summary import read_error_file
 
 SETTLE = 5.0          # at most this long for live ranks to publish a state newer than the failure
@@ -50,9 +56,13 @@ def _error(path: str) -> tuple[dict | None, str | None]:
     tb = msg.get("extraInfo", {}).get("py_callstack") if isinstance(msg, dict) else None
     if rec is None:         # an error file written by something else than launcher.worker
         text = msg.get("message") if isinstance(msg, dict) else msg
-        rec = {"kind": "exception", "type": "Error", "text": str(text or "").splitlines()[0]
+        rec = {"kind": Failure.ERROR.value, "type": "Error", "text": str(text or "").splitlines()[0]
                if text else ""}
     return rec, tb
+
+
+def _across(cycle: list[dict]) -> str:
+    return " across communicators" if len({e.get("comm") for e in cycle}) > 1 else ""
 
 
 def describe(entry: dict) -> str:
@@ -72,8 +82,9 @@ class Diagnoser:
         self._cycle_key = None
         self._cycle_since = 0.0
         self._cycle: list | None = None
-        self._noticed: set = set()
+        self._noticed: dict = {}        # (comm_id, seq, op) of a stall -> when it was named
         self.notice_after = config.hang_notice()
+        self.remind_after = config.hang_remind()
         self.stable_for = config.deadlock_stable()
         agent.before_stop.append(self.before_stop)
         agent.on_tick.append(self.on_tick)
@@ -126,7 +137,7 @@ class Diagnoser:
         for w in self.agent.workers:
             if not w.proc.alive():
                 rec, _ = _error(w.proc.files.error_file)
-                if rec is not None and rec.get("kind") not in (None, "exception"):
+                if rec is not None and parse(rec.get("kind")) in COLLECTIVE:
                     return True
         return False
 
@@ -134,9 +145,8 @@ class Diagnoser:
         if agent.stop_signal:          # the user asked to stop: no verdict needed
             return
         states = self.states()
-        if not (any(s.get("in_flight") or s.get("failed") for s in states.values())
-                or self._collective_failed()):
-            return                 # no collective involved: the failure summary says it all
+        if not states and not self._collective_failed():
+            return                 # no communicator in the job: the failure summary says it all
         t0 = time.time()
         agent.poll_live()                    # a rank that has exited since is not asked
         stacks = agent.collect_stacks(2.0)   # before the abort below releases the waiting ranks
@@ -149,24 +159,30 @@ class Diagnoser:
         path = os.path.join(self.report_dir, "hang_report.json")
         with open(path, "w") as f:
             json.dump(v, f, indent=1, default=str)
-        self.report = {"verdict": v, "text": verdict.format_report(v), "path": path}
+        self.report = {"verdict": v, "text": report.format_report(v), "path": path}
 
     def _abort_all(self, v: dict) -> None:
         """Release every live rank with a typed record naming the culprit (``hccl.diag``)."""
         from hccl import abortrec  # noqa: PLC0415
         from hccl.diag import abort_key  # noqa: PLC0415
         culprits = v.get("culprits") or []
-        dead = [c for c in culprits if v["ranks"].get(str(c), {}).get("state") == "dead"]
+        by_state = {}
+        for c in culprits:
+            by_state.setdefault(v["ranks"].get(str(c), {}).get("state"), []).append(c)
         # short: every released rank prints it in its one-line error; npurun's report has the rest
-        if v.get("reason") == "deadlock":
-            rec = abortrec.record("deadlock", culprits[0] if culprits else None,
-                                  f"npurun stops the job: deadlock of ranks {culprits} across "
-                                  "communicators (see npurun's report)")
-        elif dead:
-            e = v["ranks"][str(dead[0])]
-            rec = abortrec.record("dead", dead[0], f"rank {dead[0]} {describe(e)}")
+        if v.get("reason") == Failure.DEADLOCK:
+            rec = abortrec.record(Failure.DEADLOCK, culprits[0] if culprits else None,
+                                  f"npurun stops the job: deadlock of ranks {culprits}"
+                                  f"{_across(v.get('cycle') or [])} (see npurun's report)")
+        elif by_state.get("dead"):
+            c = by_state["dead"][0]
+            rec = abortrec.record(Failure.DEAD, c, f"rank {c} {describe(v['ranks'][str(c)])}")
+        elif by_state.get("error"):
+            c = by_state["error"][0]
+            rec = abortrec.record(Failure.ERROR, c, f"rank {c} failed in its own code: "
+                                  f"{v['ranks'][str(c)].get('error')}")
         else:
-            rec = abortrec.record("stopped", culprits[0] if culprits else None,
+            rec = abortrec.record(Failure.STOPPED, culprits[0] if culprits else None,
                                   f"npurun stops the job: culprit rank(s) {culprits} "
                                   "(see npurun's report)")
         try:
@@ -218,14 +234,50 @@ class Diagnoser:
             if now - self._cycle_since >= self.stable_for:
                 from launcher.agent import StopRequest  # noqa: PLC0415
                 ranks = sorted({e["rank"] for e in cycle})
-                return StopRequest(f"deadlock: ranks {ranks} wait for each other across "
-                                   f"communicators (stable for {now - self._cycle_since:.0f} s)")
+                return StopRequest(f"deadlock: ranks {ranks} wait for each other{_across(cycle)} "
+                                   f"(stable for {now - self._cycle_since:.0f} s)")
         if self.notice_after > 0:
             self._notice(infos, now)
         return None
 
     def _notice(self, infos: list[verdict.RankInfo], now: float) -> None:
-        """Print the live status once per collective that waits too long without progress."""
+        """Name the rank a stall waits for, with its state and stack: once when the ranks have
+        waited NPUSIM_HANG_NOTICE s, then a reminder every NPUSIM_HANG_REMIND s."""
+        stall = self._stall(infos)
+        if stall is None or now - stall["since"] < self.notice_after:
+            return
+        key = (stall["comm_id"], stall["seq"], stall["op"])
+        last = self._noticed.get(key)
+        if last is not None and now - last < self.remind_after:
+            return
+        self._noticed[key] = now
+        v = verdict.classify(infos, now=now)
+        culprits = stall["blockers"] or v["culprits"]
+        local = {w.rank: w for w in self.agent.live_workers() if w.rank in culprits}
+        threads = {i.rank: (i.state or {}).get("threads") for i in infos}
+        stacks_now = {r: report.name_threads(st, threads.get(r)) for r, st in collect_stacks(
+            ((w.proc, w.proc.files.stack_file) for w in local.values()), 2.0).items()}
+        from launcher.agent import say  # noqa: PLC0415
+        say(report.format_notice(stall, v, culprits, stacks_now, now=now, reminder=last is not None,
+                                 settings=f"NPUSIM_HANG_NOTICE={self.notice_after:g}, "
+                                          f"HCCL_EXEC_TIMEOUT={config.exec_timeout_text()}"))
+
+    @staticmethod
+    def _stall(infos: list[verdict.RankInfo]) -> dict | None:
+        """The oldest wait of the job: its collective (or receive), who waits in it and for whom.
+
+        From the wait-for graph when some rank has not started what the others wait in; else
+        (every member inside, one not progressing) from the longest wait alone.
+        """
+        edges = verdict.wait_edges(infos)
+        if edges:
+            first = min(edges, key=lambda e: e["since"] or float("inf"))
+            same = [e for e in edges if (e["comm_id"], e["seq"], e["op"]) ==
+                    (first["comm_id"], first["seq"], first["op"])]
+            return {"comm": first["comm"], "comm_id": first["comm_id"], "seq": first["seq"],
+                    "op": first["op"], "since": first["since"] or 0.0,
+                    "waiters": sorted({e["rank"] for e in same}),
+                    "blockers": sorted({e["waits_for"] for e in same})}
         longest = None
         for info in infos:
             for r in (info.state or {}).get("in_flight") or ():
@@ -233,23 +285,14 @@ class Diagnoser:
                 if r.get("state") == "started" and since and r.get("peer") is None:
                     if longest is None or since < longest[1]:
                         longest = (info.rank, since, r)
-        if longest is None or now - longest[1] < self.notice_after:
-            return
+        if longest is None:
+            return None
         rank, since, r = longest
-        key = (r.get("comm_id"), r.get("seq"))
-        if key in self._noticed:
-            return
-        self._noticed.add(key)
-        v = verdict.classify(infos, now=now)
-        head = (f"npurun: notice: rank {rank} has waited {now - since:.0f} s without progress in "
-                f"{verdict.describe_call(r)} seq {r.get('seq')} of {r.get('comm')} "
-                f"(NPUSIM_HANG_NOTICE={self.notice_after:g}); the job keeps running until "
-                "HCCL_EXEC_TIMEOUT. Live status:")
-        from launcher.agent import say  # noqa: PLC0415
-        say(head + "\n" + self._live(v))
+        return {"comm": r.get("comm"), "comm_id": r.get("comm_id"), "seq": r.get("seq"),
+                "op": verdict.describe_call(r), "since": since, "waiters": [rank], "blockers": []}
 
     def _live(self, v: dict) -> str:
-        return verdict.format_report(v, stacks=False).replace(
+        return report.format_report(v, stacks=False).replace(
             "npusim job verdict", f"npusim job status (attempt {self.agent.attempt}, live view)", 1)
 
     def status(self) -> str:
@@ -264,13 +307,7 @@ class Diagnoser:
                 text = self.status()
             except Exception as e:
                 text = f"npurun: status unavailable: {e}"
-            from launcher.agent import say  # noqa: PLC0415
-            say(text)
-            path = status_file(os.getpid())
-            tmp = f"{path}.tmp"
-            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-                f.write(text + "\n")
-            os.replace(tmp, path)
+            answer_status(text)         # to the requester only, never into the job's console
         now = time.time()
         if agent.job is None or agent.job.node_rank != 0 or now < self._next_poll:
             return None         # node 0 watches the whole job; the others would repeat it
@@ -286,59 +323,3 @@ class Diagnoser:
         if self._client is not None:
             self._client.close()
             self._client = None
-
-
-def status_file(pid: int) -> str:
-    """Where npurun ``pid`` writes its live status table (user-private directory)."""
-    from launcher.secret import _secure_dir  # noqa: PLC0415
-    return os.path.join(_secure_dir(), f"npurun-{pid}.status")
-
-
-def query_status(pid: int | None, timeout: float = 10.0) -> int:
-    """``npurun --status [PID]``: ask a running npurun for its table and print it."""
-    import glob  # noqa: PLC0415
-    import signal  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-    from launcher.secret import _secure_dir  # noqa: PLC0415
-    if pid is None:
-        pids = []
-        for path in glob.glob(os.path.join(_secure_dir(), "npurun-*.job")):
-            p = int(os.path.basename(path)[7:-4])
-            try:
-                os.kill(p, 0)
-                pids.append(p)
-            except OSError:
-                pass
-        if not pids:
-            print("npurun --status: no running npurun job of yours was found", file=sys.stderr)
-            return 1
-        pid = max(pids)
-    if not os.path.exists(os.path.join(_secure_dir(), f"npurun-{pid}.job")):
-        print(f"npurun --status: {pid} is not a running npurun of yours (or it is still starting)",
-              file=sys.stderr)
-        return 1
-    path = status_file(pid)
-    before = os.stat(path).st_mtime_ns if os.path.exists(path) else 0
-    try:
-        os.kill(pid, signal.SIGUSR1)
-    except OSError as e:
-        print(f"npurun --status: cannot signal npurun {pid}: {e}", file=sys.stderr)
-        return 1
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if os.path.exists(path) and os.stat(path).st_mtime_ns != before:
-            with open(path) as f:
-                sys.stdout.write(f.read())
-            return 0
-        time.sleep(0.05)
-    print(f"npurun --status: npurun {pid} did not answer within {timeout:g} s", file=sys.stderr)
-    return 1
-
-
-def register(pid: int) -> str:
-    """Mark npurun ``pid`` as running (for ``npurun --status`` without a pid)."""
-    from launcher.secret import _secure_dir  # noqa: PLC0415
-    path = os.path.join(_secure_dir(), f"npurun-{pid}.job")
-    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        f.write(str(pid))
-    return path

@@ -16,6 +16,7 @@ import socket
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from hccl.failure import Failure
 from launcher.errors import describe_exit, shell_exit_code, signal_name
 
 NOT_AVAILABLE = "<N/A>"
@@ -92,7 +93,7 @@ def root_cause(failures: list[ProcessFailure]) -> ProcessFailure:
     """The first failure: smallest timestamp, ties broken by rank. A rank whose error file says
     it was ``released`` (a RemoteRankError) only echoes another rank's failure (which its peers
     may see before npurun does), so it is the root cause only if every failure is such an echo."""
-    primary = [f for f in failures if f.kind != "released"] or failures
+    primary = [f for f in failures if f.kind != Failure.RELEASED] or failures
     return min(primary, key=lambda f: (f.timestamp, f.rank))
 
 
@@ -210,7 +211,7 @@ def format_story(title: str, reason: str, culprits: list[Culprit],
                 f"alive (pid: {c.pid})"
         parts += [f"[{i}]:", f"  rank      : {where}", f"  exitcode  : {status}",
                   f"  state     : {c.state}: {c.detail}"]
-        if c.failure is not None and c.failure.message and c.failure.kind != "released":
+        if c.failure is not None and c.failure.message and c.failure.kind != Failure.RELEASED:
             parts.append(f"  error     : {_one_line(c.failure.error_line or c.failure.message)}")
     victims = sorted((f for f in failures if f.rank not in blamed), key=lambda f: f.rank)
     if victims:

@@ -29,18 +29,19 @@ victim, and the rank it names is only its ring neighbour.
 from __future__ import annotations
 
 import collections
-import os
 import time
 from dataclasses import dataclass
 
 from hccl import types
+from hccl.failure import Failure, parse
 from launcher.errors import describe_exit
+from launcher.report import name_threads
 
-STATES = ("completed", "waiting", "not_entered", "dead", "mismatch", "unreachable")
-# error-file kinds (launcher.worker.error_record) of a collective error: the rank did not die
-HCCL_KINDS = ("timeout", "mismatch", "released", "hccl")
+STATES = ("completed", "waiting", "not_entered", "error", "dead", "mismatch", "unreachable",
+          "released", "running")
+# a verdict's class (its "reason"), first match wins: what the culprits did
+CLASSES = (Failure.DEAD, Failure.ERROR, Failure.MISMATCH, Failure.UNREACHABLE)
 STALE_MIN = 5.0       # a state older than this (and 10 publish intervals) has stopped refreshing
-_STACK_LINES = 24
 
 
 @dataclass
@@ -58,6 +59,11 @@ class RankInfo:
         """``Type: text`` of its error, for a report line."""
         e = self.error
         return f"{e.get('type')}: {e.get('text')}" if e else None
+
+    @property
+    def kind(self) -> Failure | None:
+        """The kind of its error (the error file's typed record), if it raised."""
+        return parse((self.error or {}).get("kind"))
 
 
 def state_age(info: RankInfo, now: float) -> float | None:
@@ -115,13 +121,38 @@ def _focus(infos: list[RankInfo]) -> dict | None:
 
 
 def _dead(info: RankInfo) -> bool:
-    """Whether the rank's end is a cause: it exited non-zero or by a signal without an hccl
-    error first. One that recorded an hccl error and then died by a signal (npurun stopping it,
-    or torch aborting the interpreter's teardown, as it does now and then after an exception)
-    had already failed for that error."""
+    """Whether the rank died: it exited non-zero or by a signal without a Python exception
+    first. One that recorded an exception and then died by a signal (npurun stopping it, or
+    torch aborting the interpreter's teardown, as it does now and then after an exception) had
+    already failed for that exception."""
     if info.exit is None or info.exit == 0:
         return False
-    return (info.error or {}).get("kind") not in HCCL_KINDS
+    return info.kind is None or info.kind is Failure.DEAD
+
+
+def _own_error(info: RankInfo) -> bool:
+    """Whether the rank ended because its own code raised (not a collective's failure)."""
+    return info.exit not in (None, 0) and info.kind is Failure.ERROR
+
+
+def _error_detail(info: RankInfo, seq=None, comm=None, rec=None) -> str:
+    """One line: what the rank's code raised, where, and where that left it."""
+    e = info.error or {}
+    text = f"raised {info.error_line}"
+    if e.get("site"):
+        text += f" at {e['site']}"
+    if rec is not None and rec.get("state") != "completed":
+        text += f", while in {describe_call(rec)} seq {seq}"
+    elif seq is not None:
+        text += f"; it never called seq {seq} of {comm}"
+    return text
+
+
+def _reason(states: set) -> str:
+    for kind in CLASSES:
+        if kind.value in states:
+            return kind.value
+    return Failure.TIMEOUT.value
 
 
 def classify(infos: list[RankInfo], *, now: float | None = None,
@@ -136,18 +167,7 @@ def classify(infos: list[RankInfo], *, now: float | None = None,
     focus = _focus(infos)
     by_rank = {i.rank: i for i in infos}
     if focus is None:
-        ranks, culprits = {}, []
-        for i in infos:
-            age = state_age(i, now)
-            state = "dead" if _dead(i) else "unreachable" if age is not None else "completed"
-            ranks[str(i.rank)] = _entry(state, i, None, _unreachable(i, age) if age else None)
-            if state != "completed":
-                culprits.append(i.rank)
-        dead = [r for r in culprits if ranks[str(r)]["state"] == "dead"]
-        return {"reason": "dead_rank" if dead else "no_collective", "comm": None, "seq": None,
-                "op": None, "members": sorted(by_rank), "culprits": culprits, "ranks": ranks,
-                "other_ranks": {}, "verdict": (f"rank(s) {dead} died outside any collective" if dead
-                                               else "no collective was in flight"), "time": now}
+        return _outside(infos, now)
     cid, seq, members = focus.get("comm_id"), focus.get("seq"), focus.get("members") or sorted(by_rank)
     recs = {}
     for info in infos:
@@ -167,11 +187,12 @@ def classify(infos: list[RankInfo], *, now: float | None = None,
         age = state_age(info, now)
         if _dead(info):
             detail = describe_exit(info.exit)
-            if info.error:
-                detail += f" ({info.error_line})"
             if rec is not None and rec.get("state") != "completed":
                 detail += f"; it was in {describe_call(rec)} seq {seq}"
             ranks[str(g)] = _entry("dead", info, rec, detail, members)
+        elif _own_error(info):
+            ranks[str(g)] = _entry("error", info, rec,
+                                   _error_detail(info, seq, focus.get("comm"), rec), members)
         elif done[1] >= seq or (rec is not None and rec.get("state") == "completed"):
             ranks[str(g)] = _entry("completed", info, rec, f"completed seq {seq}", members)
         elif rec is not None and majority is not None and _fp(rec) != majority:
@@ -194,13 +215,13 @@ def classify(infos: list[RankInfo], *, now: float | None = None,
             where = ("exited 0 without calling it" if info.exit == 0 else
                      f"it failed before calling it, released by the failure of another rank "
                      f"({info.error_line or describe_exit(info.exit)})" if released else
-                     "alive, still in user code")
+                     _elsewhere(info) or "alive, still in user code")
             ranks[str(g)] = _entry("not_entered", info, None,
                                    f"never called seq {seq} (last enqueued seq {done[0]}); {where}",
                                    members)
             if released:                  # a victim of the abort, not a cause of the hang
                 continue
-        if ranks[str(g)]["state"] in ("dead", "mismatch", "not_entered", "unreachable"):
+        if ranks[str(g)]["state"] in ("dead", "error", "mismatch", "not_entered", "unreachable"):
             culprits.append(g)
     if not culprits:
         waited = collections.Counter(e["waiting_for"] for e in ranks.values()
@@ -208,19 +229,66 @@ def classify(infos: list[RankInfo], *, now: float | None = None,
         if waited:
             n = max(waited.values())
             culprits = sorted(r for r, c in waited.items() if c == n)
-    states = {e["state"] for e in ranks.values()}
-    reason = ("dead_rank" if "dead" in states else "mismatch" if "mismatch" in states else "timeout")
+    reason = _reason({e["state"] for e in ranks.values()})
     others = {}
     for i in infos:
-        if i.rank not in members:
-            age = state_age(i, now)
-            others[str(i.rank)] = {"state": "dead" if _dead(i) else _unreachable(i, age) if age
-                                   else describe_exit(i.exit), "exit": i.exit}
+        if i.rank in members:
+            continue
+        if _dead(i) or _own_error(i):   # a cause outside the communicator is still a cause
+            dead = _dead(i)
+            ranks[str(i.rank)] = _entry("dead" if dead else "error", i, None,
+                                        describe_exit(i.exit) if dead else _error_detail(i))
+            culprits.append(i.rank)
+            reason = _reason({"dead" if dead else "error", reason})
+            continue
+        age = state_age(i, now)
+        others[str(i.rank)] = {"state": _unreachable(i, age) if age else describe_exit(i.exit),
+                               "exit": i.exit}
     return {"reason": reason, "comm": focus.get("comm"), "comm_id": cid, "members": members,
             "seq": seq, "op": describe_call(focus), "culprits": culprits, "ranks": ranks,
             "other_ranks": others,
             "verdict": _headline(culprits, ranks, seq, focus, _call_of(majority, recs)),
             "time": now}
+
+
+def _elsewhere(info: RankInfo) -> str | None:
+    """Where a live rank that has not called the focus waits instead, if in a collective or a
+    receive: the stall's other end."""
+    for r in (info.state or {}).get("in_flight") or ():
+        if r.get("state") == "started":
+            return (f"alive, inside {describe_call(r)} seq {r.get('seq')} of {r.get('comm')} "
+                    f"at {r.get('site')}")
+    return None
+
+
+def _outside(infos: list[RankInfo], now: float) -> dict:
+    """The verdict when no collective is in flight or failed: each rank's own end."""
+    ranks, culprits = {}, []
+    for i in infos:
+        age = state_age(i, now)
+        if _dead(i):
+            state, detail = "dead", describe_exit(i.exit)
+        elif _own_error(i):
+            state, detail = "error", _error_detail(i)
+        elif age is not None:
+            state, detail = "unreachable", _unreachable(i, age)
+        elif i.exit not in (None, 0):
+            state, detail = "released", f"{describe_exit(i.exit)} ({i.error_line})"
+        elif i.exit == 0:
+            state, detail = "completed", "exited 0"
+        else:
+            state, detail = "running", "alive, in user code"
+        ranks[str(i.rank)] = _entry(state, i, None, detail)
+        if state in ("dead", "error", "unreachable"):
+            culprits.append(i.rank)
+    states = {ranks[str(r)]["state"] for r in culprits}
+    reason = _reason(states) if culprits else None
+    parts = [f"rank {r} {'is ' if ranks[str(r)]['state'] != 'error' else ''}"
+             f"{ranks[str(r)]['detail']}" for r in culprits]
+    return {"reason": reason, "comm": None, "seq": None, "op": None, "members": sorted(
+        i.rank for i in infos), "culprits": culprits, "ranks": ranks, "other_ranks": {},
+        "verdict": "; ".join(parts) + " (outside any collective)" if parts else
+        "no collective is in flight and no rank failed", "time": now}
 
 
 def _tie_break(recs: dict, by_rank: dict, members: list) -> tuple | None:
@@ -255,7 +323,9 @@ def wait_edges(infos: list[RankInfo]) -> list[dict]:
     seq s of X (never called it, or it sits on a blocked stream). Waits between members that are
     all inside the same collective are no edges: that collective progresses or times out (a
     ring of neighbours waiting for each other is how a large collective works, not a deadlock).
-    Edges carry comm, seq and op, so a cycle reads as a story.
+    A rank inside a receive (seq k from peer p) waits for p unless p has started (or done) its
+    send number k to it: a send enqueued behind a blocked stream does not count. Edges carry
+    comm, seq and op, so a cycle reads as a story.
     """
     started = {}                    # (rank, comm_id, seq) of every started collective
     for info in infos:
@@ -268,10 +338,44 @@ def wait_edges(infos: list[RankInfo]) -> list[dict]:
         blockers = [m for m in members if m != rank and (m, cid, seq) not in started
                     and not _completed(infos, m, cid, seq)]
         for b in blockers:
-            edges.append({"rank": rank, "waits_for": b, "comm": r.get("comm"), "comm_id": cid,
-                          "seq": seq, "op": describe_call(r), "site": r.get("site"),
-                          "since": r.get("waiting_since") or r.get("t_started")})
-    return edges
+            edges.append(_edge(rank, b, r))
+    return edges + _p2p_edges(infos)
+
+
+def _edge(rank: int, blocker: int, r: dict) -> dict:
+    return {"rank": rank, "waits_for": blocker, "comm": r.get("comm"), "comm_id": r.get("comm_id"),
+            "seq": r.get("seq"), "op": describe_call(r), "site": r.get("site"),
+            "since": r.get("waiting_since") or r.get("t_started")}
+
+
+def _p2p_edges(infos: list[RankInfo]) -> list[dict]:
+    sent, recvs = set(), []     # sends started or done: (sender, comm_id, to, seq)
+    for info in infos:
+        for r in _p2p(info.state):
+            members = r.get("members") or []
+            if not isinstance(r.get("peer"), int) or not 0 <= r["peer"] < len(members):
+                continue
+            peer = members[r["peer"]]
+            if r.get("op") == "SEND" and r.get("state") in ("started", "completed"):
+                sent.add((info.rank, r.get("comm_id"), peer, r.get("seq")))
+            elif r.get("op") == "RECV" and r.get("state") == "started":
+                recvs.append((info.rank, peer, r))
+    return [_edge(rank, peer, r) for rank, peer, r in recvs
+            if (peer, r.get("comm_id"), rank, r.get("seq")) not in sent]
+
+
+def _p2p(st: dict | None) -> list[dict]:
+    """The point-to-point records of a published state (each direction and peer has its seq)."""
+    if not st:
+        return []
+    out, seen = [], set()
+    for key in ("in_flight", "recent"):
+        for r in st.get(key) or ():
+            k = (r.get("comm_id"), r.get("op"), r.get("seq"), r.get("peer"))
+            if r.get("peer") is not None and k not in seen:
+                seen.add(k)
+                out.append(r)
+    return out
 
 
 def _completed(infos, rank, cid, seq) -> bool:
@@ -330,14 +434,18 @@ def _deadlock(infos: list[RankInfo], cycle: list[dict], now: float) -> dict:
     story = "; ".join(f"rank {e['rank']} waits in {e['comm']} (seq {e['seq']}, {e['op']}) for "
                       f"rank {e['waits_for']}" for e in cycle)
     first = cycle[0]
-    return {"reason": "deadlock", "comm": first["comm"], "comm_id": first["comm_id"],
+    across = " across communicators" if len({e["comm_id"] for e in cycle}) > 1 else ""
+    advice = ("post one side's send before its receive, or put them on two streams (a receive "
+              "blocks the stream, and the send queued behind it never starts)"
+              if any(e["op"].startswith("RECV") for e in cycle) else
+              "make every rank call the collectives of shared communicators in the same order")
+    return {"reason": Failure.DEADLOCK.value, "comm": first["comm"], "comm_id": first["comm_id"],
             "members": sorted(in_cycle), "seq": first["seq"], "op": first["op"],
             "culprits": sorted(in_cycle), "ranks": ranks, "other_ranks": others,
             "cycle": [{k: e[k] for k in ("rank", "comm", "seq", "op", "waits_for", "site")}
                       for e in cycle],
-            "verdict": f"deadlock across communicators: {story}; each waits for the other, "
-                       "no timeout can resolve it: make every rank call the collectives of "
-                       "shared communicators in the same order",
+            "verdict": f"deadlock{across}: {story}; each waits for the other, no timeout can "
+                       f"resolve it: {advice}",
             "time": now}
 
 
@@ -346,21 +454,6 @@ def _progress(st, cid) -> tuple[int, int]:
         if p.get("comm_id") == cid:
             return int(p.get("last_enqueued") or 0), int(p.get("last_completed") or 0)
     return 0, 0
-
-
-def name_threads(stack: str | None, names: dict | None) -> str | None:
-    """Add each thread's name (from the rank's published state) to faulthandler's dump."""
-    if not stack or not names:
-        return stack
-    out = []
-    for line in stack.splitlines():
-        for prefix in ("Thread ", "Current thread "):
-            if line.startswith(prefix):
-                tid = line[len(prefix):].split(" ", 1)[0]
-                if tid in names:
-                    line = line.replace(tid, f"{tid} [{names[tid]}]", 1)
-        out.append(line)
-    return "\n".join(out)
 
 
 def _entry(state, info: RankInfo, rec, detail, members=None) -> dict:
@@ -376,7 +469,7 @@ def _entry(state, info: RankInfo, rec, detail, members=None) -> dict:
             "detail": detail,
             # where the rank's code saw its own error; a release by another rank's abort says
             # nothing about this rank (its stack, taken before the abort, does)
-            "traceback": info.traceback if (info.error or {}).get("kind") != "released" else None,
+            "traceback": info.traceback if info.kind is not Failure.RELEASED else None,
             "stack": name_threads(info.stack, (info.state or {}).get("threads"))}
 
 
@@ -400,132 +493,17 @@ def _headline(culprits, ranks, seq, focus, majority_call) -> str:
         elif e["state"] == "mismatch":
             parts.append(f"rank {c} {e['detail']}")
             split.append(c)
-        elif e["state"] == "not_entered":
+        elif e["state"] in ("not_entered", "error"):
             parts.append(f"rank {c} {e['detail']}")
         else:
             parts.append(f"rank {c} is waited for by the others")
     if split:       # no majority: ranks released before they called seq have no vote
         parts.append(f"no majority among the calls made, so any of ranks {split} may be the odd "
                      "one (ranks that never called it have no vote)")
+    victims = sorted(int(r) for r, e in ranks.items() if int(r) not in culprits)
+    if victims and any(ranks[str(c)]["state"] in ("error", "dead") for c in culprits):
+        parts.append(f"rank(s) {victims} only waited for {'it' if len(culprits) == 1 else 'them'} "
+                     "(victims, not causes)")
     return "; ".join(parts)
 
 
-_INTERNAL_THREADS = ("hccl/diag.py", "hccl/transport/zmq.py", "hccl/store.py")
-_BOOTSTRAP = ("launcher/worker.py", "<frozen runpy>")
-_PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_OWN = tuple(f'File "{os.path.join(_PKG, p)}{os.sep}' for p in ("runtime", "hccl", "launcher")) \
-    + ("threading.py\"",)
-
-
-def _own_frame(line: str) -> bool:
-    """A frame of npusim itself or of the threading module (the user did not write it)."""
-    return line.strip().startswith("File ") and any(t in line for t in _OWN)
-
-
-def _collapse(block: str) -> list[str]:
-    """A thread's frames with runs of npusim's own frames folded into one line."""
-    out, run = [], 0
-    for line in block.splitlines():
-        if any(t in line for t in _BOOTSTRAP):
-            continue
-        if _own_frame(line):
-            run += 1
-            continue
-        if run:
-            out.append(f"  ... {run} frame(s) of npusim")
-            run = 0
-        out.append(line)
-    if run:
-        out.append(f"  ... {run} frame(s) of npusim")
-    return out
-
-
-def _busy(block: str) -> bool:
-    """A thread worth showing: it runs user code, or a stream task (not an idle stream worker)."""
-    frames = [l for l in block.splitlines() if l.strip().startswith("File ")]
-    return any(not _own_frame(l) and not any(t in l for t in _BOOTSTRAP) for l in frames) or \
-        any("runtime/stream.py" in l and l.rstrip().endswith(" in _run") for l in frames)
-
-
-def user_threads_first(stack: str) -> str:
-    """faulthandler's dump for a reader: the main thread first, the other threads only when busy
-    (npusim's daemon threads and idle stream workers say nothing about the hang), npusim's own
-    frames folded (the full dump is in hang_report.json)."""
-    blocks = [b for b in stack.strip().split("\n\n") if b.strip()]
-    main = [b for b in blocks if b.lstrip().startswith("Current thread")]
-    rest = [b for b in blocks if b not in main and not any(t in b for t in _INTERNAL_THREADS)
-            and _busy(b)]
-    return "\n\n".join("\n".join(_collapse(b)) for b in main + rest)
-
-
-def last_traceback(tb: str | None) -> str | None:
-    """The outermost exception of a chained traceback (where the user's code saw it), with
-    npusim's own frames folded."""
-    if not tb:
-        return None
-    part = tb.strip().split("Traceback (most recent call last):")[-1]
-    out, run, skipping = ["Traceback (most recent call last):"], 0, False
-    for line in part.splitlines():
-        if not line.strip() or set(line.strip()) <= set("^~"):
-            continue
-        if line.startswith("  File "):
-            skipping = _own_frame(line) or any(t in line for t in _BOOTSTRAP)
-            if skipping:
-                run += 1
-                continue
-        elif skipping and line.startswith("    "):
-            continue                    # the source line of a skipped frame
-        else:
-            skipping = False
-        if run:
-            out.append(f"  ... {run} frame(s) of npusim")
-            run = 0
-        out.append(line)
-    return "\n".join(out)
-
-
-def format_report(v: dict, *, now: float | None = None, stacks: bool = True) -> str:
-    """The one report npurun prints: culprits first, then the table, then the culprits' stacks."""
-    now = time.time() if now is None else now
-    bar = "=" * 78
-    lines = [bar, "npusim job verdict" + (f": {v['reason']}" if v.get("reason") else ""), bar]
-    if v.get("cycle"):
-        lines.append("wait-for cycle: " + " -> ".join(
-            [f"rank {e['rank']} ({e['comm']} seq {e['seq']})" for e in v["cycle"]]
-            + [f"rank {v['cycle'][0]['rank']}"]))
-    elif v.get("comm") is not None:
-        lines.append(f"communicator {v['comm']} (ranks {v['members']}), seq {v['seq']}: {v['op']}")
-    lines.append(f"culprit rank(s): {v['culprits'] if v['culprits'] else 'none found'}")
-    lines.append(f"verdict: {v['verdict']}")
-    lines.append("")
-    lines.append(f"{'rank':>5}  {'state':<12} {'seq':>5}  {'op':<40} {'waiting for':<12} {'since':>8}")
-    for r, e in sorted(v["ranks"].items(), key=lambda kv: int(kv[0])):
-        since = f"{now - e['since']:.1f} s" if e.get("since") else "-"
-        wf = f"rank {e['waiting_for']}" if e.get("waiting_for") is not None else "-"
-        op = e.get("op") or "-"
-        lines.append(f"{r:>5}  {e['state']:<12} {e['seq'] if e['seq'] is not None else '-':>5}  "
-                     f"{op[:40]:<40} {wf:<12} {since:>8}")
-        if e.get("detail") and (e["state"] != "waiting" or v.get("cycle")):
-            lines.append(f"{'':>7}{e['detail']}")
-    for r, e in sorted((v.get("other_ranks") or {}).items(), key=lambda kv: int(kv[0])):
-        where = f"not a member of {v['comm']}" if not v.get("cycle") else "not in the cycle"
-        lines.append(f"{r:>5}  ({where}: {e['state']})")
-    if stacks:
-        for c in v["culprits"]:
-            e = v["ranks"].get(str(c)) or {}
-            # a rank that raised shows where its code saw the error; a stack taken while it
-            # was exiting shows nothing of it
-            st, what = e.get("stack"), "Python stacks"
-            if e.get("traceback"):
-                st, what = last_traceback(e["traceback"]), "traceback"
-            elif st:
-                st = user_threads_first(st)
-            if st:
-                body = st.strip().splitlines()
-                more = len(body) - _STACK_LINES
-                lines.append(f"----- {what} of culprit rank {c} -----")
-                lines.extend(body[:_STACK_LINES])
-                if more > 0:
-                    lines.append(f"... ({more} more lines in hang_report.json)")
-    lines.append(bar)
-    return "\n".join(lines)

@@ -21,8 +21,8 @@ Before the user's code runs, the bootstrap installs, in this order:
    The file appears under its final name only once the handler is registered, so the launcher
    never sends SIGUSR1 (whose default action kills) before that.
 
-Only the standard library is imported here, so start-up stays fast; ``cloudpickle`` is imported
-in spawn mode only.
+Only the standard library (and ``hccl.failure``, which imports nothing else) is imported here, so
+start-up stays fast; ``cloudpickle`` is imported in spawn mode only.
 """
 from __future__ import annotations
 
@@ -37,9 +37,15 @@ import sys
 import time
 import traceback
 
+from hccl.failure import Failure, of_exception
+
 _PR_SET_PDEATHSIG = 1
 _stack_file = None  # kept open for faulthandler for the life of the process
 _SKIP_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
+# npusim's own packages: a frame there is not where the user's code raised
+_OWN_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), p)
+                  + os.sep for p in ("runtime", "hccl", "launcher"))
+_MAX_TEXT = 600
 
 
 def _set_parent_death_signal() -> None:
@@ -73,37 +79,51 @@ def _int_env(name: str) -> int | None:
     return int(raw) if raw.lstrip("-").isdigit() else None
 
 
-# hccl's errors by class name (this module imports nothing of npusim): the kind of failure
-_HCCL_KINDS = (("HcclTimeoutError", "timeout"), ("CollectiveMismatchError", "mismatch"),
-               ("RemoteRankError", "released"), ("HcclError", "hccl"))
-
-
 def error_record(exc: BaseException) -> dict:
     """The typed record of a rank's failure, for the error file's ``error`` field.
 
-    ``kind``: ``timeout`` / ``mismatch`` / ``released`` (a peer's failure or the launcher's
-    abort released this rank) / ``hccl`` (another collective error) / ``exception`` (anything
-    else); ``type``: the exception's class (hccl's own for a failed stream task); ``rank``;
-    ``text``: the first line of the message; for ``released``, ``abort``: the typed abort record
-    that released it (kind, rank, text), when the error carries one.
+    ``kind``: a ``hccl.failure.Failure`` word: ``timeout`` / ``mismatch`` / ``released`` (a
+    peer's failure or the launcher's abort released this rank) / ``failed`` (another collective
+    error) / ``error`` (the rank's own code raised: anything else, an argument error of an hccl
+    call included); ``type``: the exception's class (hccl's own for a failed stream task);
+    ``rank``; ``text``: the message on one line (for ``error`` its lines joined, at most 600
+    characters; for a collective's error its headline);
+    ``site``: ``file:line in function`` of the innermost frame of the user's code, when the
+    exception carries a traceback; for ``released``, ``abort``: the typed abort record that
+    released it (kind, rank, text), when the error carries one.
     """
-    names = [c.__name__ for c in type(exc).__mro__]
-    kind, type_name = "exception", type(exc).__name__
-    for cls_name, k in _HCCL_KINDS:
-        if cls_name in names:
-            kind, type_name = k, cls_name
-            break
-    if kind == "hccl":      # the most derived hccl class, not the combined TaskError[...]
-        type_name = next((n for n in names if not n.startswith("TaskError")), type_name)
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    rec = {"kind": kind, "type": type_name, "rank": _int_env("RANK"), "text": text}
-    if kind == "mismatch" and getattr(exc, "calls", None):    # the calls the rank compared
+    kind, type_name = of_exception(exc)
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    # a collective's message is a headline and indented details; the user's own error is read
+    # whole (a message cut at its first newline can lose the reason)
+    text = " ".join(lines) if kind is Failure.ERROR else (lines[0] if lines else "")
+    if len(text) > _MAX_TEXT:
+        text = text[:_MAX_TEXT - 3] + "..."
+    rec = {"kind": kind.value, "type": type_name, "rank": _int_env("RANK"), "text": text}
+    site = user_site(exc.__traceback__)
+    if site:
+        rec["site"] = site
+    if kind is Failure.MISMATCH and getattr(exc, "calls", None):    # the calls the rank compared
         rec["ranks"] = [r if isinstance(r, int) else None for r in getattr(exc, "ranks", [])]
         rec["calls"] = [str(c) for c in exc.calls]
     abort = getattr(exc, "abort", None)
     if isinstance(abort, dict):
         rec["abort"] = {k: abort.get(k) for k in ("kind", "rank", "text")}
     return rec
+
+
+def user_site(tb) -> str | None:
+    """``file:line in function`` of the innermost frame of ``tb`` outside npusim and the
+    bootstrap: where the user's code made the call that raised."""
+    site = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        name = os.path.abspath(code.co_filename)
+        if name not in _SKIP_FILES and not name.startswith(_OWN_DIRS) \
+                and not code.co_filename.startswith("<frozen"):
+            site = f"{code.co_filename}:{tb.tb_lineno} in {code.co_name}"
+        tb = tb.tb_next
+    return site
 
 
 def write_error_file(exc: BaseException, tb_text: str, path: str | None = None) -> None:
@@ -139,7 +159,7 @@ def _excepthook(exc_type, exc, tb) -> None:
     if exc is not None:
         exc = exc.with_traceback(tb)
     text = "".join(traceback.format_exception(exc_type, exc, tb))
-    if not issubclass(exc_type, KeyboardInterrupt):
+    if _interrupt(exc) is None:
         write_error_file(exc, text)
     sys.stderr.write(_console_text(exc, text))
     sys.stderr.flush()
@@ -149,12 +169,14 @@ def _console_text(exc: BaseException | None, text: str) -> str:
     """What the console gets of an uncaught exception.
 
     A collective error under npurun is one line: npurun's verdict tells the story, and the
-    chained tracebacks of every rank would bury it. The full traceback goes to
+    chained tracebacks of every rank would bury it; so is a KeyboardInterrupt (npurun forwards
+    a Ctrl-C to every rank: one line each, where it was). The full traceback goes to
     ``traceback.log`` next to the error file. Any other exception prints in full, as Python
     does.
     """
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if exc is None or not path or error_record(exc)["kind"] == "exception":
+    interrupted = _interrupt(exc) is not None
+    if exc is None or not path or (of_exception(exc)[0] is Failure.ERROR and not interrupted):
         return text
     tb_path = os.path.join(os.path.dirname(path), "traceback.log")
     try:
@@ -162,8 +184,24 @@ def _console_text(exc: BaseException | None, text: str) -> str:
             f.write(text)
     except OSError:
         return text
+    if interrupted:     # npurun forwarded a Ctrl-C: where the rank was is all the console needs
+        site = user_site(_interrupt(exc).__traceback__) or user_site(exc.__traceback__)
+        return (f"KeyboardInterrupt: stopped{f' at {site}' if site else ''} "
+                f"(full traceback: {tb_path})\n")
     rec = error_record(exc)
     return f"{rec['type']}: {rec['text']} (full traceback: {tb_path})\n"
+
+
+def _interrupt(exc: BaseException | None) -> BaseException | None:
+    """The KeyboardInterrupt ``exc`` is or was caused by (a stream task the main thread ran
+    when Ctrl-C came fails with it), if any."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _install_stack_dump() -> None:

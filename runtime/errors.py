@@ -132,17 +132,15 @@ def task_error_class(orig_cls: type) -> type:
     return cls
 
 
-def describe(value) -> str:
-    """How a value appears in an error message: arrays and buffers by type, shape, dtype and
-    address, never their contents (a repr of a large array spans lines and hides the reason)."""
-    import numpy as np      # local: errors.py stays importable on its own
-    if isinstance(value, np.ndarray):
-        addr = value.__array_interface__["data"][0]
-        return (f"{type(value).__name__}(shape={value.shape}, dtype={value.dtype}) "
-                f"at 0x{addr:x}")
+def describe(value, limit: int = 80) -> str:
+    """How an error message shows a value, on one line: an array by its type, shape and dtype
+    (its repr spans lines, shows contents and says nothing of what was wrong), a bytes-like
+    object by its length, anything else by its repr, cut at ``limit`` characters."""
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:
+        kind = type(value)
+        return f"{kind.__module__}.{kind.__qualname__}(shape={tuple(shape)}, dtype={dtype})"
     if isinstance(value, (bytes, bytearray, memoryview)):
         return f"{type(value).__name__} of {len(value)} bytes"
-    text = repr(value)
-    if "\n" in text or len(text) > 120:
-        return f"{type(value).__name__} object"
-    return text
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -275,8 +275,9 @@ class Stream:
                 err.task, err.site, err.stream = task.name, task.site, self.name
                 err.__cause__ = exc
                 self._error, self._error_seq = err, task.seq
-        log.error("task %s on %s failed: %s (enqueued at %s)", task.name, self.name,
-                  str(exc).splitlines()[0] if str(exc) else repr(exc), task.site)
+        if not isinstance(exc, KeyboardInterrupt):   # a Ctrl-C is no task's failure
+            log.error("task %s on %s failed: %s (enqueued at %s)", task.name, self.name,
+                      str(exc).splitlines()[0] if str(exc) else repr(exc), task.site)
 
     # ------------------------------------------------------------------ waiting
     def wait_value(self, value: int, timeout: float | None = None,

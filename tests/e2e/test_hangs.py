@@ -129,7 +129,7 @@ def test_rank_dying_in_a_large_collective(tmp_path, scenario, exit_code, words):
     res, elapsed, rep = run_demo(tmp_path, scenario)
     assert res.returncode != 0
     assert elapsed < T + 90, elapsed                   # T, plus start-up and load slack
-    assert rep["reason"] == "dead_rank" and rep["culprits"] == [1]
+    assert rep["reason"] == "dead" and rep["culprits"] == [1]
     assert rep["ranks"]["1"]["state"] == "dead" and rep["ranks"]["1"]["exit"] == exit_code
     assert words in rep["ranks"]["1"]["detail"]
     others = states(rep)
@@ -195,46 +195,130 @@ def test_deadlock_across_communicators_is_called_at_once(tmp_path):
     assert_one_story(res, rep)
 
 
-@pytest.mark.timeout(240)
-def test_early_notice_prints_the_live_status_once_and_the_job_goes_on(tmp_path):
-    import queue
-    import signal
-    import threading
 
+@pytest.mark.timeout(240)
+def test_receives_posted_before_the_sends_on_both_ranks_are_named_a_deadlock(tmp_path):
+    """Ranks 0 and 1 each post a receive from the other before their send, on one stream: each
+    receive waits for a send queued behind the other's receive. Named at once, not a silent
+    wait until HCCL_EXEC_TIMEOUT (300 s here)."""
+    logs = tmp_path / "logs"
+    with LeakCheck() as lc:
+        lc.env["HCCL_EXEC_TIMEOUT"] = "300"
+        res = run_npurun("--nproc-per-node", "3", "--log-dir", str(logs), DEMO, "p2p",
+                         env=lc.env, cwd=str(tmp_path), timeout=150)
+    rep = json.loads((logs / "hang_report.json").read_text())
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert rep["reason"] == "deadlock" and rep["culprits"] == [0, 1], rep["verdict"]
+    waited = rep["time"] - max(rep["ranks"][r]["since"] for r in ("0", "1"))
+    assert 0 < waited < 20, waited
+    cyc = {e["rank"]: e for e in rep["cycle"]}
+    assert {r: (e["op"], e["waits_for"]) for r, e in cyc.items()} == {
+        0: ("RECV(count=1024, FP32)", 1), 1: ("RECV(count=1024, FP32)", 0)}
+    assert "post one side's send before its receive" in rep["verdict"]
+    assert "timed out" not in res.stderr
+    assert_one_story(res, rep)
+
+
+class Console:
+    """npurun's stdout and stderr, read as they come, each line with the time it arrived."""
+
+    def __init__(self, job):
+        import queue
+        import threading
+        self.job, self.lines, self.q = job, [], queue.Queue()
+        self.readers = [threading.Thread(target=self._read, args=(f,), daemon=True)
+                        for f in (job.stdout, job.stderr)]
+        for t in self.readers:
+            t.start()
+
+    def _read(self, f):
+        for line in f:
+            self.q.put((time.monotonic(), line))
+
+    def wait(self, predicate, timeout, what):
+        """The arrival time of the first line for which ``predicate`` holds."""
+        import queue
+        deadline = time.monotonic() + timeout
+        for t, line in self.lines:
+            if predicate(line):
+                return t
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {what} within {timeout} s:\n" + self.text()
+            try:
+                t, line = self.q.get(timeout=min(1.0, left))
+            except queue.Empty:
+                assert self.job.poll() is None, self.text()
+                continue
+            self.lines.append((t, line))
+            if predicate(line):
+                return t
+
+    def text(self):
+        return "".join(line for _, line in self.lines)
+
+    def stop(self):
+        import signal
+        if self.job.poll() is None:
+            self.job.send_signal(signal.SIGTERM)
+        self.job.wait(timeout=60)
+        for t in self.readers:
+            t.join(timeout=10)
+        while not self.q.empty():
+            self.lines.append(self.q.get())
+
+
+@pytest.mark.timeout(180)
+def test_at_default_settings_the_culprit_and_its_stack_come_within_20_s(tmp_path):
+    """Nothing set (no HCCL_EXEC_TIMEOUT, no NPUSIM_HANG_NOTICE): rank 2 stalls in user code;
+    within 20 s of the stall npurun names it, its state and its stack, as a notice; the job
+    goes on (HCCL's default timeout is 30 minutes), so the test stops it."""
     from tests.leakcheck import start_npurun
     with LeakCheck() as lc:
-        lc.env.update(HCCL_EXEC_TIMEOUT="120", NPUSIM_HANG_NOTICE="2")
+        for name in ("HCCL_EXEC_TIMEOUT", "NPUSIM_HANG_NOTICE", "NPUSIM_HANG_REMIND"):
+            lc.env.pop(name, None)
         job = start_npurun("--nproc-per-node", "3", "--log-dir", str(tmp_path / "logs"), DEMO,
                            "sleep", env=lc.env, cwd=str(tmp_path))
-        lines: queue.Queue = queue.Queue()
-        reader = threading.Thread(target=lambda: [lines.put(l) for l in job.stderr], daemon=True)
-        reader.start()
-        seen = []
+        con = Console(job)
         try:
-            deadline = time.monotonic() + 60
-            while not any("live view" in l for l in seen):
-                assert time.monotonic() < deadline, "no notice within 60 s:\n" + "".join(seen)
-                try:
-                    seen.append(lines.get(timeout=1))
-                except queue.Empty:
-                    assert job.poll() is None, "".join(seen)
-            # the table follows the notice line; read it to its end
-            while not seen[-1].startswith("=" * 78) or sum(l.startswith("=" * 78) for l in seen) < 3:
-                seen.append(lines.get(timeout=10))
+            stall = con.wait(lambda l: "rank 2: load_batch starts" in l, 90, "stall")
+            named = con.wait(lambda l: "in load_batch" in l, 60, "culprit stack")
+            assert job.poll() is None                      # a notice, not a failure
+        finally:
+            con.stop()
+    text = con.text()
+    assert named - stall <= 20, f"culprit named {named - stall:.1f} s after the stall:\n{text}"
+    notice = [l for l in text.splitlines() if l.startswith("npurun: notice:")]
+    assert len(notice) == 1, text
+    assert notice[0].startswith("npurun: notice: rank 2 has not called seq 2 of world "
+                                "(ALLREDUCE(count=1024, FP32, SUM)) for 1"), notice[0]
+    assert "; ranks 0, 1 wait for it (NPUSIM_HANG_NOTICE=15, HCCL_EXEC_TIMEOUT=1800" in notice[0]
+    after = text[text.index(notice[0]):]
+    assert "  rank 2: not_entered: never called seq 2" in after and "alive" in after
+    assert "----- Python stacks of rank 2 (now) -----" in after
+    assert "FAILED" not in text and "timed out" not in text
+    assert job.returncode == 128 + 15                      # stopped by the test's SIGTERM
+
+
+@pytest.mark.timeout(240)
+def test_early_notice_is_given_once_per_stall_then_a_reminder(tmp_path):
+    from tests.leakcheck import start_npurun
+    with LeakCheck() as lc:
+        lc.env.update(HCCL_EXEC_TIMEOUT="120", NPUSIM_HANG_NOTICE="2", NPUSIM_HANG_REMIND="6")
+        job = start_npurun("--nproc-per-node", "3", "--log-dir", str(tmp_path / "logs"), DEMO,
+                           "sleep", env=lc.env, cwd=str(tmp_path))
+        con = Console(job)
+        try:
+            first = con.wait(lambda l: l.startswith("npurun: notice:"), 90, "notice")
+            again = con.wait(lambda l: l.startswith("npurun: reminder:"), 60, "reminder")
             assert job.poll() is None                      # the notice does not stop the job
         finally:
-            job.send_signal(signal.SIGTERM)
-            job.wait(timeout=30)
-            reader.join(timeout=10)
-    text = "".join(seen)
-    while not lines.empty():
-        text += lines.get()
-    notice = [l for l in text.splitlines() if l.startswith("npurun: notice:")]
-    assert len(notice) == 1, text                          # once, not at every poll
-    assert "without progress in ALLREDUCE(count=1024, FP32, SUM) seq 2 of world" in notice[0]
-    assert "NPUSIM_HANG_NOTICE=2" in notice[0]
-    assert "culprit rank(s): [2]" in text and "not_entered" in text
-    assert job.returncode == 128 + signal.SIGTERM
+            con.stop()
+    text = con.text()
+    assert again - first >= 5, text                        # not at every poll (1 s)
+    assert len([l for l in text.splitlines() if l.startswith("npurun: notice:")]) == 1, text
+    assert "NPUSIM_HANG_NOTICE=2, HCCL_EXEC_TIMEOUT=120" in text
+    assert "rank 2 has not called seq 2 of world" in text and "in load_batch" in text
 
 
 @pytest.mark.timeout(180)
@@ -257,31 +341,126 @@ def test_slow_but_progressing_collective_is_not_a_hang(tmp_path):
 
 
 @pytest.mark.timeout(240)
-def test_live_status_of_a_running_job(tmp_path):
-    """``npurun --status PID`` (SIGUSR1 to npurun) prints the table without stopping the job."""
+def test_live_status_of_running_jobs_goes_to_the_requester_only(tmp_path):
+    """Two jobs run: ``npurun --status`` lists them (and any other npurun of the user) and asks
+    for a pid; ``npurun --status PID`` prints that job's table without stopping it, and the
+    table never appears in the job's own console."""
     import signal
     import subprocess
     import sys
 
     from tests.leakcheck import start_npurun, wait_for
     with LeakCheck() as lc:
-        lc.env["HCCL_EXEC_TIMEOUT"] = "200"    # ranks 0 and 1 wait this long: the window to look
-        job = start_npurun("--nproc-per-node", "3", "--log-dir", str(tmp_path / "logs"), DEMO,
-                           "sleep", env=lc.env, cwd=str(tmp_path))
+        # ranks 0 and 1 wait this long: the window to look; no notice in the console
+        lc.env.update(HCCL_EXEC_TIMEOUT="200", NPUSIM_HANG_NOTICE="0")
+        jobs = [start_npurun("--nproc-per-node", "3", "--log-dir", str(tmp_path / f"logs{i}"),
+                             DEMO, "sleep", env=lc.env, cwd=str(tmp_path)) for i in range(2)]
+        cons = [Console(j) for j in jobs]
+
+        def status(*pid):
+            return subprocess.run([sys.executable, "-m", "launcher", "--status", *map(str, pid)],
+                                  env=lc.env, capture_output=True, text=True, timeout=30,
+                                  stdin=subprocess.DEVNULL)
         try:
+            for con in cons:
+                con.wait(lambda l: "load_batch starts" in l, 120, "rank 2 in load_batch")
+
+            def listed():
+                out = status()
+                found = {int(ln.split()[0]) for ln in out.stderr.splitlines()[2:]
+                         if ln.split()[:1] and ln.split()[0].isdigit()}
+                return out if {j.pid for j in jobs} <= found else None
+            out = wait_for(listed, 60, interval=0.5, what="both jobs listed")
+            assert out.returncode == 2 and out.stdout == "", out
+            assert "running npurun jobs of yours; which one? (npurun --status PID)" in out.stderr
+            assert all(f"hang_demo.py sleep" in ln for ln in out.stderr.splitlines()[2:]
+                       if ln.split()[0] in {str(j.pid) for j in jobs})
+
             def table():
-                out = subprocess.run([sys.executable, "-m", "launcher", "--status", str(job.pid)],
-                                     env=lc.env, capture_output=True, text=True, timeout=30)
-                # wait until ranks 0 and 1 are inside seq 2 (rank 2 sleeps before it): two rows
-                # in state "waiting" (the header's "waiting for" column does not count)
+                out = status(jobs[1].pid)
+                # ranks 0 and 1 inside seq 2 (rank 2 sleeps before it): two rows "waiting"
                 rows = [ln.split() for ln in out.stdout.splitlines()]
                 waiting = [r[0] for r in rows if r[1:2] == ["waiting"] and r[0].isdigit()]
                 return out.stdout if len(waiting) >= 2 else None
             text = wait_for(table, 150, interval=0.5, what="a status table with waiting ranks")
             assert "live view" in text and "culprit rank(s): [2]" in text
             assert "not_entered" in text and "seq 2" in text
-            assert job.poll() is None                         # still running
+            assert all(j.poll() is None for j in jobs)              # still running
         finally:
-            job.send_signal(signal.SIGTERM)
-            job.communicate(timeout=30)
-    assert job.returncode == 128 + signal.SIGTERM
+            for con in cons:
+                con.stop()
+    for j, con in zip(jobs, cons):
+        assert j.returncode == 128 + signal.SIGTERM
+        assert "live view" not in con.text() and "culprit rank(s)" not in con.text()
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("scenario,culprit,error", [
+    ("argerror", 1, "InvalidArgumentError: all_reduce: send holds 400 bytes but count=1000"),
+    ("numpy", 1, "InvalidArgumentError: send=numpy.ndarray(shape=(3, 4), dtype=float32): the "
+                 "Comm methods infer count and dtype from a DeviceArray"),
+    ("nonmember", 2, "InvalidArgumentError: create_sub_comm(rank_ids=[0, 1]): rank 2 is not a "
+                     "member"),
+    ("raise", 1, "ValueError: batch has 8 NaN values, expected none"),
+    ("oom", 1, "OutOfMemoryError: NPU out of memory")])
+def test_a_rank_whose_own_code_raised_is_the_root_cause(tmp_path, scenario, culprit, error):
+    """One rank's own code raises (a bad argument, a numpy array for a DeviceArray, a call only
+    members make, its own exception, out of memory) while the others call the next collective:
+    class ``error``, that rank the only culprit with its reason on one line and where it raised;
+    the others are victims, never causes."""
+    res, _, rep = run_demo(tmp_path, scenario, nproc=3)
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "timed out" not in res.stderr            # released by its abort, not a timeout
+    assert rep["reason"] == "error" and rep["culprits"] == [culprit], rep["verdict"]
+    me = rep["ranks"][str(culprit)]
+    assert me["state"] == "error" and me["error"].startswith(error), me
+    where = "in check_batch" if scenario == "raise" else "in user_error"   # where it raised
+    assert re.search(rf"at \S+hang_demo\.py:\d+ {where}", me["detail"]), me["detail"]
+    victims = {int(r): e["state"] for r, e in rep["ranks"].items() if int(r) != culprit}
+    assert set(victims) == {0, 1, 2} - {culprit}
+    assert all(s in ("waiting", "not_entered", "released", "running") for s in victims.values())
+    err = res.stderr
+    assert f"culprit rank(s): [{culprit}]" in err and "none found" not in err
+    assert f"FAILED (error)" in err and f"npurun exits with 1 (culprit rank {culprit}: error" in err
+    root = err[err.index("Root Cause"):]
+    root = root[:root.index("-" * 72)]
+    assert re.findall(r"rank      : (\d+)", root) == [str(culprit)], root
+    assert f"  error     : {error}" in root                 # its reason, whole on one line
+    released = err[err.index("Released by the culprit"):]
+    for v in victims:                          # one line each, naming the culprit's error
+        assert re.search(rf"rank {v}: exited with code 1: RemoteRankError: .*rank {culprit} "
+                         r"failed in its own code", released), released
+    for marker in ("npusim-abort", '{"kind"', "array(["):
+        assert marker not in res.stdout + err, marker
+
+
+@pytest.mark.timeout(180)
+def test_ctrl_c_prints_one_line_per_rank_and_one_closing_line(tmp_path):
+    """Ctrl-C (SIGINT to npurun, forwarded to every rank): each rank says where it was in one
+    line, npurun closes with one line; the tracebacks go to the ranks' log files."""
+    import signal
+
+    from tests.leakcheck import start_npurun
+    logs = tmp_path / "logs"
+    with LeakCheck() as lc:
+        lc.env.update(NPUSIM_HANG_NOTICE="0")
+        job = start_npurun("--nproc-per-node", "3", "--log-dir", str(logs), DEMO, "sleep",
+                           env=lc.env, cwd=str(tmp_path))
+        con = Console(job)
+        try:
+            con.wait(lambda l: "load_batch starts" in l, 120, "rank 2 in load_batch")
+            n = len(con.lines)
+            job.send_signal(signal.SIGINT)
+            con.wait(lambda l: l.startswith("npurun: SIGINT received"), 60, "closing line")
+        finally:
+            con.stop()
+    assert job.returncode == 128 + signal.SIGINT
+    after = [line for _, line in con.lines[n:]]
+    assert len(after) == 4, "".join(after)
+    ranks = sorted(l for l in after if l.startswith("[rank "))
+    assert [l[:8] for l in ranks] == ["[rank 0]", "[rank 1]", "[rank 2]"], after
+    assert all("KeyboardInterrupt: stopped at " in l and "traceback.log" in l for l in ranks)
+    assert "hang_demo.py" in ranks[2] and "in load_batch" in ranks[2]
+    assert after[-1].startswith("npurun: SIGINT received: stopped rank(s) [0, 1, 2]")
+    assert "exits with 130" in after[-1]
+    tbs = list(logs.glob("*/attempt_0/*/traceback.log"))
+    assert len(tbs) == 3 and all("KeyboardInterrupt" in p.read_text() for p in tbs)

@@ -20,10 +20,10 @@ def test_record_round_trip_and_plain_text():
     assert rec == {"kind": "timeout", "rank": 3, "waited_for": 2,
                    "text": "rank 3 timed out in ALLREDUCE waiting for rank 2"}
     assert abortrec.read(text.encode()) == rec
-    # a reason that is not a record (a transport protocol error): kind "error", text as is
+    # a reason that is not a record (a transport protocol error): kind "failed", text as is
     plain = abortrec.read("protocol error: rank 1 cannot use a message", sender=1)
-    assert plain == {"kind": "error", "rank": 1, "text": "protocol error: rank 1 cannot use a message"}
-    assert abortrec.read('{"kind": "dead"}', sender=2)["kind"] == "error"   # not ours
+    assert plain == {"kind": "failed", "rank": 1, "text": "protocol error: rank 1 cannot use a message"}
+    assert abortrec.read('{"kind": "dead"}', sender=2)["kind"] == "failed"   # not ours
     with pytest.raises(ValueError, match="abort kind 'oops'"):
         abortrec.record("oops", 0, "x")
 
@@ -49,8 +49,8 @@ def test_error_records_come_from_types_not_text():
     assert rec["kind"] == "released" and rec["abort"] == {"kind": "timeout", "rank": 0,
                                                           "text": "rank 0 timed out"}
     assert worker.error_record(CollectiveMismatchError("m"))["kind"] == "mismatch"
-    # a user's exception that mentions an hccl error is still a plain exception
-    assert worker.error_record(ValueError("HcclTimeoutError everywhere"))["kind"] == "exception"
+    # a user's exception that mentions an hccl error is still the user's own error
+    assert worker.error_record(ValueError("HcclTimeoutError everywhere"))["kind"] == "error"
 
 
 @pytest.mark.timeout(10)
@@ -63,6 +63,8 @@ def test_error_file_and_console_line(tmp_path, monkeypatch, capsys):
     except HcclTimeoutError as e:
         worker._excepthook(type(e), e, e.__traceback__)
     data = json.loads(path.read_text())
+    site = data["error"].pop("site")                 # where the test's code raised it
+    assert site.endswith("in test_error_file_and_console_line") and "test_abort_records.py:" in site
     assert data["error"] == {"kind": "timeout", "type": "HcclTimeoutError", "rank": 3,
                              "text": "[rank 3] ALLREDUCE timed out"}
     err = capsys.readouterr().err
@@ -75,4 +77,31 @@ def test_error_file_and_console_line(tmp_path, monkeypatch, capsys):
         worker._excepthook(type(e), e, e.__traceback__)
     err = capsys.readouterr().err                     # any other error prints in full
     assert "Traceback (most recent call last)" in err and "KeyError: 'plain'" in err
-    assert json.loads(path.read_text())["error"]["kind"] == "exception"
+    assert json.loads(path.read_text())["error"]["kind"] == "error"
+
+
+@pytest.mark.timeout(10)
+def test_the_users_own_error_is_kind_error_whole_with_its_site():
+    """An argument error of an hccl call, a numpy array where a DeviceArray belongs, a user's
+    exception: kind ``error`` (a cause, not a collective's echo), the message whole on one line,
+    the site the user's code raised at."""
+    import numpy as np
+
+    import runtime
+    from hccl.comm import Comm
+    runtime.set_device(0)
+    try:
+        Comm.all_reduce(None, np.arange(12, dtype=np.float32).reshape(3, 4))
+    except Exception as e:      # noqa: BLE001 - the record of whatever it raised is the point
+        rec = worker.error_record(e)
+    assert rec["kind"] == "error" and rec["type"] == "InvalidArgumentError", rec
+    assert rec["text"].startswith("send=numpy.ndarray(shape=(3, 4), dtype=float32): the Comm "
+                                  "methods infer count and dtype from a DeviceArray"), rec["text"]
+    assert "\n" not in rec["text"] and "array([" not in rec["text"]
+    assert rec["site"].endswith("in test_the_users_own_error_is_kind_error_whole_with_its_site")
+    try:
+        raise ValueError("first line\n  second line names the reason")
+    except ValueError as e:
+        rec = worker.error_record(e)
+    assert rec["text"] == "first line second line names the reason"
+    assert worker.error_record(runtime.errors.OutOfMemoryError("out of HBM"))["kind"] == "error"

@@ -1,7 +1,8 @@
 """launcher.verdict on synthetic rank states: focus, classification, culprits, the report, the
 wait-for graph (deadlock) and stale states."""
-from launcher.verdict import (RankInfo, classify, cycle_key, find_cycle, format_report,
-                              user_threads_first, wait_edges)
+from launcher.report import format_report, user_threads_first
+from launcher.verdict import (RankInfo, classify, cycle_key, find_cycle,
+                              wait_edges)
 
 TIMEOUT = {"kind": "timeout", "type": "HcclTimeoutError", "text": "[rank 0] timed out"}
 RELEASED = {"kind": "released", "type": "RemoteRankError", "text": "aborted"}
@@ -71,7 +72,7 @@ def test_a_rank_that_failed_with_an_hccl_error_and_then_died_by_a_signal_is_not_
     assert v["ranks"]["2"]["state"] != "dead"
     infos[2].error = None                      # no error first: the signal is the cause
     v = classify(infos)
-    assert v["reason"] == "dead_rank" and v["ranks"]["2"]["state"] == "dead"
+    assert v["reason"] == "dead" and v["ranks"]["2"]["state"] == "dead"
 
 
 def test_a_rank_released_by_the_abort_before_it_entered_is_not_a_culprit():
@@ -102,7 +103,7 @@ def test_completed_and_enqueued_but_not_started():
 
 def test_no_collective_and_dead_rank_outside_any():
     v = classify([RankInfo(0, None, exit=-9), RankInfo(1, None)])
-    assert v["reason"] == "dead_rank" and v["culprits"] == [0] and v["comm"] is None
+    assert v["reason"] == "dead" and v["culprits"] == [0] and v["comm"] is None
 
 
 def test_user_threads_first_drops_npusim_daemons():
@@ -111,16 +112,17 @@ def test_user_threads_first_drops_npusim_daemons():
     assert user_threads_first(dump).startswith("Current thread") and "diag.py" not in user_threads_first(dump)
 
 
-def test_a_rank_that_exited_with_a_plain_exception_is_dead_and_typed_fields_decide():
+def test_a_rank_that_exited_with_a_plain_exception_is_an_error_and_typed_fields_decide():
     """The error file's kind decides, not its text: a ValueError whose message mentions
-    HcclTimeoutError is still a death of the rank."""
+    HcclTimeoutError is still the rank's own error, the root cause."""
     three = (0, 1, 2)
     infos = [RankInfo(0, st([rec(2, waiting_for=1, members=three)], 2, 1)),
-             RankInfo(1, st([], 1, 1), exit=1, error={"kind": "exception", "type": "ValueError",
+             RankInfo(1, st([], 1, 1), exit=1, error={"kind": "error", "type": "ValueError",
                                                       "text": "HcclTimeoutError in my config"}),
              RankInfo(2, st([rec(2, waiting_for=1, members=three)], 2, 1))]
     v = classify(infos)
-    assert v["reason"] == "dead_rank" and v["culprits"] == [1]
+    assert v["reason"] == "error" and v["culprits"] == [1]
+    assert v["ranks"]["1"]["state"] == "error"
     assert "ValueError: HcclTimeoutError in my config" in v["ranks"]["1"]["detail"]
 
 
@@ -222,3 +224,87 @@ def test_a_tie_of_records_is_broken_by_the_calls_the_mismatch_errors_compared():
         "rank 0 called ALLREDUCE(count=1024, FP32, SUM) at seq 2; rank 1 called "
         "ALLREDUCE(count=512, FP32, SUM) at seq 2; no majority among the calls made, so any of "
         "ranks [0, 1] may be the odd one (ranks that never called it have no vote)")
+
+
+ERROR = {"kind": "error", "type": "InvalidArgumentError", "site": "train.py:7 in step",
+         "text": "all_reduce: send holds 400 bytes but count=1000 elements of FP32 need 4000"}
+
+
+def test_a_rank_whose_own_code_raised_is_the_error_culprit_and_the_released_are_victims():
+    three = (0, 1, 2)
+    infos = [RankInfo(0, st([rec(2, waiting_for=1, members=three, state="failed",
+                                 error_type="RemoteRankError")], 2, 1), exit=1, error=RELEASED),
+             RankInfo(1, st([], 1, 1), exit=1, error=ERROR),
+             RankInfo(2, st([rec(2, waiting_for=0, members=three)], 2, 1))]
+    v = classify(infos)
+    assert v["reason"] == "error" and v["culprits"] == [1], v
+    assert v["ranks"]["1"]["state"] == "error"
+    assert v["ranks"]["1"]["detail"] == (f"raised InvalidArgumentError: {ERROR['text']} at "
+                                         "train.py:7 in step; it never called seq 2 of world")
+    assert v["verdict"].startswith("rank 1 raised InvalidArgumentError: all_reduce")
+    assert v["verdict"].endswith("rank(s) [0, 2] only waited for it (victims, not causes)")
+    assert "none found" not in format_report(v)
+
+
+def test_no_collective_in_flight_still_names_the_error_never_none_found():
+    """The others had not reached a collective when rank 1 raised: class error all the same;
+    a rank released by the abort is 'released', not 'completed'."""
+    v = classify([RankInfo(0, st([], 1, 1), exit=1, error=RELEASED),
+                  RankInfo(1, st([], 1, 1), exit=1, error=ERROR),
+                  RankInfo(2, st([], 1, 1), exit=0), RankInfo(3, st([], 1, 1), alive=True)])
+    assert v["reason"] == "error" and v["culprits"] == [1] and v["comm"] is None
+    assert {r: e["state"] for r, e in v["ranks"].items()} == {
+        "0": "released", "1": "error", "2": "completed", "3": "running"}
+    assert "culprit rank(s): [1]" in format_report(v)
+    quiet = classify([RankInfo(0, st([], 1, 1), alive=True)])
+    assert quiet["reason"] is None and quiet["culprits"] == []
+
+
+def test_an_error_outside_the_stuck_communicator_is_a_culprit_too():
+    infos = [RankInfo(0, st([rec(1, members=(0, 2), comm="sub", comm_id=9)], 1, 0, comm_id=9)),
+             RankInfo(1, None, exit=1, error=ERROR),
+             RankInfo(2, st([], 0, 0, comm_id=9), alive=True)]
+    v = classify(infos)
+    assert v["culprits"] == [2, 1] and v["reason"] == "error", v
+    assert v["ranks"]["1"]["state"] == "error" and "1" not in v["other_ranks"]
+
+
+def p2p(op, peer, seq, state, members=(0, 1)):
+    r = rec(seq, op=op, redop=None, state=state, members=members)
+    r["peer"] = peer
+    return r
+
+
+def test_a_receive_posted_before_the_send_on_both_ranks_is_a_cycle():
+    infos = [RankInfo(r, st([p2p("RECV", 1 - r, 1, "started"), p2p("SEND", 1 - r, 1, "enqueued")],
+                            0, 0)) for r in (0, 1)]
+    cyc = find_cycle(infos)
+    assert cyc is not None and sorted((e["rank"], e["waits_for"]) for e in cyc) == [(0, 1), (1, 0)]
+    v = classify(infos, cycle=cyc)
+    assert v["reason"] == "deadlock" and v["culprits"] == [0, 1]
+    assert "post one side's send before its receive" in v["verdict"]
+    assert "across communicators" not in v["verdict"]
+    # rank 1's send has started: rank 0's receive is served, no edge, no cycle
+    infos[1] = RankInfo(1, st([p2p("SEND", 0, 1, "started"), p2p("RECV", 0, 1, "enqueued")], 0, 0))
+    assert not wait_edges(infos) and find_cycle(infos) is None
+
+
+def test_ranks_text_and_the_notice_name_the_culprit_first():
+    from launcher.report import format_notice, ranks_text
+    assert [ranks_text(r) for r in ([2], [0, 1], [1, 2, 3], [0, 2, 3, 4, 7])] == [
+        "rank 2", "ranks 0, 1", "ranks 1-3", "ranks 0, 2-4, 7"]
+    infos = [RankInfo(0, st([rec(2, waiting_for=3)], 2, 1)), RankInfo(1, st([rec(2)], 2, 1)),
+             RankInfo(2, st([rec(2)], 2, 1)), RankInfo(3, st([], 1, 1), alive=True)]
+    edges = wait_edges(infos)
+    assert {(e["rank"], e["waits_for"]) for e in edges} == {(0, 3), (1, 3), (2, 3)}
+    stall = {"comm": "world", "comm_id": 7, "seq": 2, "op": "ALLREDUCE(count=1024, FP32, SUM)",
+             "since": 100.0, "waiters": [0, 1, 2], "blockers": [3]}
+    stack = ('Current thread 0x1 (most recent call first):\n'
+             '  File "train.py", line 40 in save_checkpoint\n  File "train.py", line 9 in main')
+    text = format_notice(stall, classify(infos, now=115.0), [3], {3: stack}, now=115.0,
+                         settings="NPUSIM_HANG_NOTICE=15")
+    first = text.splitlines()[0]
+    assert first.startswith("npurun: notice: rank 3 has not called seq 2 of world "
+                            "(ALLREDUCE(count=1024, FP32, SUM)) for 15 s; ranks 0-2 wait for it")
+    assert "  rank 3: not_entered: never called seq 2 (last enqueued seq 1); alive" in text
+    assert text.index("----- Python stacks of rank 3 (now) -----") < text.index("save_checkpoint")
