@@ -287,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             result = agent.run()
             _merge_traces(agent)
         finally:
+            diagnoser.finish()
             diagnoser.close()
             if registration:
                 from launcher.diagnose import status_file  # noqa: PLC0415

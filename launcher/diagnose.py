@@ -19,7 +19,10 @@ While the job runs, ``on_tick`` polls the states about once a second (node 0's n
   deadlock: the job is stopped at once with a ``deadlock`` verdict, whatever HCCL_EXEC_TIMEOUT is;
 - a collective waiting longer than NPUSIM_HANG_NOTICE seconds (default 60) without progress
   makes npurun print the live status once (who waits, who has not entered, the likely culprit);
-  the job keeps running.
+  the job keeps running;
+- the ranks' collective timelines feed the fail-slow detector (``launcher.failslow``): a slow
+  rank is named in a notice once per episode, and ``finish`` prints the job's findings and
+  writes them to ``failslow_report.json`` (and into ``hang_report.json`` when there is one).
 
 It only reports when collectives were involved: a plain exception outside any collective gets
 the usual failure summary alone. ``status()`` gives the same table for a running job (SIGUSR1 to
@@ -31,7 +34,7 @@ import json
 import os
 import time
 
-from launcher import config, verdict
+from launcher import config, failslow, verdict
 from launcher.errors import describe_exit
 from launcher.summary import read_error_file
 
@@ -75,6 +78,7 @@ class Diagnoser:
         self._noticed: set = set()
         self.notice_after = config.hang_notice()
         self.stable_for = config.deadlock_stable()
+        self.slow = failslow.Tracker()
         agent.before_stop.append(self.before_stop)
         agent.on_tick.append(self.on_tick)
         agent.verdict_hooks.append(self.take_report)
@@ -145,6 +149,9 @@ class Diagnoser:
         self._abort_all(first)
         self._settle(t0)
         v = verdict.classify(self.infos(self.states(), stacks), cycle=cycle)
+        slow = self.slow.summary()
+        if slow:
+            v["failslow"] = [f.to_dict() for f in slow]
         os.makedirs(self.report_dir, exist_ok=True)
         path = os.path.join(self.report_dir, "hang_report.json")
         with open(path, "w") as f:
@@ -208,7 +215,9 @@ class Diagnoser:
         Returns a ``StopRequest`` once a cycle has been stable for NPUSIM_DEADLOCK_STABLE s.
         """
         now = time.time() if now is None else now
-        infos = self.infos(self.states(), {})
+        states = self.states()
+        self._watch_slow(states)
+        infos = self.infos(states, {})
         cycle = verdict.find_cycle(infos)
         key = verdict.cycle_key(cycle)
         if key != self._cycle_key:
@@ -223,6 +232,30 @@ class Diagnoser:
         if self.notice_after > 0:
             self._notice(infos, now)
         return None
+
+    def _watch_slow(self, states: dict) -> None:
+        """Feed the fail-slow detector; a notice for each new episode (the job keeps running)."""
+        self.slow.add(states)
+        from launcher.agent import say  # noqa: PLC0415
+        for f in self.slow.check():
+            say(f"npurun: notice: {f.line()}; the job keeps running")
+
+    def finish(self) -> None:
+        """The end of the job, whatever its end: print the fail-slow findings (nothing when no
+        rank was slow) and write them to ``failslow_report.json`` in the report directory."""
+        slow = self.slow.summary()
+        if not slow:
+            return
+        from launcher.agent import say  # noqa: PLC0415
+        path = os.path.join(self.report_dir, "failslow_report.json")
+        try:
+            os.makedirs(self.report_dir, exist_ok=True)
+            with open(path, "w") as f:
+                json.dump({"findings": [x.to_dict() for x in slow]}, f, indent=1)
+        except OSError as e:
+            path = f"not written ({e})"
+        say("npurun: fail-slow summary:\n" + "\n".join(f"  {x.line()}" for x in slow)
+            + f"\nnpurun: fail-slow report: {path}")
 
     def _notice(self, infos: list[verdict.RankInfo], now: float) -> None:
         """Print the live status once per collective that waits too long without progress."""
