@@ -24,7 +24,7 @@ class Record:
     __slots__ = ("comm", "comm_id", "rank", "seq", "op", "count", "dtype", "redop", "root", "peer", "stream",
                  "state", "t_enqueued", "t_started", "t_completed", "site", "waiting_for",
                  "waiting_since", "error", "error_type", "nbytes", "members", "wait_peer",
-                 "wait_max")
+                 "wait_max", "wait_send")
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -60,7 +60,7 @@ class FlightRecorder:
         r.state, r.t_enqueued = "enqueued", time.time()
         r.t_started = r.t_completed = r.waiting_for = r.waiting_since = r.error = None
         r.error_type = r.wait_peer = None
-        r.wait_max = 0.0
+        r.wait_max, r.wait_send = 0.0, False
         with self._lock:
             self._records.append(r)
             self._inflight[id(r)] = r
@@ -72,11 +72,13 @@ class FlightRecorder:
     def start(self, r: Record) -> None:
         r.state, r.t_started = "started", time.time()
 
-    def waiting(self, r: Record, peer: int) -> None:
+    def waiting(self, r: Record, peer: int, sending: bool = False) -> None:
+        """``r`` waits for ``peer`` from now: for a message from it, or (``sending``) for the
+        delivery of a message to it."""
         now = time.time()
         if r.waiting_for is not None:
             _longest_wait(r, now)
-        r.waiting_for, r.waiting_since = peer, now
+        r.waiting_for, r.waiting_since, r.wait_send = peer, now, sending
 
     def complete(self, r: Record) -> None:
         now = time.time()
@@ -132,8 +134,8 @@ class FlightRecorder:
         communicator, as plain numbers for npurun's fail-slow detector (``launcher.failslow``):
         ``{comm_id: {"comm", "rank", "members", "seq", "start", "end", "wait_peer",
         "wait"}}``, one list entry per collective, oldest first. ``wait_peer`` / ``wait`` are the
-        comm rank this rank waited longest for inside that collective (-1: none) and for how
-        long. A few hundred numbers: cheap enough to publish every interval."""
+        comm rank whose transfers this rank waited for longest inside that collective (-1:
+        none; its own rank: the delivery of its own send) and for how long. A few hundred numbers: cheap enough to publish every interval."""
         out: dict = {}
         with self._lock:
             recent = list(itertools.islice(reversed(self._records), last))
@@ -176,10 +178,11 @@ class FlightRecorder:
 
 def _longest_wait(r: Record, now: float) -> None:
     """Close the wait for ``r.waiting_for`` (it lasted until ``now``): the longest one of the
-    collective is kept, naming the peer a slow link or a slow rank made this rank wait for."""
+    collective is kept, naming the rank whose transfers held this one: the peer for a message
+    from it, this rank itself for the delivery of its own send (its link is the slow one)."""
     waited = now - r.waiting_since
     if waited > r.wait_max:
-        r.wait_max, r.wait_peer = waited, r.waiting_for
+        r.wait_max, r.wait_peer = waited, r.rank if r.wait_send else r.waiting_for
 
 
 def _name(v):

@@ -13,16 +13,23 @@ and tells two kinds apart, as Falcon (arXiv 2410.12588) does:
   measured on one rank's own clock, are compared: no clock offset between nodes enters.
 - **slow inside the collective** (its transfers: a slow link, a slow NIC): everyone enters
   together, but the collective takes long and the peers of the slow rank wait for messages from
-  it. Each rank names the peer it waited longest for in each collective; the rank the others
-  waited on most, by far, is named. Schedules that relay data (a star's hub, a ring's upstream
+  it. Each rank names the peer it waited longest for in each collective (itself when it waited
+  for the delivery of its own send); the part of that wait beyond the peer's later start counts
+  (a slow sender makes its receiver late for the next collective, which makes the sender wait in
+  turn), less the peer's own wait in that collective (a star's hub waits for the leaves while
+  they wait for its answer: blame passes along); the rank waited on most, by far, is named. This compares start times of different ranks:
+  it takes the nodes' clocks to agree within a millisecond or so (NTP or PTP on a cluster, one
+  clock on one machine), an error that only shifts each wait by that much, well under
+  MIN_LATENESS. Schedules that relay data (a star's hub, a ring's upstream
   neighbour) make the others wait on the relay too, so the name is exact for direct exchanges
   (the mesh AllReduce from 3 ranks and 64 KiB on) and points near the slow link otherwise.
 
 A rank is named only when it is last (or waited on most) in at least LAST_SHARE of the window,
-its median lateness is at least MIN_LATENESS seconds, and the others lose at least MIN_SHARE of
-their time waiting for it: the absolute bound keeps scheduling noise of a healthy job (a rank
-descheduled for a millisecond, the star's hub always finishing first) out, the relative one
-keeps a lateness that costs the job nothing out. ``Tracker`` merges the states npurun polls
+its median lateness is at least MIN_LATENESS (late to arrive) or MIN_INSIDE seconds (slow
+inside), and the others lose at least MIN_SHARE of their time waiting for it: the absolute bounds
+keep the scheduling noise of a healthy job out (a rank descheduled for a few milliseconds; on 2
+loaded cores a healthy star AllReduce still waits a median 3.4 ms for its hub's answer after the
+blame passing below), the relative one keeps a lateness that costs the job nothing out. ``Tracker`` merges the states npurun polls
 into per-rank histories, runs ``detect`` and turns findings into episodes (one notice each).
 Pure: no I/O, no clock of its own; unit-tested in tests/unit/test_failslow.py.
 """
@@ -35,7 +42,8 @@ import numpy as np
 WINDOW = 200          # collectives per verdict
 MIN_SEQS = 30         # fewer common collectives than this: no verdict
 LAST_SHARE = 0.6      # last (or most waited on) at this share of the window at least
-MIN_LATENESS = 0.005  # s, median lateness at least
+MIN_LATENESS = 0.005  # s, median lateness at least (late to arrive)
+MIN_INSIDE = 0.008    # s, median wait for it inside the collective at least (slow inside)
 MIN_SHARE = 0.05      # the others lose this share of their time waiting for it, at least
 DOMINANCE = 2.0       # slow inside: waited on this many times more than any other rank
 KEEP = 1024           # collectives kept per rank and communicator by a Tracker
@@ -104,16 +112,17 @@ def detect(timelines: dict, *, window: int = WINDOW, comm: str = "?",
     common = common[-window:]
     if len(common) < MIN_SEQS:
         return None
-    dur, peer, wait, span = [], [], [], []
+    start, dur, peer, wait, span = [], [], [], [], []
     for r in ranks:
         c = cols[r]
         seq, idx = np.unique(c["seq"], return_index=True)
         at = idx[np.searchsorted(seq, common)]
+        start.append(c["start"][at])
         dur.append(c["end"][at] - c["start"][at])
         peer.append(c["wait_peer"][at])
         wait.append(c["wait"][at])
         span.append(c["end"][at[-1]] - c["start"][at[0]])
-    dur, peer, wait = np.array(dur), np.array(peer), np.array(wait)
+    start, dur, peer, wait = np.array(start), np.array(dur), np.array(peer), np.array(wait)
     span = np.maximum(np.array(span), 1e-9)
     n, m = dur.shape
     window_info = dict(comm=comm, comm_id=comm_id, first_seq=int(common[0]),
@@ -131,22 +140,37 @@ def detect(timelines: dict, *, window: int = WINDOW, comm: str = "?",
                        last_share=last_share, seconds=float(np.median(span[others])),
                        **window_info)
     # slow inside: the rank the others waited for most, by far
+    # A wait for a peer that entered the collective later is that late start's, not its link's
+    # (a slow sender makes its receiver late for the next collective, which makes the sender
+    # wait in turn): only the wait beyond the peer's later start counts. A rank's wait for the
+    # delivery of its own sends names itself: its link is the slow one.
     rank_of = np.array(ranks, dtype=np.float64)
-    on = np.array([[np.where(peer[i] == rank_of[p], wait[i], 0.0) if i != p
-                    else np.zeros(m) for i in range(n)] for p in range(n)])   # [p, i, seq]
+    pos = np.searchsorted(rank_of, np.where(peer >= 0, peer, rank_of[0]))
+    pos = np.minimum(pos, n - 1)
+    peer_start = np.take_along_axis(start, pos, axis=0)
+    excess = np.clip(wait - np.clip(peer_start - start, 0, None), 0, None)
+    # ... and a wait for a peer that was itself waiting passes on: the part beyond the peer's
+    # own wait in that collective counts (all of it when the peer waited for a third rank: a
+    # star's hub waits for the last leaf while the others wait for its answer; the part beyond
+    # the late start when it waited for this rank: two ranks exchanging in turn)
+    own = peer == rank_of[:, None]
+    peer_peer = np.take_along_axis(peer, pos, axis=0)
+    passed = np.where(peer_peer == rank_of[:, None], np.take_along_axis(excess, pos, axis=0),
+                      np.take_along_axis(wait, pos, axis=0))
+    net = np.where(own, excess, np.clip(excess - passed, 0, None))
+    on = np.where(peer[None, :, :] == rank_of[:, None, None], net[None, :, :], 0.0)  # p, i, q
     total = on.sum(axis=(1, 2))
     p = int(total.argmax())
     rest = np.delete(total, p)
-    others = np.arange(n) != p
-    per_seq = on[p][others].max(axis=0)
+    per_seq = on[p].max(axis=0)
     lateness = float(np.median(per_seq))
-    share = float(total[p] / span[others].sum())
+    share = float(total[p] / span.sum())
     most = on.max(axis=1).argmax(axis=0) == p          # the longest wait of the seq was on p
     last_share = float(np.mean(most & (per_seq > 0)))
-    if (last_share >= LAST_SHARE and lateness >= MIN_LATENESS and share >= MIN_SHARE
+    if (last_share >= LAST_SHARE and lateness >= MIN_INSIDE and share >= MIN_SHARE
             and total[p] >= DOMINANCE * (rest.max() if len(rest) else 0.0)):
         return Finding(kind=INSIDE, ranks=[ranks[p]], lateness=lateness, waited_share=share,
-                       last_share=last_share, seconds=float(np.median(span[others])),
+                       last_share=last_share, seconds=float(np.median(span)),
                        **window_info)
     return None
 
