@@ -80,3 +80,27 @@ def test_short_ddp_runs_name_nobody(tmp_path, run_no):
     assert "final loss" in res.stdout + res.stderr
     assert "slow rank" not in res.stderr + res.stdout, res.stderr[-3000:]
     assert report is None
+
+
+TORCH_LOOP = """
+import os, time, torch, torch.distributed as dist
+import hccl.torch_backend  # noqa: F401 - registers the "hccl" backend
+dist.init_process_group("hccl")
+x = torch.zeros(1024)
+for i in range(240):
+    if dist.get_rank() == 2:
+        time.sleep(0.025)
+    dist.all_reduce(x)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(400)
+def test_torch_hccl_backend_rank_late_is_named(tmp_path):
+    pytest.importorskip("torch")
+    res, report = run(tmp_path, script=TORCH_LOOP)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (f,) = report["findings"]
+    assert f["ranks"] == [2] and f["kind"] == "late to arrive", f
+    assert 0.025 * 0.7 <= f["lateness"] <= 0.025 * 1.3, f
+    assert "slow rank(s): [2] in comm world: late to arrive" in res.stderr
