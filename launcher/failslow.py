@@ -40,7 +40,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 WINDOW = 200          # collectives per verdict
-MIN_SEQS = 30         # fewer common collectives than this: no verdict
+MIN_SEQS = 60         # fewer common collectives than this: no verdict
+WARMUP = 20           # a communicator's first collectives are not looked at (see Tracker)
+CONFIRM = 2           # polls in a row with the same finding before it is told
 LAST_SHARE = 0.6      # last (or most waited on) at this share of the window at least
 MIN_LATENESS = 0.005  # s, median lateness at least (late to arrive)
 MIN_INSIDE = 0.008    # s, median wait for it inside the collective at least (slow inside)
@@ -176,7 +178,14 @@ def detect(timelines: dict, *, window: int = WINDOW, comm: str = "?",
 
 
 class Tracker:
-    """Merges the ranks' published timelines as npurun polls them, and keeps the findings."""
+    """Merges the ranks' published timelines as npurun polls them, and keeps the findings.
+
+    A communicator's first WARMUP collectives are left out: they carry the ranks' start-up
+    (imports, connections, first touches of memory) that ends at different times on a loaded
+    machine (a healthy train_ddp.py run on 2 cores under a load of 40 had one rank 50 ms late
+    at 68 % of its first 31 collectives). A finding is told (and kept for the summary) once
+    CONFIRM polls in a row found it; its episode ends after QUIET_POLLS polls without it.
+    """
 
     def __init__(self, window: int = WINDOW, keep: int = KEEP):
         if keep < window:
@@ -198,7 +207,8 @@ class Tracker:
                 h = self.history.setdefault(cid, {}).setdefault(rank, {})
                 for q, a, b, p, w in zip(t["seq"], t["start"], t["end"], t["wait_peer"],
                                          t["wait"]):
-                    h[q] = (a, b, members[p] if p >= 0 else -1, w)
+                    if q > WARMUP:
+                        h[q] = (a, b, members[p] if p >= 0 else -1, w)
                 if len(h) > self.keep:
                     for q in sorted(h)[:len(h) - self.keep]:
                         del h[q]
@@ -217,19 +227,24 @@ class Tracker:
                 tl[r] = {"seq": seqs, "start": [x[0] for x in rows], "end": [x[1] for x in rows],
                          "wait_peer": [x[2] for x in rows], "wait": [x[3] for x in rows]}
             f = detect(tl, window=self.window, comm=name, comm_id=cid)
-            cur = self.active.get(cid)
+            cur = self.active.get(cid)      # [finding, polls in a row, polls without, told]
             if f is None:
                 if cur is not None:
-                    cur[1] += 1
-                    if cur[1] >= QUIET_POLLS:
+                    cur[2] += 1
+                    if cur[2] >= QUIET_POLLS or not cur[3]:
                         del self.active[cid]
                 continue
-            key = (cid, f.kind, tuple(f.ranks))
             if cur is None or (cur[0].kind, cur[0].ranks) != (f.kind, f.ranks):
+                cur = self.active[cid] = [f, 0, 0, False]
+            cur[0], cur[2] = f, 0
+            cur[1] += 1
+            key = (cid, f.kind, tuple(f.ranks))
+            if cur[1] >= CONFIRM and not cur[3]:
+                cur[3] = True
                 new.append(f)
                 self.episodes[key] = self.episodes.get(key, 0) + 1
-            self.active[cid] = [f, 0]
-            self.found[key] = f
+            if cur[3]:
+                self.found[key] = f
         return new
 
     def summary(self) -> list[Finding]:

@@ -129,20 +129,33 @@ def test_tracker_episodes_and_summary():
     def cut(lo, hi):
         return published({r: {k: v[lo:hi] for k, v in tl[r].items()} for r in tl}, members)
 
-    tr.add(cut(0, 20))
-    assert tr.check() == []                          # too few yet
+    tr.add(cut(0, 70))
+    assert tr.check() == []                          # too few yet: 50 after the warm-up
     tr.add(cut(0, 150))
+    assert tr.check() == [] and tr.summary() == []   # found once: not told yet
+    tr.add(cut(140, 200))
     new = tr.check()
     assert [f.ranks for f in new] == [[5]] and new[0].comm_id == 9
-    tr.add(cut(140, 300))
+    assert new[0].first_seq == failslow.WARMUP + 1
+    tr.add(cut(190, 300))
     assert tr.check() == []                          # the same episode: no second notice
     assert tr.summary()[0].last_seq == 300
     for lo in range(300, 800, 100):                  # the rank recovers: the episode ends
         tr.add(cut(lo, lo + 100))
         assert tr.check() == []
     assert 9 not in tr.active
-    assert len(tr.history[9][4]) == 800
-    assert [f.ranks for f in tr.summary()] == [[5]]
+    assert len(tr.history[9][4]) == 800 - failslow.WARMUP
+    assert [f.ranks for f in tr.summary()] == [[5]] and tr.episodes == {(9, LATE, (5,)): 1}
+
+
+def test_a_finding_of_one_poll_is_not_told():
+    tr = Tracker()
+    tl = timelines(late=0, m=300, late_until=200)
+    members = [0, 1, 2]
+    tr.add(published({r: {k: v[:200] for k, v in tl[r].items()} for r in tl}, members))
+    assert tr.check() == []
+    tr.add(published(timelines(m=600, seed=4), members))      # the window is healthy now
+    assert tr.check() == [] and tr.summary() == [] and tr.active == {}
 
 
 def test_tracker_keeps_a_bounded_history():
