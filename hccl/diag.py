@@ -37,7 +37,7 @@ from .flight import recorder
 
 log = logging.getLogger("hccl.diag")
 _RECENT = 64
-TIMELINE = 256     # collectives per publish for launcher.failslow: covers 2 s at 128 calls/s
+TIMELINE = 128     # collectives per publish, for launcher.failslow (read every second)
 FLUSH_TIMEOUT = 10.0  # s a failing collective may spend publishing its state (a cut link)
 
 _lock = threading.Lock()
