@@ -135,7 +135,8 @@ class FlightRecorder:
         ``{comm_id: {"comm", "rank", "members", "seq", "start", "end", "wait_peer",
         "wait"}}``, one list entry per collective, oldest first. ``wait_peer`` / ``wait`` are the
         comm rank whose transfers this rank waited for longest inside that collective (-1:
-        none; its own rank: the delivery of its own send) and for how long. A few hundred numbers: cheap enough to publish every interval."""
+        none; its own rank: the delivery of its own send) and for how long. A few hundred
+        numbers: cheap enough to publish every interval."""
         out: dict = {}
         with self._lock:
             recent = list(itertools.islice(reversed(self._records), last))

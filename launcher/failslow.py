@@ -17,20 +17,22 @@ and tells two kinds apart, as Falcon (arXiv 2410.12588) does:
   for the delivery of its own send); the part of that wait beyond the peer's later start counts
   (a slow sender makes its receiver late for the next collective, which makes the sender wait in
   turn), less the peer's own wait in that collective (a star's hub waits for the leaves while
-  they wait for its answer: blame passes along); the rank waited on most, by far, is named. This compares start times of different ranks:
-  it takes the nodes' clocks to agree within a millisecond or so (NTP or PTP on a cluster, one
-  clock on one machine), an error that only shifts each wait by that much, well under
-  MIN_LATENESS. Schedules that relay data (a star's hub, a ring's upstream
-  neighbour) make the others wait on the relay too, so the name is exact for direct exchanges
-  (the mesh AllReduce from 3 ranks and 64 KiB on) and points near the slow link otherwise.
+  they wait for its answer: blame passes along); the rank waited on most, by far, is named.
+  This compares start times of different ranks: it takes the nodes' clocks to agree within a
+  millisecond or so (NTP or PTP on a cluster, one clock on one machine), an error that only
+  shifts each wait by that much, well under MIN_INSIDE. Schedules that relay data (a star's
+  hub, a ring's upstream neighbour) pass most of the blame on, so the name is exact for direct
+  exchanges (2 ranks, the mesh AllReduce from 3 ranks and 64 KiB on) and points near the slow
+  link otherwise.
 
 A rank is named only when it is last (or waited on most) in at least LAST_SHARE of the window,
 its median lateness is at least MIN_LATENESS (late to arrive) or MIN_INSIDE seconds (slow
 inside), and the others lose at least MIN_SHARE of their time waiting for it: the absolute bounds
 keep the scheduling noise of a healthy job out (a rank descheduled for a few milliseconds; on 2
 loaded cores a healthy star AllReduce still waits a median 3.4 ms for its hub's answer after the
-blame passing below), the relative one keeps a lateness that costs the job nothing out. ``Tracker`` merges the states npurun polls
-into per-rank histories, runs ``detect`` and turns findings into episodes (one notice each).
+blame passing), the relative one keeps a lateness that costs the job nothing out. ``Tracker``
+merges the states npurun polls into per-rank histories, runs ``detect`` and turns findings into
+episodes (one notice each).
 Pure: no I/O, no clock of its own; unit-tested in tests/unit/test_failslow.py.
 """
 from __future__ import annotations

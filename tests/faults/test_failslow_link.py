@@ -76,6 +76,7 @@ def test_rank_behind_a_rate_limited_link_is_slow_inside_the_collective(tmp_path,
     (f,) = report["findings"]
     print(f"observed: {f}")
     assert f["ranks"] == [1] and f["kind"] == "slow inside the collective", f
-    # 256 KiB (a ring of 2: two 128 KiB messages) at 40 Mbit/s: 26 ms each on the wire; the bounds leave room for a loaded machine
+    # 256 KiB (a ring of 2: two 128 KiB messages) at 40 Mbit/s: 26 ms each on the wire; the
+    # bounds leave room for a loaded machine
     assert 0.010 <= f["lateness"] <= 0.3, f
     assert "slow rank(s): [1] in comm world: slow inside the collective" in outs[0]
