@@ -223,7 +223,8 @@ class Comm:
                 views["recv"] = views["send"]
             try:
                 executor.run(steps, views, redop, dtype, transport, cid, seq, fp, self.ranks, timeout,
-                             on_wait=lambda p: recorder.waiting(rec, p), rank=self.rank)
+                             on_wait=lambda p, sending: recorder.waiting(rec, p, sending),
+                             rank=self.rank)
             except HcclError as e:
                 recorder.fail(rec, e)
                 err = self._failure(e, op, seq, fp, timeout, by_comm, cid)

@@ -7,7 +7,9 @@ launcher's environment starts one daemon *reporter* thread. It
   every ``NPUSIM_DIAG_INTERVAL`` seconds (default 0.5) and at once when a collective fails:
   heartbeat time, pid, the in-flight records
   (op, comm and members, seq, stream, state, the peer waited on and since when, call site), the
-  per-communicator progress (last enqueued / last completed seq) and the recent records;
+  per-communicator progress (last enqueued / last completed seq), the recent records, and the
+  start / end times of the last TIMELINE collectives as numbers (``FlightRecorder.timeline``,
+  read by npurun's fail-slow detector);
 - holds a blocking ``get`` on the job's abort key in the rendezvous store: when the launcher
   sees a rank die (or finds a deadlock) it sets that key to a typed abort record
   (``hccl.abortrec``), and every live rank aborts all its communicators at once with that record,
@@ -35,6 +37,7 @@ from .flight import recorder
 
 log = logging.getLogger("hccl.diag")
 _RECENT = 64
+TIMELINE = 128     # collectives per publish, for launcher.failslow (read every second)
 FLUSH_TIMEOUT = 10.0  # s a failing collective may spend publishing its state (a cut link)
 
 _lock = threading.Lock()
@@ -82,6 +85,7 @@ class Reporter:
                 "in_flight": d["in_flight"], "progress": d["progress"],
                 "recent": d["recent"],
                 "failed": d["failed"],
+                "timeline": recorder.timeline(TIMELINE),
                 "aborted": self.aborted,
                 # faulthandler prints thread ids only: the launcher names them with this
                 "threads": {f"0x{t.ident:016x}": t.name for t in threading.enumerate() if t.ident}}

@@ -38,7 +38,7 @@ class _Pending:
     def __init__(self, timeout: float | None, on_wait):
         self.items: list[tuple[int, int, object, int, int]] = []   # lo, hi, handle, peer, step
         self.timeout = timeout
-        self.on_wait = on_wait
+        self.on_wait = on_wait      # (peer, sending): sending=True, for delivery of our send
 
     def add(self, lo: int, hi: int, handle, peer: int, step: int) -> None:
         if hi > lo and not handle.done():
@@ -64,7 +64,7 @@ class _Pending:
     def _wait(self, item) -> None:
         _, _, handle, peer, step = item
         if self.on_wait is not None and not handle.done():
-            self.on_wait(peer)
+            self.on_wait(peer, True)
         try:
             handle.wait(self.timeout)
         except PeerTimeout as e:
@@ -143,7 +143,7 @@ def prepare_buffers(steps, buffers: dict) -> dict[str, np.ndarray]:
 
 def run(steps: Sequence, buffers: dict, op: ReduceOp | None, dtype, transport, comm_id: int,
         seq: int, fp, peers: Sequence[int], timeout: float | None,
-        on_wait: Callable[[int], None] | None = None, *, rank: int | None = None) -> None:
+        on_wait: Callable[[int, bool], None] | None = None, *, rank: int | None = None) -> None:
     """Execute ``steps`` (one rank's schedule) and return when this rank's part is complete.
 
     Args:
@@ -155,7 +155,9 @@ def run(steps: Sequence, buffers: dict, op: ReduceOp | None, dtype, transport, c
         comm_id, seq, fp: message tag parts and the fingerprint (5 ints) sent with every message.
         peers: comm rank -> world rank (the transport's rank numbers).
         timeout: the longest single wait for a peer, in seconds (None = forever).
-        on_wait: called with the comm rank before each blocking wait for that peer.
+        on_wait: called with the comm rank before each blocking wait for that peer, and True
+            when the wait is for the delivery of this rank's own send (its link, not the peer,
+            is then the slow part), else False.
         rank: this rank's comm rank, only used to fill error fields.
 
     Raises ``HcclTimeoutError``, ``CollectiveMismatchError``, ``RemoteRankError`` (peer abort),
@@ -192,7 +194,7 @@ def run(steps: Sequence, buffers: dict, op: ReduceOp | None, dtype, transport, c
                     lo = addr[step.buf] + step.offset  # may run inside the transport's poll of
                     pending.settle(lo, lo + step.nbytes)   # this peer, where it must not wait
                 if on_wait is not None:
-                    on_wait(step.peer)
+                    on_wait(step.peer, False)
                 transport.recv_into(world[step.peer], comm_id, seq, step.step, fp, timeout,
                                     _consumer(step, views, np_dtype, op, seq))
             elif kind is Copy:

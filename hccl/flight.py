@@ -23,7 +23,8 @@ class Record:
 
     __slots__ = ("comm", "comm_id", "rank", "seq", "op", "count", "dtype", "redop", "root", "peer", "stream",
                  "state", "t_enqueued", "t_started", "t_completed", "site", "waiting_for",
-                 "waiting_since", "error", "error_type", "nbytes", "members")
+                 "waiting_since", "error", "error_type", "nbytes", "members", "wait_peer",
+                 "wait_max", "wait_send")
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -58,7 +59,8 @@ class FlightRecorder:
         r.peer, r.stream, r.site, r.nbytes = peer, stream, site, nbytes
         r.state, r.t_enqueued = "enqueued", time.time()
         r.t_started = r.t_completed = r.waiting_for = r.waiting_since = r.error = None
-        r.error_type = None
+        r.error_type = r.wait_peer = None
+        r.wait_max, r.wait_send = 0.0, False
         with self._lock:
             self._records.append(r)
             self._inflight[id(r)] = r
@@ -70,11 +72,19 @@ class FlightRecorder:
     def start(self, r: Record) -> None:
         r.state, r.t_started = "started", time.time()
 
-    def waiting(self, r: Record, peer: int) -> None:
-        r.waiting_for, r.waiting_since = peer, time.time()
+    def waiting(self, r: Record, peer: int, sending: bool = False) -> None:
+        """``r`` waits for ``peer`` from now: for a message from it, or (``sending``) for the
+        delivery of a message to it."""
+        now = time.time()
+        if r.waiting_for is not None:
+            _longest_wait(r, now)
+        r.waiting_for, r.waiting_since, r.wait_send = peer, now, sending
 
     def complete(self, r: Record) -> None:
-        r.state, r.t_completed, r.waiting_for = "completed", time.time(), None
+        now = time.time()
+        if r.waiting_for is not None:
+            _longest_wait(r, now)
+        r.state, r.t_completed, r.waiting_for = "completed", now, None
         with self._lock:
             self._inflight.pop(id(r), None)
             if r.peer is None:
@@ -119,6 +129,32 @@ class FlightRecorder:
         return {"recent": last, "failed": bad[::-1], "in_flight": self.in_flight(),
                 "progress": progress}
 
+    def timeline(self, last: int) -> dict:
+        """The arrival and finish times of this rank's last ``last`` completed collectives, per
+        communicator, as plain numbers for npurun's fail-slow detector (``launcher.failslow``):
+        ``{comm_id: {"comm", "rank", "members", "seq", "start", "end", "wait_peer",
+        "wait"}}``, one list entry per collective, oldest first. ``wait_peer`` / ``wait`` are the
+        comm rank whose transfers this rank waited for longest inside that collective (-1:
+        none; its own rank: the delivery of its own send) and for how long. A few hundred
+        numbers: cheap enough to publish every interval."""
+        out: dict = {}
+        with self._lock:
+            recent = list(itertools.islice(reversed(self._records), last))
+        for r in reversed(recent):
+            if r.state != "completed" or r.peer is not None or r.t_started is None:
+                continue
+            t = out.get(r.comm_id)
+            if t is None:
+                t = out[r.comm_id] = {"comm": r.comm, "rank": r.rank, "members": list(r.members),
+                                      "seq": [], "start": [], "end": [], "wait_peer": [],
+                                      "wait": []}
+            t["seq"].append(r.seq)
+            t["start"].append(round(r.t_started, 6))
+            t["end"].append(round(r.t_completed, 6))
+            t["wait_peer"].append(-1 if r.wait_peer is None else r.wait_peer)
+            t["wait"].append(round(r.wait_max, 6))
+        return out
+
     def _progress_list(self) -> list[dict]:
         return [{"comm": v[2], "comm_id": c, "rank": rk, "last_enqueued": v[0],
                  "last_completed": v[1]} for (c, rk), v in self.progress.items()]
@@ -139,6 +175,15 @@ class FlightRecorder:
             json.dump(self.dump(), f, indent=1, default=str)
         os.replace(tmp, path)
         return path
+
+
+def _longest_wait(r: Record, now: float) -> None:
+    """Close the wait for ``r.waiting_for`` (it lasted until ``now``): the longest one of the
+    collective is kept, naming the rank whose transfers held this one: the peer for a message
+    from it, this rank itself for the delivery of its own send (its link is the slow one)."""
+    waited = now - r.waiting_since
+    if waited > r.wait_max:
+        r.wait_max, r.wait_peer = waited, r.rank if r.wait_send else r.waiting_for
 
 
 def _name(v):

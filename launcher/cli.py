@@ -288,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             result = agent.run()
             _merge_traces(agent)
         finally:
+            diagnoser.finish()
             diagnoser.close()
             if registration:
                 for path in (registration, status_file(os.getpid())):

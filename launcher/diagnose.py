@@ -23,6 +23,9 @@ While the job runs, ``on_tick`` polls the states about once a second (node 0's n
   ("rank 2 has not called seq 5 of world for 15 s; ranks 0, 1, 3 wait for it"), once per stall
   and then every NPUSIM_HANG_REMIND seconds (default 300); the job keeps running until
   HCCL_EXEC_TIMEOUT.
+- the ranks' collective timelines feed the fail-slow detector (``launcher.failslow``): a slow
+  rank is named in a notice once per episode, and ``finish`` prints the job's findings and
+  writes them to ``failslow_report.json`` (and into ``hang_report.json`` when there is one).
 
 It only reports when the job has communicators (a rank published its state): a job without
 any gets the usual failure summary alone. ``status()`` gives the same table for a running job
@@ -35,7 +38,7 @@ import os
 import time
 
 from hccl.failure import COLLECTIVE, Failure, parse
-from launcher import config, report, verdict
+from launcher import config, failslow, report, verdict
 from launcher.errors import describe_exit
 from launcher.stacks import collect as collect_stacks
 from launcher.status import answer as answer_status
@@ -86,6 +89,7 @@ class Diagnoser:
         self.notice_after = config.hang_notice()
         self.remind_after = config.hang_remind()
         self.stable_for = config.deadlock_stable()
+        self.slow = failslow.Tracker()
         agent.before_stop.append(self.before_stop)
         agent.on_tick.append(self.on_tick)
         agent.verdict_hooks.append(self.take_report)
@@ -155,6 +159,9 @@ class Diagnoser:
         self._abort_all(first)
         self._settle(t0)
         v = verdict.classify(self.infos(self.states(), stacks), cycle=cycle)
+        slow = self.slow.summary()
+        if slow:
+            v["failslow"] = [f.to_dict() for f in slow]
         os.makedirs(self.report_dir, exist_ok=True)
         path = os.path.join(self.report_dir, "hang_report.json")
         with open(path, "w") as f:
@@ -224,7 +231,9 @@ class Diagnoser:
         Returns a ``StopRequest`` once a cycle has been stable for NPUSIM_DEADLOCK_STABLE s.
         """
         now = time.time() if now is None else now
-        infos = self.infos(self.states(), {})
+        states = self.states()
+        self._watch_slow(states)
+        infos = self.infos(states, {})
         cycle = verdict.find_cycle(infos)
         key = verdict.cycle_key(cycle)
         if key != self._cycle_key:
@@ -239,6 +248,30 @@ class Diagnoser:
         if self.notice_after > 0:
             self._notice(infos, now)
         return None
+
+    def _watch_slow(self, states: dict) -> None:
+        """Feed the fail-slow detector; a notice for each new episode (the job keeps running)."""
+        self.slow.add(states)
+        from launcher.agent import say  # noqa: PLC0415
+        for f in self.slow.check():
+            say(f"npurun: notice: {f.line()}; the job keeps running")
+
+    def finish(self) -> None:
+        """The end of the job, whatever its end: print the fail-slow findings (nothing when no
+        rank was slow) and write them to ``failslow_report.json`` in the report directory."""
+        slow = self.slow.summary()
+        if not slow:
+            return
+        from launcher.agent import say  # noqa: PLC0415
+        path = os.path.join(self.report_dir, "failslow_report.json")
+        try:
+            os.makedirs(self.report_dir, exist_ok=True)
+            with open(path, "w") as f:
+                json.dump({"findings": [x.to_dict() for x in slow]}, f, indent=1)
+        except OSError as e:
+            path = f"not written ({e})"
+        say("npurun: fail-slow summary:\n" + "\n".join(f"  {x.line()}" for x in slow)
+            + f"\nnpurun: fail-slow report: {path}")
 
     def _notice(self, infos: list[verdict.RankInfo], now: float) -> None:
         """Name the rank a stall waits for, with its state and stack: once when the ranks have

@@ -351,11 +351,12 @@ def test_timeout_names_the_peer_and_the_wait():
     waits: list[int] = []
     t0 = time.monotonic()
     with pytest.raises(HcclTimeoutError) as ei:
-        _allreduce(fab, 1, 3, comm_id, 4, timeout=0.2, on_wait=waits.append)
+        _allreduce(fab, 1, 3, comm_id, 4, timeout=0.2,
+                   on_wait=lambda p, sending: waits.append((p, sending)))
     assert 0.2 <= time.monotonic() - t0 < 10      # at least the timeout; upper: load slack
     e = ei.value
     assert (e.peer, e.seq, e.rank, e.timeout) == (0, 4, 1, 0.2) and e.waited >= 0.2
-    assert waits == [0] and isinstance(e, TimeoutError)
+    assert waits == [(0, False)] and isinstance(e, TimeoutError)   # a message, not a delivery
     fab.transport(1).forget(comm_id)
     fab.transport(2).forget(comm_id)
 
@@ -381,7 +382,8 @@ def test_sub_communicator_maps_comm_ranks_to_world_ranks():
     peers = [4, 1, 3]                              # comm rank -> world rank
     waits: dict[int, list] = {r: [] for r in range(3)}
     res = _spawn([lambda r=r: _allreduce(fab, r, 3, comm_id, 1, count=10, peers=peers,
-                                         on_wait=waits[r].append) for r in range(3)])
+                                         on_wait=lambda p, _, r=r: waits[r].append(p))
+                  for r in range(3)])
     for r in range(3):
         np.testing.assert_array_equal(res[r], np.full(10, 6, np.float32))
         assert set(waits[r]) == {(r - 1) % 3}       # on_wait gets comm ranks
