@@ -161,9 +161,9 @@ class DeviceArray(DeviceBuffer):
         """Return the memory to the pool now. Freeing twice raises MemoryAccessError."""
         if self._freed:
             raise MemoryAccessError(f"double free of {self!r} (allocated at {self._site})")
-        self._freed = True
         if self.ptr is not None and self._owner:
-            free(self.ptr)
+            free(self.ptr)      # first: a free the stream check refuses leaves the array usable
+        self._freed = True
 
     def __del__(self):
         if self._owner and not self._freed and self.ptr is not None:

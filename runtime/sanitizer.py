@@ -36,6 +36,7 @@ When the check is off the hooks cost one module-attribute test (``sanitizer.on``
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import warnings
 import weakref
@@ -138,6 +139,18 @@ def forget(device_id: int) -> None:
             for sid in d.streams:
                 _clocks.pop(sid, None)
                 _seen.pop(sid, None)
+
+
+def stats(device_id: int) -> dict:
+    """What the check holds for a device: ``allocations`` and ``accesses`` recorded, ``clocks``
+    (streams with a vector clock). Memory stays bounded by these (tests assert it)."""
+    with _lock:
+        d = _devices.get(device_id)
+        if d is None:
+            return {"allocations": 0, "accesses": 0, "clocks": 0}
+        return {"allocations": len(d.allocs),
+                "accesses": sum(len(a.accesses) for a in d.allocs.values()),
+                "clocks": len(d.streams)}
 
 
 def _device(device_id: int) -> _Device:
@@ -276,7 +289,7 @@ def access(s, task: str, site: str, reads=(), writes=()) -> None:
         return
     with _lock:
         d = _device(s.device_id)
-        _check(d, spans, s.id, s.issued + 1, _clock(d, s), task, s.name, site, None)
+        _check(d, spans, s.id, s.issued + 1, _clock(d, s), task, s.name, site)
 
 
 def host_access(s, task: str, site: str, reads=(), writes=()) -> None:
@@ -287,31 +300,34 @@ def host_access(s, task: str, site: str, reads=(), writes=()) -> None:
         _host_merge(d, _export(d, s, s.issued))
         if spans:
             d.host_seq += 1
-            _check(d, spans, d.host, d.host_seq, d.host_vc, task, "the host", site, None)
+            _check(d, spans, d.host, d.host_seq, d.host_vc, task, "the host", site)
 
 
 def freeing(device_id: int, base: int, s, site: str, from_gc: bool) -> None:
     """A free of the allocation at ``base`` made last on stream ``s`` (the pool reuses it in
-    ``s``'s order): a write of all of it there. Its accesses die with it unless it raises."""
+    ``s``'s order): a write of all of it there. Its accesses die with it unless it raises.
+
+    A free by the garbage collector cannot raise to the user: it is logged and warned (not at
+    interpreter exit, where pending work is abandoned anyway), then done."""
     with _lock:
         d = _devices.get(device_id)
         alloc = d.allocs.get(base) if d is not None else None
         if alloc is None:
             return
-        how = "the garbage collector's free" if from_gc else "free"
+        task = "free by the garbage collector" if from_gc else "free"
         span = ((base, alloc.size, alloc.site, base, base + alloc.size), True)
         try:
-            _check(d, [span], s.id, s.issued + 1, _clock(d, s), how, s.name, site,
-                   f"{s.name}, the stream the pool reuses the memory on")
+            _check(d, [span], s.id, s.issued + 1, _clock(d, s), task, s.name, site, True)
         except StreamRaceError as err:
             if not from_gc:
                 raise           # nothing freed: the caller may synchronize and free again
-            log.error("%s", err)    # a finalizer cannot raise to the user: said, then freed
-            warnings.warn(str(err), RuntimeWarning, stacklevel=2)
+            if not sys.is_finalizing():
+                log.error("%s", err)
+                warnings.warn(str(err), RuntimeWarning, stacklevel=2)
         d.allocs.pop(base, None)
 
 
-def _check(d, spans, tl, seq, vc, task, stream, site, free_note) -> None:
+def _check(d, spans, tl, seq, vc, task, stream, site, free=False) -> None:
     """Check ``spans`` against the recorded accesses, then record them (the caller holds _lock).
 
     Nothing is recorded when the check raises: the task is not enqueued."""
@@ -328,9 +344,15 @@ def _check(d, spans, tl, seq, vc, task, stream, site, free_note) -> None:
             ordered = a.tl == tl or vc.get(a.tl, 0) >= a.seq
             if not ordered and (write or a.write):
                 reports.append(_report(alloc, a, max(lo, a.lo), min(hi, a.hi), write, task,
-                                       stream, site, free_note))
-            elif ordered and lo <= a.lo and a.hi <= hi and (write or not a.write):
-                continue        # superseded: anything racing it races the new access too
+                                       stream, site, free))
+            elif ordered and (write or not a.write):
+                # superseded where the new access covers it (anything racing that part races
+                # the new access too): only the parts sticking out are kept
+                if a.lo < lo:
+                    keep.append(_Access(a.lo, lo, a.tl, a.seq, a.write, a.task, a.stream, a.site))
+                if a.hi > hi:
+                    keep.append(_Access(hi, a.hi, a.tl, a.seq, a.write, a.task, a.stream, a.site))
+                continue
             keep.append(a)
         keep.append(_Access(lo, hi, tl, seq, write, task, stream, site))
         new[base] = (alloc, keep)
@@ -340,30 +362,32 @@ def _check(d, spans, tl, seq, vc, task, stream, site, free_note) -> None:
         for err in reports:
             log.error("%s", err)
             warnings.warn(str(err), RuntimeWarning, stacklevel=4)
-    if free_note is None:
+    if not free:
         for base, (alloc, keep) in new.items():
             alloc.accesses = keep
             d.allocs[base] = alloc
 
 
-def _report(alloc, first, lo, hi, write, task, stream, site, free_note) -> StreamRaceError:
+def _report(alloc, first, lo, hi, write, task, stream, site, free) -> StreamRaceError:
     kind1 = "write" if first.write else "read"
-    kind2 = "write" if write else "read"
-    if free_note is not None:
-        kind2 = "free"
-        fix = (f"make {stream} wait for {first.stream} (wait_stream / wait_event) or synchronize "
-               f"{first.stream} before freeing")
-        stream = free_note
+    kind2 = "free" if free else "write" if write else "read"
+    if free:
+        what = (f"{task} of the allocation on {stream} (the pool reuses the memory in that "
+                f"stream's order) while '{first.task}' on {first.stream} may still {kind1} it")
+        fix = (f"{stream}.wait_stream({first.stream}) (or wait_event) or synchronize "
+               f"{first.stream} before the free")
     else:
+        what = (f"'{task}' on {stream} {kind2}s {hi - lo} bytes that '{first.task}' on "
+                f"{first.stream} {kind1}s, with nothing ordering the two")
         fix = (f"record an event on {first.stream} after '{first.task}' and make {stream} wait "
                f"for it (wait_event), or {stream}.wait_stream({first.stream}), or synchronize "
                f"{first.stream} before enqueueing '{task}'")
-    msg = (f"stream race: {kind2} by '{task}' on {stream} and {kind1} by '{first.task}' on "
-           f"{first.stream} of the same {hi - lo} bytes, with nothing ordering the two\n"
+    msg = (f"stream race: {what}\n"
            f"  buffer: 0x{lo:x}..0x{hi:x} ({hi - lo} bytes at offset {lo - alloc.base} of the "
            f"{alloc.size}-byte allocation at 0x{alloc.base:x}, allocated at {alloc.site})\n"
            f"  first:  {kind1} by '{first.task}' on {first.stream}, enqueued at {first.site}\n"
-           f"  second: {kind2} by '{task}' on {stream}, enqueued at {site}\n"
+           f"  second: {kind2} by '{task}' on {stream}, {'called' if free else 'enqueued'} at "
+           f"{site}\n"
            f"  fix: {fix}")
     return StreamRaceError(msg, address=lo, nbytes=hi - lo, alloc_base=alloc.base,
                            alloc_size=alloc.size, alloc_site=alloc.site,
