@@ -386,8 +386,8 @@ def _report(alloc, first, lo, hi, write, task, stream, site, free) -> StreamRace
            f"  buffer: 0x{lo:x}..0x{hi:x} ({hi - lo} bytes at offset {lo - alloc.base} of the "
            f"{alloc.size}-byte allocation at 0x{alloc.base:x}, allocated at {alloc.site})\n"
            f"  first:  {kind1} by '{first.task}' on {first.stream}, enqueued at {first.site}\n"
-           f"  second: {kind2} by '{task}' on {stream}, {'called' if free else 'enqueued'} at "
-           f"{site}\n"
+           + (f"  second: {task} on {stream}, called at {site}\n" if free else
+              f"  second: {kind2} by '{task}' on {stream}, enqueued at {site}\n") +
            f"  fix: {fix}")
     return StreamRaceError(msg, address=lo, nbytes=hi - lo, alloc_base=alloc.base,
                            alloc_size=alloc.size, alloc_site=alloc.site,
