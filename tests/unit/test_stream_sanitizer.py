@@ -9,6 +9,7 @@ import itertools
 import os
 import subprocess
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -115,6 +116,13 @@ def _order_device_sync(s1, s2, other):
     runtime.synchronize()
 
 
+def _order_event_query(s1, s2, other):
+    ev, deadline = s1.record_event(), time.monotonic() + 30
+    while not ev.query():           # a True query orders the host after the event, as a sync
+        assert time.monotonic() < deadline, "the first task did not finish in 30 s"
+        time.sleep(0.0005)
+
+
 def _order_host_call(s1, s2, other):
     other.to_host(stream=s1)          # a host-synchronous call on s1 waits for s1's work
 
@@ -126,7 +134,7 @@ def _order_transitive(s1, s2, other):
 
 
 ORDERS = {"event": _order_event, "wait_stream": _order_wait_stream, "synchronize": _order_stream_sync,
-          "event_synchronize": _order_event_sync, "device_synchronize": _order_device_sync,
+          "event_synchronize": _order_event_sync, "device_synchronize": _order_device_sync, "event_query": _order_event_query,
           "host_call": _order_host_call, "third_stream": _order_transitive}
 
 
