@@ -48,7 +48,11 @@ log = logging.getLogger("runtime.sanitizer")
 
 on = False                  # the flag every hook tests; True while the check is enabled
 _mode = "raise"
-_lock = threading.Lock()
+# reentrant: the garbage collector may run a DeviceArray's finalizer, a free, inside a check on
+# the same thread; that free is then only noted in _doomed and done when the check ends
+_lock = threading.RLock()
+_busy = False               # a check walks the accesses (only its thread can see it True)
+_doomed: list = []          # (device id, base) of frees made during a check
 _devices: dict = {}         # device id -> _Device
 _clocks: dict = {}          # stream id -> vector clock {timeline id: value}
 _seen: dict = {}            # stream id -> the host version its clock has merged
@@ -148,8 +152,8 @@ def stats(device_id: int) -> dict:
         d = _devices.get(device_id)
         if d is None:
             return {"allocations": 0, "accesses": 0, "clocks": 0}
-        return {"allocations": len(d.allocs),
-                "accesses": sum(len(a.accesses) for a in d.allocs.values()),
+        allocs = list(d.allocs.values())
+        return {"allocations": len(allocs), "accesses": sum(len(a.accesses) for a in allocs),
                 "clocks": len(d.streams)}
 
 
@@ -310,6 +314,9 @@ def freeing(device_id: int, base: int, s, site: str, from_gc: bool) -> None:
     A free by the garbage collector cannot raise to the user: it is logged and warned (not at
     interpreter exit, where pending work is abandoned anyway), then done."""
     with _lock:
+        if _busy:
+            _doomed.append((device_id, base))
+            return
         d = _devices.get(device_id)
         alloc = d.allocs.get(base) if d is not None else None
         if alloc is None:
@@ -331,6 +338,20 @@ def _check(d, spans, tl, seq, vc, task, stream, site, free=False) -> None:
     """Check ``spans`` against the recorded accesses, then record them (the caller holds _lock).
 
     Nothing is recorded when the check raises: the task is not enqueued."""
+    global _busy
+    _busy = True
+    try:
+        _check_locked(d, spans, tl, seq, vc, task, stream, site, free)
+    finally:
+        _busy = False
+        while _doomed:
+            dev, base = _doomed.pop()
+            gone = _devices.get(dev)
+            if gone is not None:
+                gone.allocs.pop(base, None)
+
+
+def _check_locked(d, spans, tl, seq, vc, task, stream, site, free) -> None:
     reports, new = [], {}           # allocation base -> (its _Alloc, its accesses afterwards)
     for (base, size, asite, lo, hi), write in spans:
         alloc, accesses = new.get(base) or (d.allocs.get(base), None)
