@@ -229,7 +229,11 @@ def host_waits_stream(s, value: int) -> None:
     """The host waited for ``s`` up to ``value`` (Stream.synchronize)."""
     with _lock:
         d = _device(s.device_id)
-        _host_merge(d, _export(d, s, value))
+        if d.host_vc.get(s.id, 0) >= value:
+            return      # nothing enqueued on s since the host last waited for it: nothing new
+        _merge(d.host_vc, _clock(d, s))   # in place: no copy of the clock on every synchronize
+        d.host_vc[s.id] = value
+        d.host_ver += 1
 
 
 def host_waits_event(event) -> None:
