@@ -200,6 +200,11 @@ class Comm:
         steps, nbytes, fp, rec_fp, names = _plan(op, self.rank, self.size, count, dtype, redop,
                                                  root, peer, inplace, *knobs)
         self._knobs = knobs     # kept once a call was planned with them (a bad one is not kept)
+        site = site or callsite(3)
+        if runtime.stream_check_enabled():     # before the seq is taken: a race leaves no trace
+            runtime.declare_access(s, f"Hccl{_API_NAMES[op]}", site=site, reads=[
+                (b, nbytes[k]) for k, b in bufs.items() if k == "send" and b is not None], writes=[
+                (b, nbytes[k]) for k, b in bufs.items() if k == "recv" and b is not None])
         with self._lock:
             if p2p:
                 key = ("send" if op == OpType.SEND else "recv", peer)
@@ -209,7 +214,6 @@ class Comm:
                 self._seq += 1
                 seq = self._seq
         cid = self.comm_id | _P2P_BIT if p2p else self.comm_id
-        site = site or callsite(3)
         rec = recorder.enqueue(self, seq, rec_fp, stream=s.name, site=site, peer=peer,
                                nbytes=count * dtype.itemsize, names=names)
         timeout, by_comm = self._timeout()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import sanitizer
 from .callsite import callsite
 from .context import current_context, resolve_stream
 from .errors import InvalidParamError, MemoryAccessError
@@ -126,7 +127,10 @@ class DeviceArray(DeviceBuffer):
         out = np.empty(self.shape, self.dtype)
         if self.nbytes:
             src = self._np()
-            _run_sync(s, "to_host", "copy", callsite(2), self.nbytes, np.copyto, out, src)
+            site = callsite(2)
+            if sanitizer.on:
+                sanitizer.host_access(s, "to_host", site, reads=[self])
+            _run_sync(s, "to_host", "copy", site, self.nbytes, np.copyto, out, src)
         return out
 
     def copy_from_host(self, x, stream=None) -> None:
@@ -142,10 +146,14 @@ class DeviceArray(DeviceBuffer):
         dst = self._np()
         site = callsite(2)
         if stream is None:
-            _run_sync(resolve_stream(None), "copy_from_host", "copy", site, self.nbytes,
-                      np.copyto, dst, x)
+            s = resolve_stream(None)
+            if sanitizer.on:
+                sanitizer.host_access(s, "copy_from_host", site, writes=[self])
+            _run_sync(s, "copy_from_host", "copy", site, self.nbytes, np.copyto, dst, x)
         else:
             s = resolve_stream(stream)
+            if sanitizer.on:
+                sanitizer.access(s, "copy_from_host", site, writes=[self])
             src = x if isinstance(x, HostBuffer) else x.copy()
             s.enqueue(lambda: np.copyto(dst, src), "copy_from_host", "copy", {"bytes": self.nbytes}, site)
 
@@ -153,9 +161,9 @@ class DeviceArray(DeviceBuffer):
         """Return the memory to the pool now. Freeing twice raises MemoryAccessError."""
         if self._freed:
             raise MemoryAccessError(f"double free of {self!r} (allocated at {self._site})")
-        self._freed = True
         if self.ptr is not None and self._owner:
-            free(self.ptr)
+            free(self.ptr)      # first: a free the stream check refuses leaves the array usable
+        self._freed = True
 
     def __del__(self):
         if self._owner and not self._freed and self.ptr is not None:
@@ -191,10 +199,14 @@ def zeros(shape, dtype=np.float32, stream=None) -> DeviceArray:
     a = _empty(shape, dtype, MemMallocPolicy.HUGE_FIRST, callsite(2))
     if a.nbytes:
         v = a._np().reshape(-1).view(np.uint8)
+        s = resolve_stream(stream)
+        if sanitizer.on:
+            (sanitizer.host_access if stream is None else sanitizer.access)(s, "zeros", a._site,
+                                                                            writes=[a])
         if stream is None:
-            _run_sync(resolve_stream(None), "zeros", "copy", a._site, a.nbytes, v.fill, 0)
+            _run_sync(s, "zeros", "copy", a._site, a.nbytes, v.fill, 0)
         else:
-            resolve_stream(stream).enqueue(lambda: v.fill(0), "zeros", "copy", {"bytes": a.nbytes}, a._site)
+            s.enqueue(lambda: v.fill(0), "zeros", "copy", {"bytes": a.nbytes}, a._site)
     return a
 
 

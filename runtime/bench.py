@@ -1,6 +1,6 @@
 """Runtime micro-benchmarks: ``python -m runtime.bench [--iters N]``.
 
-Prints, in one run, medians (of batches of calls for the microsecond figures) of: empty-kernel enqueue-to-completion latency, event record +
+Prints, in one run, medians (of batches of calls for the microsecond figures) of: empty-kernel enqueue-to-completion latency (and with the stream sanitizer on, and a kernel of one array argument with it off and on), event record +
 synchronize, cached 1 MiB malloc+free against numpy.empty (and the cost of one empty Python call,
 which says how fast the machine ran Python in those seconds), and H2D / D2H copy bandwidth against
 numpy.copyto at 1 MiB and 64 MiB (the baseline is measured in the same run).
@@ -23,6 +23,10 @@ MiB = 1 << 20
 _USER_CODE = """
 def kernel_rt():
     runtime.launch(noop, stream=s)
+    s.synchronize()
+
+def array_kernel_rt():
+    runtime.launch(noop1, arr, stream=s)
     s.synchronize()
 
 def event_rt():
@@ -144,6 +148,23 @@ def main(argv=None) -> None:
     u = _user_functions(s=s, noop=noop, ev=runtime.Event(), evt=runtime.Event(enable_timing=True))
     rows.append(("empty kernel enqueue->completion", _median_us(u["kernel_rt"], args.iters), "us",
                  "target <= 30"))
+    # the stream sanitizer (NPUSIM_STREAM_CHECK): off, a kernel pays one flag test; on, a
+    # kernel with a device argument pays the check of its byte range (target: at most 3x off)
+    was = runtime.stream_check_enabled()
+    arr = runtime.zeros(256)
+    ua = _user_functions(s=s, noop1=lambda x: None, arr=arr)
+    runtime.enable_stream_check("off")
+    t_off = _median_us(ua["array_kernel_rt"], args.iters)
+    runtime.enable_stream_check("raise")
+    t_empty_on = _median_us(u["kernel_rt"], args.iters)
+    t_on = _median_us(ua["array_kernel_rt"], args.iters)
+    runtime.enable_stream_check("raise" if was else "off")
+    rows.append(("empty kernel enqueue->completion, stream check on", t_empty_on, "us",
+                 "target <= 3x off"))
+    rows.append(("1-array kernel enqueue->completion", t_off, "us", "stream check off"))
+    rows.append(("1-array kernel enqueue->completion, check on", t_on, "us",
+                 f"{t_on / t_off:.2f}x off (target <= 3x)"))
+    arr.free()
     rows.append(("event record + synchronize", _median_us(u["event_rt"], args.iters), "us", ""))
     rows.append(("timing event record + synchronize", _median_us(u["timing_event_rt"], args.iters),
                  "us", ""))

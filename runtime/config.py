@@ -51,6 +51,19 @@ def job_id() -> str:
     return os.environ.get("NPUSIM_JOB_ID") or f"p{os.getpid()}"
 
 
+def stream_check() -> str:
+    """NPUSIM_STREAM_CHECK: the stream sanitizer's mode (runtime/sanitizer.py): "raise" (1, on,
+    raise: a race raises StreamRaceError), "warn" (reports and goes on) or "off" (unset, 0, off)."""
+    raw = os.environ.get("NPUSIM_STREAM_CHECK", "").strip().lower()
+    if raw in ("", "0", "off", "false", "no"):
+        return "off"
+    if raw in ("1", "on", "raise", "true", "yes"):
+        return "raise"
+    if raw == "warn":
+        return "warn"
+    raise ValueError(f"NPUSIM_STREAM_CHECK={raw!r}: expected 1 (raise), warn or 0 (off)")
+
+
 def sched_batch_workers() -> bool:
     """NPUSIM_SCHED_BATCH: 0 keeps stream workers in the default scheduling class; otherwise
     (unset or 1) a worker whose wake-ups find its work taken by a synchronizing caller runs in

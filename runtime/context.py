@@ -10,7 +10,7 @@ import contextlib
 import logging
 import threading
 
-from . import config
+from . import config, sanitizer
 from .device_memory import DeviceMemory
 from .errors import ContextError, InvalidParamError
 from .stream import Stream
@@ -83,6 +83,8 @@ class Context:
                     first = exc
         if first is not None:
             raise first
+        if sanitizer.on:
+            sanitizer.device_synchronized(self.device_id)
 
 
 def _check_id(device_id) -> int:
@@ -162,6 +164,8 @@ def reset_device(device_id: int | None = None) -> list:
                 _process_device = None
         if _tls.device == ctx.device_id:
             _tls.device = None
+        if sanitizer.on:
+            sanitizer.forget(ctx.device_id)
         ctx.memory.close()
     return leaks
 

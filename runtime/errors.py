@@ -18,6 +18,8 @@ ACL_ERROR_RT_EVENT_SYNC_TIMEOUT = 507047
 ACL_ERROR_RT_AICORE_EXCEPTION = 507015
 ACL_ERROR_RT_INTERNAL_ERROR = 507899
 ACL_ERROR_RT_DEVICE_TASK_ABORT = 507056
+# npusim's own, next to the runtime's internal-error code: ACL has no stream-race error
+ACL_ERROR_RT_STREAM_RACE = 507900
 
 
 class NpuError(RuntimeError):
@@ -95,6 +97,22 @@ class TaskError(NpuError):
         self.task = task
         self.site = site
         self.stream = stream
+
+
+class StreamRaceError(NpuError):
+    """The stream sanitizer found two unordered accesses to the same bytes (code 507900).
+
+    Raised at the second enqueue, before it is queued (``NPUSIM_STREAM_CHECK``, docs/runtime.md).
+    Fields: ``address``, ``nbytes`` (the bytes both touch), ``alloc_base``, ``alloc_size``,
+    ``alloc_site`` (the allocation), and for each task ``first_*`` / ``second_*``: ``task``,
+    ``stream``, ``site`` (file:line that enqueued it), ``access`` ("read", "write", "free").
+    """
+
+    code = ACL_ERROR_RT_STREAM_RACE
+
+    def __init__(self, message: str = "", **fields):
+        super().__init__(message)
+        self.__dict__.update(fields)
 
 
 _combined: dict[type, type] = {}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from . import graph
+from . import graph, sanitizer
 from .callsite import callsite
 from .context import resolve_stream
 from .errors import InvalidParamError, NpuError
@@ -49,6 +49,8 @@ class Event:
         else:
             value = s.issued
         self._stream, self._value = s, value
+        if sanitizer.on:
+            sanitizer.event_recorded(self, s, value)
 
     def _stamp(self) -> None:
         self._time = time.perf_counter()
@@ -63,7 +65,12 @@ class Event:
     def query(self) -> bool:
         """True once the captured work has finished (or the event was never recorded)."""
         t = self.point
-        return t is None or t[0].reached(t[1])
+        if t is None:
+            return True
+        done = t[0].reached(t[1])
+        if done and sanitizer.on:       # a completed query orders the host after the event
+            sanitizer.host_waits_event(self)
+        return done
 
     def synchronize(self, timeout: float | None = None) -> None:
         """Block until the captured work has finished.
@@ -77,6 +84,8 @@ class Event:
         t = self.point
         if t is not None:
             t[0].wait_value(t[1], timeout, "Event.synchronize")
+            if sanitizer.on:
+                sanitizer.host_waits_event(self)
 
     def wait(self, stream=None) -> None:
         """Make ``stream`` (the current stream when None) wait for this event."""

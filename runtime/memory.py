@@ -10,7 +10,7 @@ from functools import partial
 
 import numpy as np
 
-from . import graph, profiler
+from . import graph, profiler, sanitizer
 from .callsite import callsite
 from .context import (_contexts, current_context, current_context_and_stream, current_stream,
                       resolve_stream)
@@ -46,6 +46,13 @@ class DevicePtr:
     def base(self) -> int:
         """The address malloc returned for the allocation this pointer is in."""
         return self._block.addr
+
+    def allocation(self) -> tuple:
+        """(base address, requested bytes, allocation site) of the live allocation holding this
+        pointer. Raises MemoryAccessError once it was freed."""
+        _device_region(self, "ptr")
+        b = self._block
+        return b.addr, b.requested, b.site
 
     def __add__(self, n: int) -> "DevicePtr":
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
@@ -224,12 +231,12 @@ def free(ptr: DevicePtr) -> None:
     try:
         if ctx.deferred:
             _drain(ctx)
-        _free_locked(ctx, ptr)
+        _free_locked(ctx, ptr, explicit=True)
     finally:
         lock.release()
 
 
-def _free_locked(ctx, ptr: DevicePtr) -> None:
+def _free_locked(ctx, ptr: DevicePtr, explicit: bool = False) -> None:
     """Free ``ptr`` into ``ctx``'s pool (the caller holds the device lock): the checks, then a
     marker for the work still pending on the stream that last used the memory."""
     block = ptr._block
@@ -240,6 +247,8 @@ def _free_locked(ctx, ptr: DevicePtr) -> None:
     if ptr.addr != block.addr:
         raise MemoryAccessError(f"free({ptr!r}): pointer is {ptr.addr - block.addr} bytes into "
                                 "its allocation; free the pointer malloc returned")
+    if sanitizer.on:
+        sanitizer.freeing(ptr.device_id, block.addr, block.stream, callsite(3), not explicit)
     ctx.pool.free(block, ctx.ready_marker(block.stream), ptr._gen)
 
 
@@ -347,7 +356,10 @@ def _run_sync(s, name: str, category: str, site: str | None, nbytes: int, fn, *a
 def memcpy(dst, src, nbytes: int, kind: MemcpyKind = MemcpyKind.DEFAULT) -> None:
     """Copy ``nbytes`` from ``src`` to ``dst`` after the current stream's work; return when done."""
     d, s_, k = _resolve_copy(dst, src, nbytes, kind)
-    _run_sync(current_stream(), _COPY_NAMES[k], "copy", None, d.nbytes, np.copyto, d, s_)
+    s = current_stream()
+    if sanitizer.on:
+        sanitizer.host_access(s, _COPY_NAMES[k], callsite(2), *_copy_access(dst, src, d.nbytes))
+    _run_sync(s, _COPY_NAMES[k], "copy", None, d.nbytes, np.copyto, d, s_)
 
 
 def memcpy_async(dst, src, nbytes: int, kind: MemcpyKind = MemcpyKind.DEFAULT, stream=None) -> None:
@@ -360,8 +372,18 @@ def memcpy_async(dst, src, nbytes: int, kind: MemcpyKind = MemcpyKind.DEFAULT, s
     d, s_, k = _resolve_copy(dst, src, nbytes, kind, "memcpy_async")
     if not isinstance(src, (*_DEVICE_TYPES, HostBuffer)):
         s_ = s_.copy()
+    site = callsite(2)
+    if sanitizer.on:
+        sanitizer.access(s, "memcpy_async " + k.name, site, *_copy_access(dst, src, d.nbytes))
     s.enqueue(partial(np.copyto, d, s_), "memcpy_async " + k.name, "copy",
-               {"bytes": int(d.nbytes)}, callsite(2))
+               {"bytes": int(d.nbytes)}, site)
+
+
+def _copy_access(dst, src, n: int) -> tuple:
+    """(reads, writes) of a copy of ``n`` bytes, for the stream sanitizer: its device buffers."""
+    reads = [(src, n)] if isinstance(src, _DEVICE_TYPES) and n else []
+    writes = [(dst, n)] if isinstance(dst, _DEVICE_TYPES) and n else []
+    return reads, writes
 
 
 def _memset_region(ptr, value, nbytes, name):
@@ -383,14 +405,20 @@ def _memset_region(ptr, value, nbytes, name):
 def memset(ptr, value: int, nbytes: int) -> None:
     """Set ``nbytes`` bytes at ``ptr`` to ``value`` after the current stream's work."""
     v, val = _memset_region(ptr, value, nbytes, "memset")
-    _run_sync(current_stream(), "memset", "copy", None, v.nbytes, v.fill, val)
+    s = current_stream()
+    if sanitizer.on and v.nbytes:
+        sanitizer.host_access(s, "memset", callsite(2), writes=[(ptr, v.nbytes)])
+    _run_sync(s, "memset", "copy", None, v.nbytes, v.fill, val)
 
 
 def memset_async(ptr, value: int, nbytes: int, stream=None) -> None:
     """Enqueue a memset on ``stream``; returns at once."""
     s = resolve_stream(stream)
     v, val = _memset_region(ptr, value, nbytes, "memset_async")
-    s.enqueue(lambda: v.fill(val), "memset_async", "copy", {"bytes": int(v.nbytes)}, callsite(2))
+    site = callsite(2)
+    if sanitizer.on and v.nbytes:
+        sanitizer.access(s, "memset_async", site, writes=[(ptr, v.nbytes)])
+    s.enqueue(lambda: v.fill(val), "memset_async", "copy", {"bytes": int(v.nbytes)}, site)
 
 
 # ---------------------------------------------------------------------- statistics

@@ -43,7 +43,7 @@ import os
 import threading
 import time
 
-from . import config, graph, profiler
+from . import config, graph, profiler, sanitizer
 from .callsite import callsite
 from .errors import (GraphCaptureError, InvalidParamError, SyncTimeoutError, TaskError,
                      task_error_class)
@@ -350,7 +350,10 @@ class Stream:
             TaskError: a task failed since the last synchronize (raised once).
             SyncTimeoutError: ``timeout`` seconds passed first (code 507046); nothing changes.
         """
-        self.wait_value(self._issued, timeout, "Stream.synchronize")
+        value = self._issued
+        self.wait_value(value, timeout, "Stream.synchronize")
+        if sanitizer.on:
+            sanitizer.host_waits_stream(self, value)
 
     def wait_event(self, event) -> None:
         """Make later work on this stream wait until ``event`` completes (aclrtStreamWaitEvent)."""
@@ -368,6 +371,8 @@ class Stream:
             return  # already ordered by the stream itself
         self.enqueue(lambda: src._block_until(value), name="wait_event", category="event",
                       site=callsite(2))
+        if sanitizer.on:
+            sanitizer.stream_waits_event(self, event)
 
     def wait_stream(self, other: "Stream") -> None:
         """Make later work on this stream wait for the work enqueued on ``other`` so far."""
@@ -381,6 +386,8 @@ class Stream:
         value = other._issued
         self.enqueue(lambda: other._block_until(value), name="wait_stream", category="event",
                       site=callsite(2))
+        if sanitizer.on:
+            sanitizer.stream_waits_stream(self, other, value)
 
     def _block_until(self, value: int) -> None:
         """Wait (from another stream's worker) for the timeline; no error is consumed here."""
