@@ -257,7 +257,8 @@ def test_ten_thousand_replays_do_not_grow(device):
     tracemalloc.stop()
     assert np.array_equal(x.to_host(), np.full(4, 10_200))
     assert grown < 64 * 1024, grown
-    assert len(os.listdir("/proc/self/fd")) == fds and threading.active_count() == threads
+    # no growth (an earlier test's leftovers may still close meanwhile)
+    assert len(os.listdir("/proc/self/fd")) <= fds and threading.active_count() <= threads
     s.destroy()
 
 
