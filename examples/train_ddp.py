@@ -292,8 +292,9 @@ class Trainer:
         checkpoint.save(self.args.checkpoint_dir, step, buf.getvalue(), ".npz",
                         checkpoint_meta(self.lay, self.world))
 
-    def step(self, t: int) -> None:
-        """Enqueue one training step; returns at once."""
+    def step(self, t: int) -> tuple:
+        """Enqueue one training step; returns at once, with the events that end its gradient
+        all-reduces (communication stream) and the step (compute stream)."""
         L, cs, ks = self.lay.nlayers, self.compute, self.comm_stream
         ev = [runtime.Event(enable_timing=True) for _ in range(4)]
         self.marks.append(ev)
@@ -322,25 +323,31 @@ class Trainer:
                 self.comm.all_reduce(view, op=hccl.ReduceOp.SUM, stream=ks)
                 runtime.launch(grad_scale, view, 1.0 / self.world, stream=ks, name="grad_scale")
         ev[1].record(cs)
-        cs.wait_event(ks.record_event())
+        reduced = ks.record_event()
+        cs.wait_event(reduced)
         ev[2].record(cs)
         runtime.launch(sgd_momentum, self.params, self.momentum, self.grads, self.args.lr,
                        self.args.momentum, stream=cs, name="sgd_step")
         runtime.launch(read_scalar, self.grads, self.losses, t, stream=cs, name="read_loss")
         ev[3].record(cs)
+        return reduced, ev[3]
 
     def train(self, progress: Progress) -> None:
         """Steps ``self.start`` to the end; rank 0 checkpoints every --checkpoint-every steps."""
         args, pending = self.args, {}
         for t in range(self.start, args.steps):
-            self.step(t)
-            pending[t] = self.compute.record_event()
+            pending[t] = self.step(t)
             if t > self.start:   # keep one step in flight: the host prepares t while t-1 runs
-                pending.pop(t - 1).synchronize()
+                # the communication stream's event too: a failed all-reduce (a peer died)
+                # raises here instead of letting this rank step on with unreduced gradients
+                for ev in pending.pop(t - 1):
+                    ev.synchronize()
                 progress.update(t - 1, self.losses[t - 1])
             done = t + 1
             if self.rank == 0 and args.checkpoint_dir and (
                     done % args.checkpoint_every == 0 or done == args.steps):
+                for ev in pending[t]:       # only the state of a step that really completed
+                    ev.synchronize()
                 self.save_checkpoint(done)
         self.compute.synchronize()
         self.comm_stream.synchronize()

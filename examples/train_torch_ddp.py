@@ -235,7 +235,7 @@ def main(argv=None) -> int:
     every = max(1, args.steps // 5)
 
     def progress(step, loss):
-        if rank == 0 and (step % every == 0 or step == args.steps - 1):
+        if rank == 0 and (step % every == 0 or step in (start, args.steps - 1)):
             print(f"step {step + 1}/{args.steps}  local loss {loss.item():.4f}", flush=True)
 
     save = None
