@@ -49,6 +49,7 @@ class RunOutcome:
     resumed: list = field(default_factory=list)     # (step, time of the line)
     first_steps: list = field(default_factory=list)  # time of each resumed first step's line
     output: str = ""
+    timeline: list = field(default_factory=list)    # (arrival time, line) of every line
 
     def recoveries(self) -> list[float]:
         """Seconds from each kill to the first step the next attempt completed."""
@@ -151,6 +152,7 @@ def run_once(example: str, ckpt_dir: str, *, kills: int, rng: random.Random,
                 proc.kill()
                 proc.wait()
         out.output = lines.text()
+    out.timeline = list(lines.lines)
     out.digest = _last(DIGEST, out.output)
     _resume_times(out, lines)
     return out
