@@ -50,6 +50,12 @@ class RunOutcome:
     first_steps: list = field(default_factory=list)  # time of each resumed first step's line
     output: str = ""
     timeline: list = field(default_factory=list)    # (arrival time, line) of every line
+    started: float = 0.0                            # time.time() at npurun's start
+
+    def startup(self) -> float | None:
+        """Seconds from npurun's start to rank 0's first line: a cold start, for comparison."""
+        first = next((t for t, line in self.timeline if line.startswith("[rank 0]:")), None)
+        return None if first is None else first - self.started
 
     def recoveries(self) -> list[float]:
         """Seconds from each kill to the first step the next attempt completed."""
@@ -125,7 +131,7 @@ def run_once(example: str, ckpt_dir: str, *, kills: int, rng: random.Random,
         proc = subprocess.Popen(cmd, env=lc.env, cwd=cwd, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         lines = _Lines(proc)
-        out = RunOutcome(returncode=-1, digest=None)
+        out = RunOutcome(returncode=-1, digest=None, started=time.time())
         try:
             for attempt in range(kills):
                 if attempt == 0:     # after checkpoints exist
@@ -196,23 +202,27 @@ def main(argv=None) -> int:
     if ref.returncode or not ref.digest:
         print(ref.output)
         return 1
-    print(f"unfaulted: {ref.digest}", flush=True)
-    diffs, costs = 0, []
+    print(f"unfaulted: {ref.digest}; cold start to rank 0's first line {ref.startup():.1f} s",
+          flush=True)
+    diffs, costs, starts = 0, [], [ref.startup()]
     for i in range(a.runs):
         o = run_once(a.example, os.path.join(work, f"run{i}"), kills=a.kills, rng=rng)
         same = o.returncode == 0 and o.digest == ref.digest
         diffs += not same
         costs += o.recoveries()
+        starts.append(o.startup())
         kills = ", ".join(f"attempt {k} rank {r}" for k, r, _ in o.kills)
         steps = ", ".join(str(s) for s, _ in o.resumed)
         print(f"run {i}: exit {o.returncode}, killed {kills}; resumed from {steps}; "
               f"{'same digest' if same else 'DIFFERENT: ' + str(o.digest)}; recovery "
-              + ", ".join(f"{c:.1f} s" for c in o.recoveries()), flush=True)
+              + ", ".join(f"{c:.1f} s" for c in o.recoveries())
+              + f"; cold start {o.startup():.1f} s", flush=True)
         if not same:
             print(o.output[-4000:])
     print(f"{a.runs} runs, {diffs} differences; failure -> resumed first step: median "
           f"{statistics.median(costs):.1f} s over {len(costs)} kills (min {min(costs):.1f}, "
-          f"max {max(costs):.1f})" if costs else f"{a.runs} runs, {diffs} differences")
+          f"max {max(costs):.1f}); cold start: median {statistics.median(starts):.1f} s"
+          if costs else f"{a.runs} runs, {diffs} differences")
     return 1 if diffs else 0
 
 
