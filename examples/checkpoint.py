@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 MANIFEST_FORMAT = 1
+DEFAULT_EVERY = 20
 _MANIFEST = re.compile(r"^step-(\d{8})\.json$")
 
 
@@ -49,6 +50,26 @@ class Loaded:
     step: int
     path: str          # the payload file
     state: Any         # what ``parse`` made of the payload
+
+
+def add_arguments(parser) -> None:
+    """The examples' ``--checkpoint-dir`` and ``--checkpoint-every`` flags."""
+    parser.add_argument("--checkpoint-dir", metavar="DIR",
+                        help="rank 0 checkpoints the training state into DIR; a run resumes "
+                             "from the newest complete checkpoint there")
+    parser.add_argument("--checkpoint-every", type=int, metavar="N",
+                        help=f"steps between checkpoints (default {DEFAULT_EVERY} with "
+                             f"--checkpoint-dir)")
+
+
+def check_arguments(parser, args) -> None:
+    """After ``parse_args``: the default of --checkpoint-every, and its errors."""
+    if args.checkpoint_every is not None and not args.checkpoint_dir:
+        parser.error("--checkpoint-every needs --checkpoint-dir")
+    if args.checkpoint_every is None:
+        args.checkpoint_every = DEFAULT_EVERY
+    if args.checkpoint_every < 1:
+        parser.error(f"--checkpoint-every must be positive, not {args.checkpoint_every}")
 
 
 def _name(step: int, suffix: str) -> str:

@@ -176,18 +176,9 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="seed of the data and the init")
     p.add_argument("--check", action="store_true",
                    help="verify replicas are identical and match one process; exit 1 if not")
-    p.add_argument("--checkpoint-dir", metavar="DIR",
-                   help="rank 0 checkpoints the training state into DIR; a run resumes from "
-                        "the newest complete checkpoint there")
-    p.add_argument("--checkpoint-every", type=int, metavar="N",
-                   help="steps between checkpoints (default 20 with --checkpoint-dir)")
+    checkpoint.add_arguments(p)
     args = p.parse_args(argv)
-    if args.checkpoint_every is not None and not args.checkpoint_dir:
-        p.error("--checkpoint-every needs --checkpoint-dir")
-    if args.checkpoint_every is None:
-        args.checkpoint_every = 20
-    if args.checkpoint_every < 1:
-        p.error(f"--checkpoint-every must be positive, not {args.checkpoint_every}")
+    checkpoint.check_arguments(p, args)
     for name in ("steps", "batch", "hidden"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be positive")

@@ -13,45 +13,13 @@ import json
 import os
 import random
 import runpy
-import signal
 import sys
+
+from killing_os import KillingOs   # next to this script: sys.path[0]
 
 step, seed, example, args = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 sys.path.insert(0, os.path.dirname(os.path.abspath(example)))
 import checkpoint  # noqa: E402  (the example's helper, found next to it)
-
-
-class KillingOs:
-    """``os`` that SIGKILLs the process once ``budget`` units are spent."""
-
-    def __init__(self, budget: int):
-        self.budget = budget
-
-    def __getattr__(self, name):
-        return getattr(os, name)
-
-    def _spend(self, n: int) -> int:
-        if self.budget <= 0:
-            print(f"killer: SIGKILL inside the write of checkpoint {step}", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
-        take = min(n, self.budget)
-        self.budget -= take
-        return take
-
-    def write(self, fd, data):
-        return os.write(fd, bytes(data[:self._spend(len(data))]))
-
-    def fsync(self, fd):
-        self._spend(1)
-        os.fsync(fd)
-
-    def replace(self, a, b):
-        self._spend(1)
-        os.replace(a, b)
-
-    def unlink(self, path):
-        self._spend(1)
-        os.unlink(path)
 
 
 if os.environ.get("RANK") == "0" and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
@@ -66,7 +34,8 @@ if os.environ.get("RANK") == "0" and os.environ.get("TORCHELASTIC_RESTART_COUNT"
             budget = random.Random(seed).randrange(limit)
             print(f"killer: checkpoint {step} will be cut after {budget} of ~{limit} units",
                   flush=True)
-            checkpoint.os = KillingOs(budget)
+            checkpoint.os = KillingOs(
+                budget, f"killer: SIGKILL inside the write of checkpoint {step}")
         return real_save(directory, at, payload, suffix, meta, keep)
 
     checkpoint.save = save

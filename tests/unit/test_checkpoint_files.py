@@ -1,7 +1,7 @@
 """examples/checkpoint.py: atomic checkpoints, refused damaged ones, refused mismatched ones.
 
-The kill test forks a writer and SIGKILLs it at a random byte or step of a checkpoint write (a
-proxy for ``os`` in the helper counts the bytes written and the fsyncs and renames), many times:
+The kill test forks a writer and SIGKILLs it at a random byte or step of a checkpoint write
+(``tests.faults.killing_os`` counts the helper's bytes written, fsyncs and renames), many times:
 the previous checkpoint must always load, and the next save must clean up what the killed one
 left.
 """
@@ -19,6 +19,8 @@ import sys
 
 import numpy as np
 import pytest
+
+from tests.faults.killing_os import KillingOs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # loaded from its file under its own name: examples/ is not a package, "checkpoint" is generic
@@ -141,44 +143,12 @@ def test_mismatch_stops_even_with_an_older_matching_checkpoint(tmp_path):
         checkpoint.latest(str(tmp_path), META, parse)
 
 
-class _KillingOs:
-    """``os`` for the helper, SIGKILLing the process after ``budget`` bytes or operations."""
-
-    def __init__(self, budget: int):
-        self.budget = budget
-
-    def __getattr__(self, name):
-        return getattr(os, name)
-
-    def _spend(self, n: int) -> int:
-        if self.budget <= 0:
-            os.kill(os.getpid(), signal.SIGKILL)
-        take = min(n, self.budget)
-        self.budget -= take
-        return take
-
-    def write(self, fd, data):
-        return os.write(fd, bytes(data[:self._spend(len(data))]))
-
-    def fsync(self, fd):
-        self._spend(1)
-        os.fsync(fd)
-
-    def replace(self, a, b):
-        self._spend(1)
-        os.replace(a, b)
-
-    def unlink(self, path):
-        self._spend(1)
-        os.unlink(path)
-
-
 def _write_killed_at(directory: str, step: int, budget: int) -> int:
     """Fork a writer of checkpoint ``step`` that is SIGKILLed after ``budget`` units."""
     pid = os.fork()
     if pid == 0:           # the child: write, die (or finish if the budget outlasts the write)
         try:
-            checkpoint.os = _KillingOs(budget)
+            checkpoint.os = KillingOs(budget)
             checkpoint.save(directory, step, payload(step, n=4000), ".npz", META)
         finally:
             os._exit(0)
