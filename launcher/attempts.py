@@ -76,7 +76,7 @@ def format_attempts(records: list[AttemptRecord], max_restarts: int) -> str:
         nxt = records[i + 1] if i + 1 < len(records) else None
         if nxt is not None:
             if nxt.resumed_step is None:
-                text += "; the next attempt did not say it resumed (started over?)"
+                text += "; the next attempt did not print 'resumed from step N'"
             else:
                 text += f"; the next attempt resumed from step {nxt.resumed_step}"
                 if nxt.resumed_at is not None and r.failed_at is not None:
