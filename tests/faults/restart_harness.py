@@ -57,6 +57,11 @@ class RunOutcome:
         first = next((t for t, line in self.timeline if line.startswith("[rank 0]:")), None)
         return None if first is None else first - self.started
 
+    def detections(self) -> list[float]:
+        """Seconds from each kill to npurun's ``restarting the job`` line (its own share)."""
+        lines = [t for t, line in self.timeline if line.startswith("npurun: restarting the job")]
+        return [t1 - t0 for (_, _, t0), t1 in zip(self.kills, lines)]
+
     def recoveries(self) -> list[float]:
         """Seconds from each kill to the first step the next attempt completed."""
         return [t1 - t0 for (_, _, t0), t1 in zip(self.kills, self.first_steps)]
@@ -204,13 +209,14 @@ def main(argv=None) -> int:
         return 1
     print(f"unfaulted: {ref.digest}; cold start to rank 0's first line {ref.startup():.1f} s",
           flush=True)
-    diffs, costs, starts = 0, [], [ref.startup()]
+    diffs, costs, starts, npurun_share = 0, [], [ref.startup()], []
     for i in range(a.runs):
         o = run_once(a.example, os.path.join(work, f"run{i}"), kills=a.kills, rng=rng)
         same = o.returncode == 0 and o.digest == ref.digest
         diffs += not same
         costs += o.recoveries()
         starts.append(o.startup())
+        npurun_share += o.detections()
         kills = ", ".join(f"attempt {k} rank {r}" for k, r, _ in o.kills)
         steps = ", ".join(str(s) for s, _ in o.resumed)
         print(f"run {i}: exit {o.returncode}, killed {kills}; resumed from {steps}; "
@@ -221,7 +227,9 @@ def main(argv=None) -> int:
             print(o.output[-4000:])
     print(f"{a.runs} runs, {diffs} differences; failure -> resumed first step: median "
           f"{statistics.median(costs):.1f} s over {len(costs)} kills (min {min(costs):.1f}, "
-          f"max {max(costs):.1f}); cold start: median {statistics.median(starts):.1f} s"
+          f"max {max(costs):.1f}); of which kill -> npurun restarting: median "
+          f"{statistics.median(npurun_share):.1f} s; cold start: median "
+          f"{statistics.median(starts):.1f} s"
           if costs else f"{a.runs} runs, {diffs} differences")
     return 1 if diffs else 0
 

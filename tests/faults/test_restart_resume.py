@@ -51,12 +51,12 @@ def _check_runs(tmp_path, example: str, runs: int, seed: int) -> None:
         assert "attempt 2: succeeded" in table, table
 
 
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(1800)
 def test_numpy_example_survives_two_random_kills(tmp_path):
     _check_runs(tmp_path, "train_ddp", SUITE_RUNS, seed=1)
 
 
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(1800)
 def test_torch_example_survives_two_random_kills(tmp_path):
     pytest.importorskip("torch.distributed", reason="torch is not installed")
     _check_runs(tmp_path, "train_torch_ddp", SUITE_RUNS, seed=2)
@@ -70,7 +70,8 @@ def test_rank0_killed_inside_a_checkpoint_write_resumes_from_the_previous(tmp_pa
     ckpt = str(tmp_path / "ckpt")
     with LeakCheck(grace=15) as lc:
         ref = run_npurun("--nproc-per-node", str(nproc), harness.example_path("train_ddp"),
-                         *args, env=lc.env, cwd=str(tmp_path), timeout=300)
+                         *args, "--checkpoint-dir", str(tmp_path / "ref"), env=lc.env,
+                         cwd=str(tmp_path), timeout=300)
         res = run_npurun("--nproc-per-node", str(nproc), "--max-restarts", "1",
                          os.path.join(HERE, "ckpt_writer_killer.py"), "30", str(seed),
                          harness.example_path("train_ddp"), *args, "--checkpoint-dir", ckpt,
