@@ -5,6 +5,7 @@ Run it with the launcher (rank 0 prints the progress and the summary):
     npurun --nproc-per-node 4 examples/train_ddp.py
     npurun --nproc-per-node 4 examples/train_ddp.py --steps 20 --check
     npurun --nproc-per-node 2 examples/train_ddp.py --steps 10 --profile /tmp/ddp_trace
+    npurun --nproc-per-node 4 --max-restarts 3 examples/train_ddp.py --checkpoint-dir /tmp/ckpt
 
 What it shows, the way torch DistributedDataParallel does it on a real NPU:
 
@@ -17,7 +18,15 @@ What it shows, the way torch DistributedDataParallel does it on a real NPU:
   *communication stream* wait for it, and that bucket's all_reduce (SUM, then a 1/world scaling
   kernel) runs there while backward goes on with the earlier layers;
 * the optimizer (SGD with momentum) waits on an event of the communication stream;
-* timing events split the compute stream's time into computing and waiting for communication.
+* timing events split the compute stream's time into computing and waiting for communication;
+* with ``--checkpoint-dir DIR``, rank 0 saves the parameters, the momentum and the step every
+  ``--checkpoint-every`` steps (atomically, see ``checkpoint.py``); a job started again (by
+  ``npurun --max-restarts`` after a rank died, or by hand) resumes from the newest complete
+  checkpoint and ends with the very parameters of a run that never stopped: the data order
+  depends only on the seed and the step, so the step is the data position.
+
+At the end rank 0 prints ``final params sha256: <hex>``, the digest of the final parameters
+(bitwise identical on every rank): two runs that agree on it trained the same model.
 
 ``--check`` verifies at the end that every replica holds bitwise-identical parameters (an
 all_gather of their digests) and that they match, within 1e-6 relative, the same model trained
@@ -33,6 +42,7 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
+import io
 import math
 import os
 import sys
@@ -40,6 +50,7 @@ import time
 
 import numpy as np
 
+import checkpoint
 import hccl
 import runtime
 
@@ -186,8 +197,8 @@ def accuracy_kernel(logits, labels, out):
 class Progress:
     """A one-line progress bar on stderr (``\\r`` updates on a tty, plain lines otherwise)."""
 
-    def __init__(self, total: int, batch: int, enabled: bool):
-        self.total, self.batch, self.enabled = total, batch, enabled
+    def __init__(self, total: int, batch: int, enabled: bool, start: int = 0):
+        self.total, self.batch, self.enabled, self.start = total, batch, enabled, start
         self.tty = enabled and sys.stderr.isatty()
         self.t0 = time.perf_counter()
         self.last_draw = 0.0
@@ -199,7 +210,7 @@ class Progress:
             return
         done = step + 1
         now = time.perf_counter()
-        rate = done * self.batch / max(now - self.t0, 1e-9)
+        rate = (done - self.start) * self.batch / max(now - self.t0, 1e-9)
         if self.tty:
             if now - self.last_draw < 0.1 and done < self.total:
                 return
@@ -214,7 +225,7 @@ class Progress:
             if done == self.total:
                 sys.stderr.write("\n")
             sys.stderr.flush()
-        elif done % self.every == 0 or done == self.total or done == 1:
+        elif done % self.every == 0 or done == self.total or done == self.start + 1:
             print(f"step {done}/{self.total}  loss {loss:.4f}  {rate:,.0f} samples/s",
                   file=sys.stderr, flush=True)
 
@@ -248,6 +259,7 @@ class Trainer:
         self.bucket_views = [runtime.DeviceArray(self.grads.ptr + s * item, e - s, DTYPE)
                              for s, e, _ in layout.buckets]
         self.losses = np.full(args.steps, np.nan)
+        self.start = 0                     # the step this run started at (a resumed run: > 0)
         self.marks: list[tuple] = []       # per step: timing events (start, bwd_end, wait_end, end)
 
     def _view(self, flat, layer, kind, grad=False):
@@ -255,15 +267,34 @@ class Trainer:
         off += 1 if grad else 0
         return runtime.DeviceArray(flat.ptr + off * flat.dtype.itemsize, shape, DTYPE)
 
-    def broadcast_params(self, initial: np.ndarray | None) -> None:
-        """Rank 0's initial parameters to every rank (HcclBroadcast on the communication stream)."""
+    def broadcast_state(self, state: dict | None) -> int:
+        """Rank 0's parameters, momentum and step to every rank (HcclBroadcast on the
+        communication stream); returns the step to start from. ``state`` is rank 0's."""
+        ks = self.comm_stream
+        step = runtime.zeros(1, np.int64)
         if self.rank == 0:
-            self.params.copy_from_host(initial, stream=self.comm_stream)
-        self.comm.broadcast(self.params, root=0, stream=self.comm_stream)
-        self.compute.wait_stream(self.comm_stream)
+            self.params.copy_from_host(state["params"], stream=ks)
+            self.momentum.copy_from_host(state["momentum"], stream=ks)
+            step.copy_from_host(np.array([state["step"]], np.int64), stream=ks)
+            self.losses[:len(state["losses"])] = state["losses"][:self.args.steps]
+        for buf in (self.params, self.momentum, step):
+            self.comm.broadcast(buf, root=0, stream=ks)
+        self.compute.wait_stream(ks)
+        self.start = int(step.to_host(stream=ks)[0])
+        return self.start
 
-    def step(self, t: int) -> None:
-        """Enqueue one training step; returns at once."""
+    def save_checkpoint(self, step: int) -> None:
+        """Rank 0: the state after ``step`` steps into the checkpoint directory (waits for it)."""
+        buf = io.BytesIO()
+        np.savez(buf, params=self.params.to_host(stream=self.compute),
+                 momentum=self.momentum.to_host(stream=self.compute), step=np.int64(step),
+                 losses=self.losses[:step])
+        checkpoint.save(self.args.checkpoint_dir, step, buf.getvalue(), ".npz",
+                        checkpoint_meta(self.lay, self.world))
+
+    def step(self, t: int) -> tuple:
+        """Enqueue one training step; returns at once, with the events that end its gradient
+        all-reduces (communication stream) and the step (compute stream)."""
         L, cs, ks = self.lay.nlayers, self.compute, self.comm_stream
         ev = [runtime.Event(enable_timing=True) for _ in range(4)]
         self.marks.append(ev)
@@ -292,24 +323,36 @@ class Trainer:
                 self.comm.all_reduce(view, op=hccl.ReduceOp.SUM, stream=ks)
                 runtime.launch(grad_scale, view, 1.0 / self.world, stream=ks, name="grad_scale")
         ev[1].record(cs)
-        cs.wait_event(ks.record_event())
+        reduced = ks.record_event()
+        cs.wait_event(reduced)
         ev[2].record(cs)
         runtime.launch(sgd_momentum, self.params, self.momentum, self.grads, self.args.lr,
                        self.args.momentum, stream=cs, name="sgd_step")
         runtime.launch(read_scalar, self.grads, self.losses, t, stream=cs, name="read_loss")
         ev[3].record(cs)
+        return reduced, ev[3]
 
     def train(self, progress: Progress) -> None:
-        pending = []
-        for t in range(self.args.steps):
-            self.step(t)
-            pending.append(self.compute.record_event())
-            if t >= 1:     # keep one step in flight: the host prepares step t while t-1 runs
-                pending[t - 1].synchronize()
+        """Steps ``self.start`` to the end; rank 0 checkpoints every --checkpoint-every steps."""
+        args, pending = self.args, {}
+        for t in range(self.start, args.steps):
+            pending[t] = self.step(t)
+            if t > self.start:   # keep one step in flight: the host prepares t while t-1 runs
+                # the communication stream's event too: a failed all-reduce (a peer died)
+                # raises here instead of letting this rank step on with unreduced gradients
+                for ev in pending.pop(t - 1):
+                    ev.synchronize()
                 progress.update(t - 1, self.losses[t - 1])
+            done = t + 1
+            if self.rank == 0 and args.checkpoint_dir and (
+                    done % args.checkpoint_every == 0 or done == args.steps):
+                for ev in pending[t]:       # only the state of a step that really completed
+                    ev.synchronize()
+                self.save_checkpoint(done)
         self.compute.synchronize()
         self.comm_stream.synchronize()
-        progress.update(self.args.steps - 1, self.losses[-1])
+        if self.start < args.steps:
+            progress.update(args.steps - 1, self.losses[-1])
 
     def timings(self) -> dict:
         """Compute / communication-wait split of the compute stream, from the timing events."""
@@ -317,7 +360,7 @@ class Trainer:
         for start, bwd_end, wait_end, end in self.marks[1:]:     # step 0 is warm-up
             compute += start.elapsed_time(bwd_end) + wait_end.elapsed_time(end)
             wait += bwd_end.elapsed_time(wait_end)
-        timed = len(self.marks) - 1
+        timed = max(len(self.marks) - 1, 0)
         wall = self.marks[0][3].elapsed_time(self.marks[-1][3]) if timed else float("nan")
         return {"compute_ms": compute, "wait_ms": wait, "wall_ms": wall, "timed_steps": timed}
 
@@ -392,6 +435,37 @@ def check(args, trainer: Trainer, lay: Layout, initial, data) -> bool:
     return bool(flag.to_host(stream=ks)[0])
 
 
+def checkpoint_meta(lay: Layout, world: int) -> dict:
+    """What a checkpoint must match to be resumed: the world size and every parameter's shape."""
+    shapes = {f"{kind}{layer + 1}": list(shape) for (layer, kind), (_, shape) in
+              sorted(lay.offsets.items())}
+    return {"world_size": world, "shapes": shapes}
+
+
+def parse_npz(data: bytes) -> dict:
+    """A checkpoint payload (numpy .npz, never pickles) as a dict of arrays."""
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        state = {k: z[k] for k in ("params", "momentum", "step", "losses")}
+    state["step"] = int(state["step"])
+    return state
+
+
+def initial_state(args, lay: Layout, world: int) -> dict:
+    """Rank 0: the newest checkpoint's state, else step 0 (He-initialised weights, no momentum)."""
+    if args.checkpoint_dir:
+        found = checkpoint.latest(args.checkpoint_dir, checkpoint_meta(lay, world), parse_npz)
+        if found is not None:
+            n = lay.nparams
+            if found.state["params"].shape != (n,) or found.state["momentum"].shape != (n,):
+                raise checkpoint.CheckpointMismatch(
+                    f"checkpoint {found.path} holds {found.state['params'].shape} parameters "
+                    f"and {found.state['momentum'].shape} momenta; this model has ({n},)")
+            return found.state
+    params = lay.init_params(args.seed)
+    return {"params": params, "momentum": np.zeros_like(params), "step": 0,
+            "losses": np.zeros(0)}
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -411,7 +485,9 @@ def parse_args(argv=None):
                         "exit 1 if not")
     p.add_argument("--profile", metavar="DIR",
                    help="write DIR/trace_rank<RANK>.json per rank and DIR/trace_merged.json")
+    checkpoint.add_arguments(p)
     args = p.parse_args(argv)
+    checkpoint.check_arguments(p, args)
     for name in ("steps", "batch", "hidden"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be positive")
@@ -426,6 +502,14 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
+def resume(trainer: Trainer, state: dict | None) -> int:
+    """Every rank takes rank 0's state; rank 0 says where a resumed run starts."""
+    start = trainer.broadcast_state(state)
+    if trainer.rank == 0 and start:
+        print(f"resumed from step {start}", flush=True)
+    return start
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -438,9 +522,10 @@ def main(argv=None) -> int:
     comm = hccl.init_comm()
     lay = Layout(args.hidden, int(args.bucket_mb * 2**20))
     data = make_dataset(args.seed)
-    initial = lay.init_params(args.seed) if comm.rank == 0 else None
-    trainer = Trainer(args, comm, lay, data)
     lead = comm.rank == 0
+    state = initial_state(args, lay, comm.size) if lead else None
+    initial = lay.init_params(args.seed) if lead else None     # --check's reference start
+    trainer = Trainer(args, comm, lay, data)
     if lead:
         sizes = ", ".join(f"{(e - s) * 8 / 2**10:.0f} KiB" for s, e, _ in lay.buckets)
         print(f"MLP {lay.widths}: {lay.nparams} parameters ({DTYPE.__name__}), "
@@ -450,8 +535,8 @@ def main(argv=None) -> int:
     if args.profile:
         trace = os.path.join(args.profile, f"trace_rank{comm.rank}.json")
         with runtime.profile(trace):
-            trainer.broadcast_params(initial)
-            trainer.train(Progress(args.steps, args.batch, lead))
+            start = resume(trainer, state)
+            trainer.train(Progress(args.steps, args.batch, lead, start))
         comm.barrier(stream=trainer.comm_stream)    # every rank's trace is on disk
         trainer.comm_stream.synchronize()
         if lead:   # this job's ranks only, not traces a larger earlier run left there
@@ -461,8 +546,8 @@ def main(argv=None) -> int:
                               for r in range(comm.size)], merged)
             print(f"profile: {comm.size} per-rank traces merged into {merged}", flush=True)
     else:
-        trainer.broadcast_params(initial)
-        trainer.train(Progress(args.steps, args.batch, lead))
+        start = resume(trainer, state)
+        trainer.train(Progress(args.steps, args.batch, lead, start))
 
     tm = trainer.timings()
     acc = trainer.evaluate() if lead else None
@@ -472,11 +557,15 @@ def main(argv=None) -> int:
         if tm["timed_steps"]:      # step 1 (first touch of memory, first connections) is not timed
             busy = tm["compute_ms"] + tm["wait_ms"]
             rate = tm["timed_steps"] * args.batch / (tm["wall_ms"] / 1e3)
-            print(f"throughput {rate:,.0f} samples/s over steps 2-{args.steps}; rank 0's compute "
+            print(f"throughput {rate:,.0f} samples/s over steps {start + 2}-{args.steps}; "
+                  f"rank 0's compute "
                   f"stream: computing {tm['compute_ms'] / 1e3:.2f} s, waiting for communication "
                   f"{tm['wait_ms'] / 1e3:.2f} s ({tm['wait_ms'] / busy:.1%})", flush=True)
         else:
-            print("throughput: not measured (step 1 is warm-up; run --steps 2 or more)", flush=True)
+            print("throughput: not measured (the first step is warm-up; run 2 steps or more)",
+                  flush=True)
+        final = trainer.params.to_host(stream=trainer.compute)
+        print(f"final params sha256: {hashlib.sha256(final.tobytes()).hexdigest()}", flush=True)
     ok = check(args, trainer, lay, initial, data) if args.check else True
     comm.destroy()
     return 0 if ok else 1

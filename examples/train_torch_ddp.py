@@ -5,6 +5,7 @@ Run it with the launcher (rank 0 prints the progress and the summary):
     npurun --nproc-per-node 4 examples/train_torch_ddp.py
     npurun --nproc-per-node 4 examples/train_torch_ddp.py --check
     npurun --nproc-per-node 4 examples/train_torch_ddp.py --check --backend gloo
+    npurun --nproc-per-node 4 --max-restarts 3 examples/train_torch_ddp.py --checkpoint-dir /tmp/ckpt
 
 The training code is what a torch_npu script runs: ``dist.init_process_group(backend="hccl")``,
 ``DistributedDataParallel(model)``, an optimizer, ``loss.backward()``. The one npusim-specific
@@ -19,12 +20,20 @@ all_gather of their digests) and that they match, within 1e-6 relative, the same
 in the rank-0 process over the full global batches without torch.distributed; the exit code is
 1 if not. Parameters are float64 so the data-parallel run and the reference agree to far better
 than 1e-6 although they sum the gradients in different orders.
+
+``--checkpoint-dir DIR``: rank 0 saves the model, the optimizer (its momentum) and the step every
+``--checkpoint-every`` steps with ``torch.save``, atomically (see ``checkpoint.py``); a job started
+again resumes from the newest complete checkpoint (``torch.load(weights_only=True)`` on rank 0,
+which DDP's start-up broadcast and one broadcast per momentum buffer hand to the other ranks).
+The batches depend only on the step, so the resumed run ends with the parameters of a run that
+never stopped: rank 0 prints ``final params sha256: <hex>`` at the end.
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import hashlib
+import io
 import os
 import sys
 import time
@@ -34,6 +43,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import checkpoint
 import hccl.torch_backend  # noqa: F401  (registers the "hccl" backend; torch_npu: import torch_npu)
 
 DIM, CLASSES, DEPTH = 32, 10, 3
@@ -65,10 +75,11 @@ def batch_rows(step: int, batch: int) -> slice:
     return slice(start, start + batch)
 
 
-def train(model, opt, data, args, rows_of_rank=None, progress=None):
-    """``args.steps`` SGD steps; a rank trains on its slice of every global batch."""
+def train(model, opt, data, args, rows_of_rank=None, progress=None, start=0, save=None):
+    """SGD steps ``start`` to ``args.steps``; a rank trains on its slice of every global batch;
+    ``save(done)`` runs after every step (rank 0's checkpoints)."""
     x, y = data
-    for step in range(args.steps):
+    for step in range(start, args.steps):
         rows = batch_rows(step, args.batch)
         xb, yb = x[rows], y[rows]
         if rows_of_rank is not None:
@@ -79,10 +90,47 @@ def train(model, opt, data, args, rows_of_rank=None, progress=None):
         opt.step()
         if progress:
             progress(step, loss)
+        if save:
+            save(step + 1)
 
 
 def make_optimizer(params, args):
     return torch.optim.SGD(params, lr=args.lr, momentum=args.momentum)
+
+
+def checkpoint_meta(model, world: int) -> dict:
+    """What a checkpoint must match to be resumed: the world size and every parameter's shape."""
+    return {"world_size": world,
+            "shapes": {name: list(p.shape) for name, p in model.named_parameters()}}
+
+
+def parse_torch(data: bytes) -> dict:
+    """A checkpoint payload: tensors and plain values only (weights_only: nothing unpickled
+    beyond them)."""
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def save_checkpoint(model, opt, args, world: int, done: int) -> None:
+    """Rank 0: model, optimizer and step after ``done`` steps, every --checkpoint-every steps."""
+    if done % args.checkpoint_every and done != args.steps:
+        return
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": done}, buf)
+    checkpoint.save(args.checkpoint_dir, done, buf.getvalue(), ".pt",
+                    checkpoint_meta(model, world))
+
+
+def broadcast_momentum(opt, state: dict | None) -> None:
+    """Rank 0's optimizer state (``state``, loaded from a checkpoint) to every rank: SGD's one
+    momentum buffer per parameter, which the other ranks do not have yet."""
+    if dist.get_rank() == 0:
+        opt.load_state_dict(state)
+    for group in opt.param_groups:
+        for p in group["params"]:
+            buf = opt.state[p].get("momentum_buffer")
+            if buf is None:
+                buf = opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
+            dist.broadcast(buf, src=0)
 
 
 def check(model, args, data) -> bool:
@@ -128,7 +176,9 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="seed of the data and the init")
     p.add_argument("--check", action="store_true",
                    help="verify replicas are identical and match one process; exit 1 if not")
+    checkpoint.add_arguments(p)
     args = p.parse_args(argv)
+    checkpoint.check_arguments(p, args)
     for name in ("steps", "batch", "hidden"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be positive")
@@ -152,8 +202,20 @@ def main(argv=None) -> int:
         return 2
     data = make_dataset(args.seed)
     model = make_model(args.hidden, args.seed + rank)   # DDP broadcasts rank 0's weights
+    found = None
+    if rank == 0 and args.checkpoint_dir:
+        found = checkpoint.latest(args.checkpoint_dir, checkpoint_meta(model, world), parse_torch)
+        if found is not None:
+            model.load_state_dict(found.state["model"])
+    start = torch.tensor([found.step if found else 0])
+    dist.broadcast(start, src=0)
+    start = int(start[0])
     ddp = DDP(model, bucket_cap_mb=args.bucket_mb)
     opt = make_optimizer(ddp.parameters(), args)
+    if start:
+        broadcast_momentum(opt, found.state["optim"] if found else None)
+        if rank == 0:
+            print(f"resumed from step {start}", flush=True)
     local = args.batch // world
     mine = slice(rank * local, (rank + 1) * local)
     nparams = sum(p.numel() for p in model.parameters())
@@ -164,16 +226,24 @@ def main(argv=None) -> int:
     every = max(1, args.steps // 5)
 
     def progress(step, loss):
-        if rank == 0 and (step % every == 0 or step == args.steps - 1):
+        if rank == 0 and (step % every == 0 or step in (start, args.steps - 1)):
             print(f"step {step + 1}/{args.steps}  local loss {loss.item():.4f}", flush=True)
 
+    save = None
+    if rank == 0 and args.checkpoint_dir:
+        def save(done):
+            save_checkpoint(model, opt, args, world, done)
     t0 = time.perf_counter()
-    train(ddp, opt, data, args, mine, progress)
+    train(ddp, opt, data, args, mine, progress, start, save)
     dist.barrier()
     elapsed = time.perf_counter() - t0
     if rank == 0:
-        print(f"trained {args.steps} steps in {elapsed:.2f} s "
-              f"({args.steps * args.batch / elapsed:,.0f} samples/s) on {args.backend}", flush=True)
+        ran = args.steps - start
+        print(f"trained {ran} steps in {elapsed:.2f} s "
+              f"({ran * args.batch / elapsed:,.0f} samples/s) on {args.backend}", flush=True)
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        print(f"final params sha256: {hashlib.sha256(flat.numpy().tobytes()).hexdigest()}",
+              flush=True)
     ok = check(model, args, data) if args.check else True
     # DDP's reducer holds the process group, and its reference cycles would keep it alive until
     # the interpreter's own teardown, where gloo's worker threads sometimes abort the process

@@ -6,7 +6,8 @@ Data model as torch elastic's: a ``WorkerSpec`` (what to run, how many, the poli
     join (rendezvous) -> attempt k: start ranks -> HEALTHY
         all ranks exit 0 -> (all nodes done) -> SUCCEEDED
         a rank fails / another node failed / a stop hook fires -> stop the others -> FAILED
-            -> restart (attempt k+1) while k < max_restarts, else exit with the root cause's code
+            -> remove what attempt k left (its shared-memory segments) -> restart (attempt k+1)
+               while k < max_restarts, else exit with the root cause's code
         SIGINT / SIGTERM / SIGHUP -> forward to every rank's group, SIGKILL after the grace
             period -> exit 128 + signal
 
@@ -17,6 +18,14 @@ the job verdict of the failure, if any: npurun then prints it first and a failur
 agrees with it (``launcher.summary.format_story``) instead of the first-failure summary.
 ``collect_stacks()`` takes every live rank's Python stacks now (SIGUSR1 + faulthandler, no
 cooperation needed); ``stop_signal``, ``request_status()`` and ``say()`` are public for them.
+
+Every restart is a fresh attempt: its ranks get TORCHELASTIC_RESTART_COUNT=k+1, which names
+their communicators' store keys (``hccl/<job>/<k+1>/...``) and diag keys, so nothing the failed
+attempt wrote to the store is read again; their transports bind new ephemeral ports; and the
+failed attempt's /dev/shm segments are removed before the next starts (on every node before
+the restart barrier, so no node removes a segment of the new attempt). A job that restarted
+ends with one line per attempt (``launcher.attempts``): the culprit and class of each failure
+and where the next attempt resumed, as its ranks printed it.
 
 Runs in the main thread: it installs signal handlers, and it forks the ranks from the thread
 that lives as long as the launcher (their parent-death signal follows the forking thread).
@@ -31,10 +40,12 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from launcher import proc, shm, stacks
+from launcher.attempts import RESUMED_MARKER, AttemptRecord, failure_class, format_attempts
 from launcher.env import JobInfo, worker_env
 from launcher.errors import Interrupted, describe_exit, signal_name
 from launcher.janitor import Janitor
@@ -132,6 +143,7 @@ class Agent:
         self.status_requested = False
         # the job verdict of the failure being handled: {"verdict", "text", "path"} or None
         self.verdict_hooks: list[Callable[[], dict | None]] = []
+        self.attempts: list[AttemptRecord] = []
 
     # -- hooks for diagnosis ---------------------------------------------------------------
     def live_workers(self) -> list[Worker]:
@@ -191,6 +203,7 @@ class Agent:
         saved = self._install_signals()
         self._janitor = Janitor()
         self._pump = OutputPump()
+        self._pump.watch(RESUMED_MARKER, self._saw_resumed)
         self._waiter = proc.Waiter((self._wake_r,))
         try:
             self.rdzv.should_stop = self._stop_signal
@@ -199,14 +212,23 @@ class Agent:
             self._setup_logs()
             while True:
                 self.rdzv.begin(self.attempt)
+                self.attempts.append(AttemptRecord(self.attempt))
                 result = self._run_attempt()
+                self._record().outcome = {WorkerState.SUCCEEDED: "succeeded",
+                                          WorkerState.FAILED: "failed"}.get(result.state,
+                                                                            "stopped")
                 if result.state is WorkerState.SUCCEEDED or result.signum:
-                    return result
+                    return self._end(result)
                 if self._signal:  # told to stop while handling the failure: no restart
-                    return RunResult(WorkerState.STOPPED, 128 + self._signal, self.attempt,
-                                     result.failures, signum=self._signal)
+                    return self._end(RunResult(WorkerState.STOPPED, 128 + self._signal,
+                                               self.attempt, result.failures,
+                                               signum=self._signal))
                 if self.attempt >= self.spec.max_restarts:
-                    return result
+                    return self._end(result)
+                removed = shm.remove_segments(self.job.job_id)   # every rank of it is gone
+                if removed:
+                    log.info("npurun: removed %d segment(s) of attempt %d", len(removed),
+                             self.attempt)
                 self.attempt += 1
                 say(f"npurun: restarting the job: attempt {self.attempt} of at most "
                      f"{self.spec.max_restarts} restarts (TORCHELASTIC_RESTART_COUNT="
@@ -225,6 +247,27 @@ class Agent:
                 signal.signal(s, handler)
             os.close(self._wake_r)  # only now: a late signal must not write to a reused fd
             os.close(self._wake_w)
+
+    # -- attempts ----------------------------------------------------------------------------
+    def _record(self) -> AttemptRecord:
+        return self.attempts[-1]
+
+    def _saw_resumed(self, _prefix: str, line: str) -> None:
+        """The pump saw a rank print ``resumed from step N`` (in the pump's thread)."""
+        if self.attempts:
+            self._record().saw_line(line)
+
+    def _failed(self, culprits: list, klass: str, detail: str, at: float) -> None:
+        r = self._record()
+        r.culprits, r.failure_class, r.detail, r.failed_at = culprits, klass, detail, at
+
+    def _end(self, result: RunResult) -> RunResult:
+        """The attempts table, if the job restarted; then ``result``."""
+        if len(self.attempts) > 1:
+            for r in self.attempts:
+                r.scan_logs(os.path.join(self._log_root, self.job.run_id, f"attempt_{r.number}"))
+            say(format_attempts(self.attempts, self.spec.max_restarts))
+        return result
 
     def _setup_logs(self) -> None:
         if self.spec.log_dir:
@@ -348,6 +391,10 @@ class Agent:
             code = story_exit_code(culprits)
             names = ", ".join(map(str, report["verdict"]["culprits"])) or "none found"
             message = f"culprit rank(s) {names}: {report['verdict']['verdict']}"
+            self._failed(list(report["verdict"]["culprits"] or ()),
+                         failure_class(report["verdict"].get("reason"), 1),
+                         _first_line(report["verdict"].get("verdict")),
+                         min(f.timestamp for f in failures) if failures else time.time())
             first = self.rdzv.report_failure(self.attempt, {
                 "node": self.job.node_rank, "rank": culprits[0].rank if culprits else None,
                 "exitcode": code, "message": message})
@@ -355,6 +402,8 @@ class Agent:
         else:
             root = root_cause(failures)
             code = root.shell_exitcode
+            self._failed([root.rank], failure_class(None, root.exitcode),
+                         describe_exit(root.exitcode), root.timestamp)
             first = self.rdzv.report_failure(self.attempt, {
                 "node": self.job.node_rank, "rank": root.rank, "exitcode": code,
                 "message": f"rank {root.rank} failed ({describe_exit(root.exitcode)}): "
@@ -402,6 +451,9 @@ class Agent:
         say(f"npurun: hang report written to {report['path']}")
 
     def _peer_failed(self, detail: dict) -> RunResult:
+        self._failed([detail["rank"]] if detail.get("rank") is not None else [],
+                     f"node {detail.get('node')}", _first_line(detail.get("message")),
+                     time.time())
         stopped = self._stop_live(f"node {detail.get('node')} failed")
         self._pump.wait_idle(2.0)
         say(f"npurun: node {self.job.node_rank}: stopping: node {detail.get('node')} failed: "
@@ -411,6 +463,7 @@ class Agent:
                          message=str(detail.get("message")))
 
     def _hook_stop(self, request: StopRequest) -> RunResult:
+        self._failed([], "stopped", _first_line(request.message), time.time())
         self.rdzv.report_failure(self.attempt, {"node": self.job.node_rank, "rank": None,
                                                 "exitcode": request.exitcode,
                                                 "message": request.message})
@@ -472,3 +525,6 @@ class Agent:
             if self._janitor is not None:
                 self._janitor.close()
 
+
+def _first_line(text) -> str:
+    return (str(text or "").strip().splitlines() or [""])[0][:160]

@@ -2,7 +2,8 @@
 
 One pump thread serves every pipe of a launcher through a selector (no thread per pipe, no busy
 loop). Console lines get the ``[rank N]: `` prefix and are written whole, so ranks interleave by
-line, never inside one; tee'd bytes go to the log file as they arrive.
+line, never inside one; tee'd bytes go to the log file as they arrive. ``watch`` lets the
+launcher see the console lines that carry a marker (the examples' ``resumed from step N``).
 """
 from __future__ import annotations
 
@@ -57,11 +58,12 @@ def std_for(spec: "Std | dict[int, Std]", local_rank: int) -> Std:
 
 
 class _Stream:
-    __slots__ = ("fd", "prefix", "console", "logfile", "buf")
+    __slots__ = ("fd", "prefix", "console", "logfile", "buf", "watches")
 
-    def __init__(self, fd: int, prefix: str, console: str | None, logfile):
+    def __init__(self, fd: int, prefix: str, console: str | None, logfile, watches: list):
         self.fd, self.prefix, self.console, self.logfile = fd, prefix, console, logfile
         self.buf = b""
+        self.watches = watches       # the pump's (marker, callback) list, shared
 
     def feed(self, data: bytes) -> None:
         if self.logfile is not None:
@@ -76,6 +78,11 @@ class _Stream:
         if cut < 0:
             cut = len(self.buf) - 1
         lines, self.buf = self.buf[:cut + 1], self.buf[cut + 1:]
+        for marker, callback in self.watches:
+            if marker in lines:      # one scan of the chunk: the common case has no marker
+                for line in lines.splitlines():
+                    if marker in line:
+                        callback(self.prefix, line.decode("utf-8", "replace"))
         self._write(lines)
 
     def finish(self) -> None:
@@ -110,6 +117,12 @@ class OutputPump:
         self._cond = threading.Condition()
         self._closing = False
         self._thread: threading.Thread | None = None
+        self._watches: list = []
+
+    def watch(self, marker: bytes, callback) -> None:
+        """Call ``callback(prefix, line)`` in the pump's thread for every console line that
+        contains ``marker`` (before the line is written)."""
+        self._watches.append((marker, callback))
 
     def add(self, fd: int, prefix: str, console: str | None, logfile=None) -> None:
         """Pump ``fd`` (the read end of a worker's pipe; the pump closes it at EOF).
@@ -119,7 +132,7 @@ class OutputPump:
         """
         os.set_blocking(fd, False)
         with self._cond:
-            stream = _Stream(fd, prefix, console, logfile)
+            stream = _Stream(fd, prefix, console, logfile, self._watches)
             self._open[fd] = stream
             self._pending.append(stream)
             if self._thread is None:
