@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from launcher.testing import LeakCheck, run_npurun
+from tests.leakcheck import LeakCheck, run_npurun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(ROOT, "examples")

@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from launcher.testing import LeakCheck, npurun_cmd, tagged_pids
+from tests.leakcheck import LeakCheck, npurun_cmd, tagged_pids
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DIGEST = re.compile(r"final params sha256: ([0-9a-f]{64})")

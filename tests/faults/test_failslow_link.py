@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from launcher.testing import LeakCheck, npurun_cmd
+from tests.leakcheck import LeakCheck, npurun_cmd
 from tests.faults.test_link_cut import sh, two_nodes  # noqa: F401 - the fixture
 
 RANK = """

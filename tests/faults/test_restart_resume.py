@@ -21,7 +21,7 @@ import sys
 import numpy as np
 import pytest
 
-from launcher.testing import LeakCheck, run_npurun
+from tests.leakcheck import LeakCheck, run_npurun
 from tests.faults import restart_harness as harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
