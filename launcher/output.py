@@ -60,10 +60,11 @@ def std_for(spec: "Std | dict[int, Std]", local_rank: int) -> Std:
 class _Stream:
     __slots__ = ("fd", "prefix", "console", "logfile", "buf", "watches")
 
-    def __init__(self, fd: int, prefix: str, console: str | None, logfile, watches: list):
+    def __init__(self, fd: int, prefix: str, console: str | None, logfile,
+                 watches: list | None = None):
         self.fd, self.prefix, self.console, self.logfile = fd, prefix, console, logfile
         self.buf = b""
-        self.watches = watches       # the pump's (marker, callback) list, shared
+        self.watches = [] if watches is None else watches   # the pump's (marker, callback) list
 
     def feed(self, data: bytes) -> None:
         if self.logfile is not None:

@@ -39,6 +39,6 @@ def test_package_imports_only_layers_below_it(package):
 
 def test_the_scan_sees_imports_inside_functions(tmp_path):
     p = tmp_path / "m.py"
-    p.write_text("import os\ndef f():\n    from tests.leakcheck import x\n    import hccl.bench\n"
+    p.write_text("import os\ndef f():\n    from launcher.testing import x\n    import hccl.bench\n"
                  "from . import sibling\n")
     assert imported_packages(str(p)) == {"os", "launcher", "hccl"}
