@@ -49,7 +49,7 @@ them there, and a spin that does not yield then holds the core its peer needs (1
 at world 2: 570-600 us instead of 270-305 us, both ranks forced onto one core). With more ranks
 on the node than cores the spin is 0 (it would starve the very rank it waits for; the waiter
 yields once), then it sleeps in FUTEX_WAIT on the bell's old value: any
-post or ``poke`` after the read changes the bell, so the kernel refuses to sleep or wakes it.
+post or ``ring`` after the read changes the bell, so the kernel refuses to sleep or wakes it.
 
 Nothing in a slot is executable or unpickled: fixed-size integers and raw bytes. A segment is
 opened only by the name the store gave (checked against the job's naming), must belong to this
@@ -68,6 +68,7 @@ import struct
 import sys
 import threading
 import time
+import weakref
 
 MAGIC = 0x4E50_5553_4849_4D31          # "NPUSHIM1"
 _CTRL = struct.Struct("=IIQIIII")       # bell, sleepers, magic, rank, rings, slots, slot_bytes
@@ -84,6 +85,11 @@ _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _INT_MAX = 0x7FFFFFFF
 _libc = ctypes.CDLL(None, use_errno=True)          # releases the GIL: for the blocking wait
 _libc.syscall.restype = ctypes.c_long
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_long]
+_PROT_RW, _MAP_SHARED = mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED
+_MAP_FAILED = ctypes.c_void_p(-1).value
 _pylibc = ctypes.PyDLL(None, use_errno=True)       # keeps the GIL: the wake never blocks, and
 _pylibc.syscall.restype = ctypes.c_long            # releasing it would hand it to another thread
 
@@ -119,16 +125,15 @@ class _Segment:
     def __init__(self, path: str, fd: int, size: int, create: tuple | None = None):
         self.path = path
         try:
-            self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            self.mm = _map(fd, size)
         finally:
             os.close(fd)
         if create is not None:                 # (rank, rings, slots, slot_bytes) of a new inbox
             _CTRL.pack_into(self.mm, 0, 0, 0, MAGIC, *create)
-        self.buf = memoryview(self.mm)
+        self.buf = memoryview(self.mm).cast("B")
         self.u32 = self.buf.cast("I")
         self.u64 = self.buf.cast("Q")
-        self._bell = ctypes.c_uint32.from_buffer(self.mm, 0)
-        self.bell_addr = ctypes.addressof(self._bell)
+        self.bell_addr = ctypes.addressof(self.mm)
         _, _, magic, self.rank, self.rings, self.slots, self.slot_bytes = _CTRL.unpack_from(self.mm)
         self.magic = magic
         self.ring_bytes = RING_HDR + self.slots * self.slot_bytes
@@ -152,6 +157,19 @@ class _Segment:
             _futex_wake(self.bell_addr)
 
 
+def _map(fd: int, size: int):
+    """``size`` bytes of ``fd`` mapped shared read-write, as a ctypes array; unmapped once the
+    array and every view of it are garbage (so a thread still reading never touches unmapped
+    memory). Unlike ``mmap.mmap`` it keeps no duplicate of ``fd`` open."""
+    addr = _libc.mmap(None, ctypes.c_size_t(size), _PROT_RW, _MAP_SHARED, fd, ctypes.c_long(0))
+    if addr in (None, _MAP_FAILED):
+        err = ctypes.get_errno()
+        raise ChannelError(f"cannot map {size} bytes of shared memory: {os.strerror(err)}")
+    arr = (ctypes.c_ubyte * size).from_address(addr)
+    weakref.finalize(arr, _libc.munmap, ctypes.c_void_p(addr), ctypes.c_size_t(size))
+    return arr
+
+
 def segment_bytes(rings: int, slots: int, slot_bytes: int) -> int:
     return CTRL_BYTES + rings * (RING_HDR + slots * slot_bytes)
 
@@ -159,8 +177,9 @@ def segment_bytes(rings: int, slots: int, slot_bytes: int) -> int:
 class Channel:
     """Rank ``rank``'s end of the node's shared-memory rings (see the module note).
 
-    ``post`` writes into a peer's inbox, ``poll`` reads this rank's inbox, ``wait`` sleeps until
-    something changes; the caller (``hccl.transport.node``) decides what messages mean.
+    ``post`` writes into a peer's inbox, ``poll`` reads this rank's inbox; ``value``, ``wait``
+    and ``ring`` make it the transport's bell (``base.Transport``). The caller
+    (``hccl.transport.local``) decides what messages mean.
     """
 
     def __init__(self, rank: int, size: int, job: str, *, slots: int = 32,
@@ -275,7 +294,7 @@ class Channel:
                     u64[h + 8] = tail
         return got
 
-    def bell(self) -> int:
+    def value(self) -> int:
         """The current bell value: pass it to ``wait`` after checking for work."""
         return self.inbox.u32[0]
 
@@ -302,7 +321,7 @@ class Channel:
             with self._waiters_lock:
                 u32[1] -= 1
 
-    def poke(self) -> None:
+    def ring(self) -> None:
         """Wake this rank's own waiters (an abort, a close, a message that came another way)."""
         self.inbox.ring()
 
