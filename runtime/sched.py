@@ -9,20 +9,21 @@ next scheduling tick. With more ranks than cores that matters to npusim twice:
   and back when it finds work nobody else runs);
 - a rank that sends to a peer would lose its core to that peer before it has posted its other
   messages and reached its own wait (``hccl``: the thread that runs a collective is in
-  SCHED_BATCH for the collective's duration, ``batched``).
+  SCHED_BATCH for the collective's duration, ``enter`` / ``leave``).
 
 Only npusim changes what npusim changed: ``move`` is called by npusim's own threads on
-themselves, and ``batched`` puts back the class it found when the collective ends, whichever
+themselves, and ``leave`` puts back the class ``enter`` found when the collective ends, whichever
 thread ran it (the user's main thread runs a collective when it synchronizes). A user's thread is
-therefore in its own class whenever the user's code runs. The cost is three system calls per
-collective (about 3 us here, ``python -m runtime.sched``), against 1 KiB all_reduce at world 4 on
-2 cores taking 500-650 us. Nothing needs privilege; where the classes are missing or a sandbox
-forbids them every call does nothing. NPUSIM_SCHED_BATCH (``runtime.config.sched_batch``) decides.
+therefore in its own class whenever the user's code runs. The cost is two class changes per
+collective: 16 us for the pair at best, 30-200 us on this 2-core VM under a load of 20
+(a change back to the default class may hand the core to another runnable thread at once):
+``python -m timeit -s "from runtime import sched" "sched.leave(sched.enter(True))"``. Nothing
+needs privilege; where the classes are missing or a sandbox forbids them every call does
+nothing. NPUSIM_SCHED_BATCH (``runtime.config.sched_batch``) decides.
 """
 from __future__ import annotations
 
 import os
-import time
 
 from . import config
 
@@ -77,11 +78,3 @@ def current() -> int:
     except (AttributeError, OSError):
         return 0
 
-
-if __name__ == "__main__":      # the cost of one collective's enter + leave
-    n = 20000
-    t0 = time.perf_counter()
-    for _ in range(n):
-        leave(enter(True))
-    print(f"enter + leave: {(time.perf_counter() - t0) / n * 1e6:.2f} us "
-          f"(moves: {_BATCH is not None and current() == _OTHER})")
