@@ -164,8 +164,11 @@ class ProcessTransport(Transport):
 
     def recv(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
              timeout: float | None) -> memoryview:
+        pair = self._pairs.get(peer)
+        if not isinstance(pair, LocalPair):       # the mailbox holds buffers the caller may own
+            return Transport.recv(self, peer, comm_id, seq, step, fp, timeout)
         out = []                                 # a copy the caller owns, as recv promises
-        self.recv_into(peer, comm_id, seq, step, fp, timeout,
+        pair.recv_into(comm_id, seq, step, norm_fp(fp), timeout,
                        lambda view: out.append(memoryview(bytearray(view))))
         return out[0]
 
