@@ -184,6 +184,10 @@ class Channel:
 
     def __init__(self, rank: int, size: int, job: str, *, slots: int = 32,
                  slot_bytes: int = 64 << 10, spin: float = 20e-6):
+        if not available():
+            raise ChannelError(f"the shared-memory channel runs on x86-64 Linux only (this is "
+                               f"{platform.machine()} {sys.platform}): its ordering argument "
+                               "is x86-64's; send through the sockets (NPUSIM_SHM=0)")
         if slot_bytes % 64 or slot_bytes <= SLOT_HDR_BYTES or slots < 1:
             raise ValueError(f"slot_bytes={slot_bytes} must be a multiple of 64 above "
                              f"{SLOT_HDR_BYTES}, slots={slots} at least 1")

@@ -10,6 +10,8 @@ def test_no_channel_on_another_cpu(monkeypatch, machine):
     monkeypatch.setattr(shm.platform, "machine", lambda: machine)
     monkeypatch.delenv("NPUSIM_SHM", raising=False)
     assert not shm.available()
+    with pytest.raises(shm.ChannelError, match=f"x86-64 Linux only .this is {machine}"):
+        shm.Channel(0, 2, "gatetest")                  # nor can anyone build one by hand
     comm = hccl.comm_init_root_info(1, hccl.get_root_info(), 0)   # what a communicator gets
     try:
         t = comm.world.transport
