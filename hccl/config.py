@@ -175,15 +175,6 @@ def shm_spin_us() -> float | None:
     return value
 
 
-def sched_batch() -> bool | None:
-    """NPUSIM_SCHED_BATCH: 1 runs this rank's threads in Linux's SCHED_BATCH class (a thread
-    that wakes a peer keeps its core until it waits itself), 0 leaves the scheduling class
-    alone; unset (the default): 1 when the node runs more ranks than this process may use
-    cores, else 0 (returned as None)."""
-    return _switch("NPUSIM_SCHED_BATCH",
-                   "unset it for the default (1 when the node's ranks outnumber its cores)")
-
-
 def job_id() -> str:
     """NPUSIM_JOB_ID (set by npurun): names the job's shared-memory segments (default "local")."""
     raw = _raw("NPUSIM_JOB_ID")

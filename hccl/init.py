@@ -24,8 +24,7 @@ from .errors import HcclError, HcclTimeoutError, InvalidArgumentError
 from .store import StoreClient, StoreServer, StoreTimeout
 from .transport import liveness, shm
 from .transport.inproc import InprocFabric
-from .transport.node import NodeTransport
-from .transport.zmq import ZmqTransport
+from .transport.process import ProcessTransport
 from .types import Result
 
 _MAGIC = b"NPUSIMRI1"
@@ -156,7 +155,7 @@ def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: 
     try:
         transport = _transport(rank, size, secret, _bind_host(host))
         # the segment name first: whoever sees this rank's address can also find its segment
-        store.set(f"{uid}/shm/{rank}", getattr(transport, "segment", "").encode())
+        store.set(f"{uid}/shm/{rank}", transport.segment.encode())
         # address, node id and process identity (pid:start time): the peers of this node
         # watch the process, so a dead rank is named without the launcher's help
         store.set(f"{uid}/addr/{rank}",
@@ -167,12 +166,9 @@ def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: 
         transport.watch_processes({r: ident for r, (_, _, ident) in found.items()})
         nodes = {r: node for r, (_, node, _) in found.items()}
         addresses = {r: a for r, (a, _, _) in found.items()}
-        if isinstance(transport, NodeTransport):
-            segments = {r: store.get(f"{uid}/shm/{r}").decode() for r, n in nodes.items()
-                        if n == transport.node}
-            transport.connect(addresses, nodes, segments)
-        else:
-            transport.connect(addresses, nodes)
+        segments = {r: store.get(f"{uid}/shm/{r}").decode() for r, n in nodes.items()
+                    if n == transport.node} if transport.channel is not None else {}
+        transport.connect(addresses, nodes, segments)
         # The ordering that makes every first message usable: a rank returns its communicator
         # (and may send) only after every rank has connected, i.e. knows which peers share its
         # node. Without this barrier a fast rank's first SHM_DATA could reach a peer that had
@@ -180,8 +176,7 @@ def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: 
         store.set(f"{uid}/connected/{rank}", b"1")
         _wait_all(store, [f"{uid}/connected/{r}" for r in range(size)], timeout, rank,
                   "never finished connecting")
-        if isinstance(transport, NodeTransport):
-            transport.unlink_segment()      # every peer has mapped it: no name outlives init
+        transport.unlink_segment()          # every peer has mapped it: no name outlives init
     except BaseException:
         if transport is not None:
             transport.close()
@@ -203,12 +198,11 @@ def _peer_entry(raw: bytes, peer: int) -> tuple[str, str, str]:
     return parts[0], parts[1], parts[2]
 
 
-def _transport(rank: int, size: int, secret: bytes, bind_host: str):
+def _transport(rank: int, size: int, secret: bytes, bind_host: str) -> ProcessTransport:
     """The node's shared-memory rings plus sockets, or sockets only (NPUSIM_SHM=0,
-    HCCL_INTRA_ROCE_ENABLE=1, or no futex on this platform)."""
-    if config.shm() and shm.available():
-        return NodeTransport(rank, size, secret, bind_host=bind_host, job=config.job_id())
-    return ZmqTransport(rank, size, secret, bind_host=bind_host)
+    HCCL_INTRA_ROCE_ENABLE=1, or not x86-64 Linux: ``shm.available``)."""
+    return ProcessTransport(rank, size, secret, bind_host=bind_host,
+                            shm=config.shm() and shm.available(), job=config.job_id())
 
 
 def _wait_all(store: StoreClient, keys: list[str], timeout: float, rank: int, what: str) -> None:

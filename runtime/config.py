@@ -64,8 +64,18 @@ def stream_check() -> str:
     raise ValueError(f"NPUSIM_STREAM_CHECK={raw!r}: expected 1 (raise), warn or 0 (off)")
 
 
-def sched_batch_workers() -> bool:
-    """NPUSIM_SCHED_BATCH: 0 keeps stream workers in the default scheduling class; otherwise
-    (unset or 1) a worker whose wake-ups find its work taken by a synchronizing caller runs in
-    SCHED_BATCH (see runtime/stream.py). hccl reads the same knob for the rank's threads."""
-    return os.environ.get("NPUSIM_SCHED_BATCH", "").strip().lower() not in ("0", "off", "false", "no")
+def sched_batch() -> bool | None:
+    """NPUSIM_SCHED_BATCH: 1 runs npusim's work in Linux's SCHED_BATCH class (a thread that wakes
+    another keeps its core until it waits itself), 0 never changes a scheduling class; unset
+    (None): collectives run in SCHED_BATCH when the node's ranks outnumber its cores, and stream
+    workers move themselves when their wake-ups find their work taken (see runtime/sched.py).
+    Raises ValueError for anything but 1/0 (on/off, true/false, yes/no)."""
+    raw = os.environ.get("NPUSIM_SCHED_BATCH", "").strip().lower()
+    if raw == "":
+        return None
+    if raw in ("1", "on", "true", "yes"):
+        return True
+    if raw in ("0", "off", "false", "no"):
+        return False
+    raise ValueError(f"NPUSIM_SCHED_BATCH={raw!r} must be 1 or 0; unset it for the default "
+                     "(SCHED_BATCH when the node's ranks outnumber its cores)")

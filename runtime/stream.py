@@ -23,7 +23,8 @@ a worker woken for work a caller had already taken moves to SCHED_BATCH (a threa
 class, once woken, does not take the core of the thread that woke it at once, but the next
 free one or the next scheduling tick), and a worker woken for work nobody else runs moves back
 to the default class, so asynchronous work (a collective on a communication stream) still
-starts at once. ``NPUSIM_SCHED_BATCH=0`` keeps workers in the default class. Measured, 64 KiB
+starts at once (``runtime.sched`` owns the moves). ``NPUSIM_SCHED_BATCH=0`` keeps workers in the
+default class. Measured, 64 KiB
 all_reduce at world 2 (an enqueue then a synchronize per call): 2.7 -> 0.3-0.7 involuntary
 switches of the caller per call; medians of 6-8 alternating jobs 71 -> 45, 93 -> 62 and
 97 -> 75 us in three A/Bs; the data-parallel example, which overlaps its AllReduces,
@@ -39,11 +40,10 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-import os
 import threading
 import time
 
-from . import config, graph, profiler, sanitizer
+from . import graph, profiler, sanitizer, sched
 from .callsite import callsite
 from .errors import (GraphCaptureError, InvalidParamError, SyncTimeoutError, TaskError,
                      task_error_class)
@@ -52,21 +52,6 @@ log = logging.getLogger("runtime.stream")
 _ids = itertools.count(1)
 _perf = time.perf_counter
 _NEVER = float("inf")
-
-
-def _move_class(frm: str, to: str) -> bool:
-    """Move the calling thread from scheduling class ``frm`` to ``to`` (names of ``os``
-    constants); True if it moved. False where Linux's classes are missing, where the thread is
-    in another class (hccl may have put it in SCHED_BATCH already) or where a sandbox forbids it."""
-    if not hasattr(os, "SCHED_BATCH"):
-        return False
-    try:
-        if os.sched_getscheduler(0) == getattr(os, frm):
-            os.sched_setscheduler(0, getattr(os, to), os.sched_param(0))
-            return True
-    except OSError:
-        pass
-    return False
 
 
 class _Task:
@@ -210,7 +195,7 @@ class Stream:
     # ------------------------------------------------------------------ worker
     def _work(self):
         q, mu, bell, ex = self._q, self._mu, self._bell, self._exec
-        adapt, moved, woken = config.sched_batch_workers(), False, False
+        adapt, moved, woken = sched.adaptive_workers(), False, False
         while True:
             while True:
                 with mu:
@@ -218,14 +203,14 @@ class Stream:
                     if not self._sleeping:
                         break
                 if woken and adapt and not moved:   # this wake-up found its work taken
-                    moved = _move_class("SCHED_OTHER", "SCHED_BATCH")
+                    moved = sched.move(True)
                 # a synchronizing thread running the queue itself rings again if it leaves work
                 bell.acquire()
                 woken = True
                 with mu:
                     self._rung = False
             if moved:                               # work nobody else runs: no more waiting
-                moved = not _move_class("SCHED_BATCH", "SCHED_OTHER")
+                moved = not sched.move(False)
             with ex:
                 while q:
                     task = q.popleft()

@@ -5,7 +5,7 @@ A message is tagged ``(comm_id, seq, step)`` and carries the collective's finger
 ``(op, count, dtype, redop, root)``. Inbound messages go into a mailbox per
 ``(peer, comm_id, seq)`` holding a FIFO per ``step`` (messages with the same tag are received in
 the order they were sent) and every fingerprint that peer used for that ``(comm_id, seq)``.
-``recv`` sleeps on one Condition until, in this order of precedence:
+``recv`` waits (see Waiting below) until, in this order of precedence:
 
 1. the transport was closed                        -> ``TransportClosed``
 2. ``comm_id`` was aborted, here or by any peer,  -> ``Aborted`` (sticky for that comm_id)
@@ -14,13 +14,26 @@ the order they were sent) and every fingerprint that peer used for that ``(comm_
                                                    -> ``FingerprintMismatch`` (also when it arrived
                                                       before ``recv`` was called)
 4. the message for the exact tag is there           -> its payload (popped)
-5. ``peer`` is dead (``_dead_peer``, checked every NPUSIM_LIVENESS_INTERVAL s; what it sent
+5. ``peer`` is dead (``dead_peer``, checked every NPUSIM_LIVENESS_INTERVAL s; what it sent
    before dying is still taken for DEAD_PEER_GRACE s) -> ``PeerGone``, and the comm_id is
    aborted on every rank with a reason naming ``peer``
 6. ``timeout`` passed                               -> ``PeerTimeout``
 
 Memory: ``recv`` pops what it returns and drops emptied mailboxes; ``forget`` drops leftovers
 (e.g. after a mismatch); messages for an aborted comm_id are discarded on arrival.
+
+Waiting. Every wait is one loop (``wait_for``): read the *bell*'s value, let the transport
+``drain`` what waits for this thread (a shared-memory ring has no receiver thread), look under
+the lock, then sleep on the bell until it moves from the value read. Everything that can end a
+wait rings the bell after changing the state: a message filed, an abort, ``fail``, ``close``;
+so no wake-up falls between the look and the sleep. The bell is a counter under a Condition
+(``CondBell``) unless the transport brings another one (the shared-memory channel's futex word,
+which a peer's process can ring).
+
+Implementations. A transport subclasses ``Transport`` and implements ``send``,
+``broadcast_abort`` and, if it owns resources, ``close``; it files what arrives with ``deliver``
+and ``apply_abort``, and may answer ``dead_peer`` and ``timeout_note``. Nothing else is meant to
+be overridden.
 """
 from __future__ import annotations
 
@@ -116,6 +129,30 @@ class SendHandle:
 DONE = SendHandle()   # the handle of a send whose payload was already copied
 
 
+class CondBell:
+    """The default bell (module note): a counter that waiters sleep on until it moves."""
+
+    __slots__ = ("_cond", "_n")
+
+    def __init__(self):
+        self._cond = threading.Condition(threading.Lock())
+        self._n = 0
+
+    def value(self) -> int:
+        return self._n
+
+    def ring(self) -> None:
+        with self._cond:
+            self._n += 1
+            self._cond.notify_all()
+
+    def wait(self, seen: int, seconds: float) -> None:
+        """Return once the counter differs from ``seen``, or after ``seconds``."""
+        with self._cond:
+            if self._n == seen:
+                self._cond.wait(seconds)
+
+
 class _Mailbox:
     __slots__ = ("fps", "steps")
 
@@ -125,16 +162,21 @@ class _Mailbox:
 
 
 class Transport:
-    """Endpoint ``rank`` of a world of ``size`` ranks. Subclasses implement ``send``,
-    ``_broadcast_abort`` and ``close``; matching, abort and timeouts live here."""
+    """Endpoint ``rank`` of a world of ``size`` ranks (see the module note for what an
+    implementation provides); matching, abort and timeouts live here. ``bell``: how waiters
+    sleep (default ``CondBell``); any object with ``value()``, ``ring()`` and ``wait(seen, s)``.
+    """
 
-    def __init__(self, rank: int, size: int):
+    sched_batch = False     # run collectives in SCHED_BATCH (runtime.sched): set by the transport
+
+    def __init__(self, rank: int, size: int, bell=None):
         if not (isinstance(size, int) and size >= 1 and isinstance(rank, int)
                 and 0 <= rank < size):
             raise ValueError(f"transport rank {rank!r} must be in [0, {size!r}) with size >= 1")
         self.rank, self.size = rank, size
-        self.liveness_interval = config.liveness_interval()   # s between two _dead_peer checks
-        self._cond = threading.Condition()
+        self.liveness_interval = config.liveness_interval()   # s between two dead_peer checks
+        self.bell = bell if bell is not None else CondBell()
+        self._lock = threading.Lock()
         self._boxes: dict[tuple[int, int, int], _Mailbox] = {}
         self._aborted: dict[int, tuple[int, str]] = {}
         self._failed: tuple[int, str] | None = None   # (rank, reason): every comm_id is aborted
@@ -158,12 +200,12 @@ class Transport:
         Raises ``FingerprintMismatch``, ``Aborted``, ``PeerTimeout`` (after ``timeout`` s; None
         waits forever) or ``TransportClosed``, see the module note for precedence.
         """
-        self._check_peer(peer)
+        self.check_peer(peer)
         fp = norm_fp(fp)
-        return self._wait_until(self._taker(peer, comm_id, seq, step, fp), comm_id, peer, timeout)
+        return self.wait_for(self.taker(peer, comm_id, seq, step, fp), comm_id, peer, timeout)
 
-    def _taker(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint):
-        """``ready`` for ``_wait_until``: pops the message tagged ``(comm_id, seq, step)`` from
+    def taker(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint):
+        """``ready`` for ``wait_for``: pops the message tagged ``(comm_id, seq, step)`` from
         ``peer``, or raises ``FingerprintMismatch`` (``fp`` normalized)."""
         key = (peer, comm_id, seq)
 
@@ -185,32 +227,54 @@ class Transport:
             return payload
         return take
 
-    def _wait_until(self, ready: Callable[[], Any], comm_id: int, peer: int,
-                    timeout: float | None) -> Any:
-        """Sleep on the Condition until ``ready()`` (called with it held) returns a value other
-        than None, and return that; ``TransportClosed`` / ``Aborted`` (``comm_id``) take
-        precedence, ``PeerTimeout`` (naming ``peer``) after ``timeout`` seconds.
+    def wait_for(self, ready: Callable[[], Any], comm_id: int, peer: int,
+                 timeout: float | None, drain: Callable[[], Any] | None = None) -> Any:
+        """Wait until ``ready()`` (called with the lock held) returns a value other than None,
+        and return that; ``TransportClosed`` / ``Aborted`` (``comm_id``) take precedence,
+        ``PeerTimeout`` (naming ``peer``) after ``timeout`` seconds. ``drain()``, called before
+        each look without the lock, files what arrived for this thread to find; a value other
+        than None from it ends the wait with that value.
 
-        Every NPUSIM_LIVENESS_INTERVAL seconds the wait asks ``_dead_peer(peer)``. Once it names a
+        Every NPUSIM_LIVENESS_INTERVAL seconds the wait asks ``dead_peer(peer)``. Once it names a
         reason, what ``peer`` sent before dying still counts for ``DEAD_PEER_GRACE`` seconds (it
         may be in flight); then ``comm_id`` is aborted on every rank with a reason naming ``peer``
         and this wait raises ``PeerGone``.
         """
         wait = PeerWait(self, peer, timeout)
-        with self._cond:
-            while True:
-                value = self._take(ready, comm_id)
+        bell, lock = self.bell, self._lock
+        while True:
+            seen = bell.value()
+            if drain is not None:
+                value = drain()
                 if value is not None:
                     return value
-                pause = wait.pause()
-                if pause is None:
-                    break
-                self._cond.wait(pause)
-        raise self._peer_gone(comm_id, peer, wait.gone)   # outside the Condition: it takes link locks
+            with lock:
+                value = self._take(ready, comm_id)
+            if value is not None:
+                return value
+            pause = wait.pause()
+            if pause is None:
+                raise self._peer_gone(comm_id, peer, wait.gone)
+            bell.wait(seen, pause)
+
+    def take_now(self, ready: Callable[[], Any]) -> Any:
+        """``ready()`` (a ``taker``) under the lock, without waiting: None if nothing is there."""
+        with self._lock:
+            return ready()
+
+    def would_take(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint) -> bool:
+        """Whether a message tagged ``(comm_id, seq, step)`` from ``peer`` with ``fp``, handed
+        to this thread now, would be the one its wait takes next: nothing is held for that tag,
+        no other fingerprint was seen for ``(comm_id, seq)``, nothing was closed or aborted."""
+        with self._lock:
+            if self._closed or self._failed is not None or comm_id in self._aborted:
+                return False
+            box = self._boxes.get((peer, comm_id, seq))
+            return box is None or not (box.steps.get(step) or any(x != fp for x in box.fps))
 
     def _take(self, ready: Callable[[], Any], comm_id: int) -> Any:
         """``ready()``; if nothing is ready, raise when the transport was closed or ``comm_id``
-        aborted. Call with the Condition held.
+        aborted. Call with the lock held.
 
         A message that arrived before the abort is still taken: a rank that was only slow to
         consume the last messages of a collective completes it (its peers have), so the abort
@@ -233,10 +297,10 @@ class Transport:
                                             f"rank {self.rank})", seen_by=self.rank))
         return PeerGone(peer, gone)
 
-    def _dead_peer(self, peer: int) -> str | None:
+    def dead_peer(self, peer: int) -> str | None:
         """Why rank ``peer`` can no longer send to this rank (its process exited, its connection
-        broke), or None while it may. Every wait on ``peer`` calls it periodically, with the
-        Condition held: it must be quick and must not block. This base knows nothing: None."""
+        broke), or None while it may. Every wait on ``peer`` calls it periodically: it must be
+        quick and must not block. This base knows nothing: None."""
         return None
 
     def recv_into(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
@@ -251,17 +315,17 @@ class Transport:
     def abort(self, comm_id: int, reason: str) -> None:
         """Abort ``comm_id``: wake local waiters with ``Aborted`` and tell every peer (once)."""
         if self._mark_aborted(comm_id, self.rank, reason):
-            self._broadcast_abort(comm_id, reason)
+            self.broadcast_abort(comm_id, reason)
 
     def fail(self, peer: int, reason: str) -> None:
         """Abort every comm_id of this world, here and (once) on every peer: rank ``peer`` sent a
         message this rank cannot use, so no collective between them can be trusted to finish."""
         if self._mark_failed(peer, reason):
-            self._broadcast_abort(ALL_COMMS, reason)
+            self.broadcast_abort(ALL_COMMS, reason)
 
     def aborted(self, comm_id: int) -> tuple[int, str] | None:
         """``(rank, reason)`` if ``comm_id`` (or the whole world) was aborted, else None."""
-        with self._cond:
+        with self._lock:
             return self._aborted.get(comm_id) or self._failed
 
     def forget(self, comm_id: int, seq: int | None = None, peer: int | None = None) -> int:
@@ -271,7 +335,7 @@ class Transport:
         Returns the number of messages dropped.
         """
         dropped = 0
-        with self._cond:
+        with self._lock:
             for key in [k for k in self._boxes if k[1] == comm_id
                         and (seq is None or k[2] == seq) and (peer is None or k[0] == peer)]:
                 dropped += sum(len(q) for q in self._boxes.pop(key).steps.values())
@@ -281,15 +345,15 @@ class Transport:
 
     def pending(self) -> int:
         """Number of received messages not yet taken by ``recv`` (leak checks, statistics)."""
-        with self._cond:
+        with self._lock:
             return sum(len(q) for b in self._boxes.values() for q in b.steps.values())
 
     def close(self) -> None:
         """Release the transport; blocked and later calls raise ``TransportClosed``."""
-        with self._cond:
+        with self._lock:
             self._closed = True
             self._boxes.clear()
-            self._cond.notify_all()
+        self.bell.ring()
 
     def __enter__(self):
         return self
@@ -297,32 +361,35 @@ class Transport:
     def __exit__(self, *exc):
         self.close()
 
-    # -- for subclasses ------------------------------------------------------------------
-    def _broadcast_abort(self, comm_id: int, reason: str) -> None:
+    # -- for implementations -------------------------------------------------------------
+    def broadcast_abort(self, comm_id: int, reason: str) -> None:
+        """Tell every peer that ``comm_id`` (``ALL_COMMS``: every comm) was aborted."""
         raise NotImplementedError
 
-    def _check_peer(self, peer: int) -> None:
+    def check_peer(self, peer: int) -> None:
+        """ValueError unless ``peer`` is a rank of this world."""
         if not (isinstance(peer, int) and 0 <= peer < self.size):
             raise ValueError(f"rank {self.rank}: peer {peer!r} is not in [0, {self.size})")
 
-    def _check_send(self, peer: int, comm_id: int) -> None:
-        # without the Condition: each read is atomic, and an abort that lands just after the
-        # check fails the receiver's wait anyway (messages to an aborted comm_id are dropped)
-        self._check_peer(peer)
+    def check_send(self, peer: int, comm_id: int) -> None:
+        """What every ``send`` checks first: ``peer``, ``close``, an abort of ``comm_id``."""
+        # without the lock: each read is atomic, and an abort that lands just after the check
+        # fails the receiver's wait anyway (messages to an aborted comm_id are dropped)
+        self.check_peer(peer)
         if self._closed:
             raise TransportClosed(f"rank {self.rank}: transport closed")
         ab = self._aborted.get(comm_id) or self._failed
         if ab is not None:
             raise Aborted(*ab)
 
-    def _timeout_note(self) -> str:
+    def timeout_note(self) -> str:
         """Appended to a ``PeerTimeout``: what this transport saw that may explain the wait."""
         return ""
 
-    def _deliver(self, peer: int, comm_id: int, seq: int, step: int, fp: tuple,
-                 payload: memoryview) -> None:
-        """File an inbound message and wake waiters."""
-        with self._cond:
+    def deliver(self, peer: int, comm_id: int, seq: int, step: int, fp: tuple,
+                payload: Any) -> None:
+        """File an inbound message from ``peer`` (``fp`` normalized) and wake waiters."""
+        with self._lock:
             if self._closed or comm_id in self._aborted or self._failed:
                 return
             key = (peer, comm_id, seq)
@@ -335,20 +402,20 @@ class Transport:
             if q is None:
                 q = box.steps[step] = deque()
             q.append(payload)
-            self._cond.notify_all()
+        self.bell.ring()
 
     def _mark_aborted(self, comm_id: int, peer: int, reason: str) -> bool:
         """Record the abort of ``comm_id``; False if it already was aborted."""
-        with self._cond:
+        with self._lock:
             if comm_id in self._aborted:
                 return False
             self._aborted[comm_id] = (peer, reason)
             for key in [k for k in self._boxes if k[1] == comm_id]:
                 del self._boxes[key]
-            self._cond.notify_all()
-            return True
+        self.bell.ring()
+        return True
 
-    def _apply_abort(self, comm_id: int, peer: int, reason: str) -> None:
+    def apply_abort(self, comm_id: int, peer: int, reason: str) -> None:
         """An abort that rank ``peer`` announced (``ALL_COMMS``: the whole world failed)."""
         if comm_id == ALL_COMMS:
             self._mark_failed(peer, reason)
@@ -357,20 +424,20 @@ class Transport:
 
     def _mark_failed(self, peer: int, reason: str) -> bool:
         """Record that the whole world failed (``fail``); False if it already had."""
-        with self._cond:
+        with self._lock:
             if self._failed is not None:
                 return False
             self._failed = (peer, reason)
             self._boxes.clear()
-            self._cond.notify_all()
-            return True
+        self.bell.ring()
+        return True
 
 
 class PeerWait:
     """The deadline and the liveness rule of one wait on ``peer``, for every transport's wait loop.
 
     ``pause()`` gives the seconds to sleep before looking again, raises ``PeerTimeout`` once the
-    deadline passed, and returns None once ``_dead_peer`` named a reason (``gone``) and the grace
+    deadline passed, and returns None once ``dead_peer`` named a reason (``gone``) and the grace
     for what the peer sent before dying ran out.
     """
 
@@ -386,10 +453,10 @@ class PeerWait:
     def pause(self) -> float | None:
         now = time.monotonic()
         if now >= self.deadline:
-            raise PeerTimeout(self.peer, now - self.t0, self.t._timeout_note())
+            raise PeerTimeout(self.peer, now - self.t0, self.t.timeout_note())
         if self.gone is None and now >= self.look:
             self.look = now + self.tick
-            self.gone = self.t._dead_peer(self.peer)
+            self.gone = self.t.dead_peer(self.peer)
             if self.gone is not None:
                 self.gone_at = now + DEAD_PEER_GRACE
         if now >= self.gone_at:

@@ -48,12 +48,12 @@ class InprocTransport(Transport):
 
     def send(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
              payload: Any) -> SendHandle:
-        self._check_send(peer, comm_id)
+        self.check_send(peer, comm_id)
         data = memoryview(bytearray(as_bytes_view(payload)))   # the copy: payload is reusable
-        self._fabric.transport(peer)._deliver(self.rank, comm_id, seq, step, norm_fp(fp), data)
+        self._fabric.transport(peer).deliver(self.rank, comm_id, seq, step, norm_fp(fp), data)
         return DONE
 
-    def _broadcast_abort(self, comm_id: int, reason: str) -> None:
+    def broadcast_abort(self, comm_id: int, reason: str) -> None:
         for r in range(self.size):
             if r != self.rank:
-                self._fabric.transport(r)._apply_abort(comm_id, self.rank, reason)
+                self._fabric.transport(r).apply_abort(comm_id, self.rank, reason)

@@ -10,16 +10,37 @@ through the authenticated store; the ranks of its node map it read-write. Layout
   only by this rank), each in its own cache line, then ``slots`` slots of ``slot_bytes``: a fixed
   header (kind, payload length, comm_id, seq, step, value, fingerprint) and the payload inline.
 
-A sender copies header and payload into slot ``head % slots``, then advances ``head`` (x86 keeps
-stores in order, so a reader that sees the new head sees the slot), then rings the receiver's
-bell: a plain increment, *then* a look at the bell's sleeper count and, if anyone sleeps, a
-FUTEX_WAKE (a system call costs 1-6 us, so it is made only when needed). A waiter counts itself
-as a sleeper *before* FUTEX_WAIT, which sleeps only if the bell still holds the value it read:
-so either the sender sees the sleeper and wakes it, or the sleeper sees the new bell. (The other
-order, look then increment, lost wake-ups whenever the sender was preempted in between: each
-cost a whole SLICE, measured often on a loaded machine.) The wake keeps the GIL: it never
-blocks. A full ring or a payload larger than a slot is refused (``post`` returns False): the
-caller sends it another way, so a send never blocks.
+Ordering. The channel runs only on x86-64 (``available`` checks the CPU at run time; every
+other machine sends through the sockets, see docs/algorithms.md): CPython gives no atomic or
+ordered access to shared memory, so the argument below uses the x86-64 memory model (TSO: stores
+become visible in program order, loads are not reordered with older loads, a locked instruction
+is a full barrier) and holds nowhere else. Arm (aarch64) may show a reader the new head before
+the slot's bytes, so it never gets here.
+
+A sender copies header and payload into slot ``head % slots``, then advances ``head`` (stores
+in order: a reader that sees the new head sees the slot; it loads the head before the slot, in
+order too), under its per-peer lock, whose release is a locked instruction (CPython's Lock is a
+semaphore updated with an atomic instruction): *barrier 1*. Then it rings the receiver's bell:
+an increment (a plain read and write: two senders may race and write the same value), then
+``_FENCE`` (acquire and release of a Lock, a locked instruction: *barrier 2*), then a look at
+the bell's sleeper count and, if anyone sleeps, a FUTEX_WAKE (a system call costs 1-6 us, so it
+is made only when needed). A waiter reads the bell (``seen``), drains its ring, and before it
+sleeps counts itself as a sleeper (under a Lock: a barrier) and calls FUTEX_WAIT, which sleeps
+only if the bell still holds ``seen`` (the kernel compares under its own barrier).
+
+Why no wake-up is lost. Take a message whose head became visible only after the waiter's
+drain. Its sender loaded the bell after barrier 1, so after the head was visible. Had that load
+returned a value the bell held before ``seen``, it (and the head) would precede the waiter's
+read of ``seen`` and the drain would have seen the head; so it returned ``seen`` or a later
+value, and the sender writes that plus one: not ``seen`` (save for three or more senders racing
+so that the bell's value recurs, or 2**32 rings between two looks). By barrier 2 the sender
+looks at the sleeper count after that write. Either the waiter counted itself before that look
+(then it is woken), or after it: then its barrier orders the kernel's compare after the new
+bell, and it does not sleep. A sleep is also bounded by ``SLICE`` (10 ms), because the wait
+re-checks close, abort and liveness; a wake-up lost to a bug in this argument would cost that,
+never a hang. The wake keeps the GIL: it never blocks. A full ring or a payload larger than a
+slot is refused (``post`` returns False): the caller sends it another way, so a send never
+blocks.
 
 A waiter reads the bell, looks for what it waits for, and if it is not there spins on the bell
 for ``spin`` seconds, yielding the core at every turn (``sched_yield``, ~1 us here when nothing
@@ -28,10 +49,7 @@ them there, and a spin that does not yield then holds the core its peer needs (1
 at world 2: 570-600 us instead of 270-305 us, both ranks forced onto one core). With more ranks
 on the node than cores the spin is 0 (it would starve the very rank it waits for; the waiter
 yields once), then it sleeps in FUTEX_WAIT on the bell's old value: any
-post or ``poke`` after the read changes the bell, so the kernel refuses to sleep or wakes it.
-Sleeps are bounded by ``SLICE`` seconds anyway (the wait re-checks close, abort and liveness),
-so the remaining window (two increments of one bell racing, a store reordered past a load, both
-nanoseconds wide) costs at most that, never a hang.
+post or ``ring`` after the read changes the bell, so the kernel refuses to sleep or wakes it.
 
 Nothing in a slot is executable or unpickled: fixed-size integers and raw bytes. A segment is
 opened only by the name the store gave (checked against the job's naming), must belong to this
@@ -47,8 +65,10 @@ import re
 import secrets
 import stat
 import struct
+import sys
 import threading
 import time
+import weakref
 
 MAGIC = 0x4E50_5553_4849_4D31          # "NPUSHIM1"
 _CTRL = struct.Struct("=IIQIIII")       # bell, sleepers, magic, rank, rings, slots, slot_bytes
@@ -59,11 +79,17 @@ SLOT_HDR_BYTES = 96
 SLICE = 0.01                            # longest single sleep (s): bounds a lost wake-up
 _NAME = re.compile(r"^npusim-[A-Za-z0-9_.]+-hccl-r[0-9]+-[0-9a-f]{16}$")
 
-_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
+_SYS_FUTEX = 202                        # x86-64's futex system call number
+_FENCE = threading.Lock()              # acquire + release: a locked instruction, a full barrier
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _INT_MAX = 0x7FFFFFFF
 _libc = ctypes.CDLL(None, use_errno=True)          # releases the GIL: for the blocking wait
 _libc.syscall.restype = ctypes.c_long
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_long]
+_PROT_RW, _MAP_SHARED = mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED
+_MAP_FAILED = ctypes.c_void_p(-1).value
 _pylibc = ctypes.PyDLL(None, use_errno=True)       # keeps the GIL: the wake never blocks, and
 _pylibc.syscall.restype = ctypes.c_long            # releasing it would hand it to another thread
 
@@ -73,8 +99,10 @@ class _Timespec(ctypes.Structure):
 
 
 def available() -> bool:
-    """Whether this platform has the futex system call the channel sleeps on."""
-    return _SYS_FUTEX is not None and os.path.isdir("/dev/shm")
+    """Whether the channel may run here: Linux on x86-64 (the ordering argument of the module
+    note is x86-64's; another CPU sends through the sockets) with /dev/shm."""
+    return platform.machine() == "x86_64" and sys.platform == "linux" \
+        and os.path.isdir("/dev/shm")
 
 
 def _futex_wait(addr: int, value: int, seconds: float) -> None:
@@ -97,16 +125,15 @@ class _Segment:
     def __init__(self, path: str, fd: int, size: int, create: tuple | None = None):
         self.path = path
         try:
-            self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            self.mm = _map(fd, size)
         finally:
             os.close(fd)
         if create is not None:                 # (rank, rings, slots, slot_bytes) of a new inbox
             _CTRL.pack_into(self.mm, 0, 0, 0, MAGIC, *create)
-        self.buf = memoryview(self.mm)
+        self.buf = memoryview(self.mm).cast("B")
         self.u32 = self.buf.cast("I")
         self.u64 = self.buf.cast("Q")
-        self._bell = ctypes.c_uint32.from_buffer(self.mm, 0)
-        self.bell_addr = ctypes.addressof(self._bell)
+        self.bell_addr = ctypes.addressof(self.mm)
         _, _, magic, self.rank, self.rings, self.slots, self.slot_bytes = _CTRL.unpack_from(self.mm)
         self.magic = magic
         self.ring_bytes = RING_HDR + self.slots * self.slot_bytes
@@ -124,8 +151,23 @@ class _Segment:
         see the module note)."""
         u32 = self.u32
         u32[0] = (u32[0] + 1) & 0xFFFFFFFF
+        with _FENCE:                           # barrier 2: the bell before the sleeper count
+            pass
         if u32[1]:
             _futex_wake(self.bell_addr)
+
+
+def _map(fd: int, size: int):
+    """``size`` bytes of ``fd`` mapped shared read-write, as a ctypes array; unmapped once the
+    array and every view of it are garbage (so a thread still reading never touches unmapped
+    memory). Unlike ``mmap.mmap`` it keeps no duplicate of ``fd`` open."""
+    addr = _libc.mmap(None, ctypes.c_size_t(size), _PROT_RW, _MAP_SHARED, fd, ctypes.c_long(0))
+    if addr in (None, _MAP_FAILED):
+        err = ctypes.get_errno()
+        raise ChannelError(f"cannot map {size} bytes of shared memory: {os.strerror(err)}")
+    arr = (ctypes.c_ubyte * size).from_address(addr)
+    weakref.finalize(arr, _libc.munmap, ctypes.c_void_p(addr), ctypes.c_size_t(size))
+    return arr
 
 
 def segment_bytes(rings: int, slots: int, slot_bytes: int) -> int:
@@ -135,12 +177,17 @@ def segment_bytes(rings: int, slots: int, slot_bytes: int) -> int:
 class Channel:
     """Rank ``rank``'s end of the node's shared-memory rings (see the module note).
 
-    ``post`` writes into a peer's inbox, ``poll`` reads this rank's inbox, ``wait`` sleeps until
-    something changes; the caller (``hccl.transport.node``) decides what messages mean.
+    ``post`` writes into a peer's inbox, ``poll`` reads this rank's inbox; ``value``, ``wait``
+    and ``ring`` make it the transport's bell (``base.Transport``). The caller
+    (``hccl.transport.local``) decides what messages mean.
     """
 
     def __init__(self, rank: int, size: int, job: str, *, slots: int = 32,
                  slot_bytes: int = 64 << 10, spin: float = 20e-6):
+        if not available():
+            raise ChannelError(f"the shared-memory channel runs on x86-64 Linux only (this is "
+                               f"{platform.machine()} {sys.platform}): its ordering argument "
+                               "is x86-64's; send through the sockets (NPUSIM_SHM=0)")
         if slot_bytes % 64 or slot_bytes <= SLOT_HDR_BYTES or slots < 1:
             raise ValueError(f"slot_bytes={slot_bytes} must be a multiple of 64 above "
                              f"{SLOT_HDR_BYTES}, slots={slots} at least 1")
@@ -251,7 +298,7 @@ class Channel:
                     u64[h + 8] = tail
         return got
 
-    def bell(self) -> int:
+    def value(self) -> int:
         """The current bell value: pass it to ``wait`` after checking for work."""
         return self.inbox.u32[0]
 
@@ -278,7 +325,7 @@ class Channel:
             with self._waiters_lock:
                 u32[1] -= 1
 
-    def poke(self) -> None:
+    def ring(self) -> None:
         """Wake this rank's own waiters (an abort, a close, a message that came another way)."""
         self.inbox.ring()
 

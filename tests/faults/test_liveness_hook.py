@@ -1,5 +1,5 @@
 """The liveness pieces on their own: a process identity (pid reuse, zombie, stopped) and the one
-hook every wait uses (``Transport._dead_peer``): the wait raises ``PeerGone`` after the grace,
+hook every wait uses (``Transport.dead_peer``): the wait raises ``PeerGone`` after the grace,
 still takes what arrived meanwhile, and aborts the communicator naming the dead rank."""
 from __future__ import annotations
 
@@ -58,10 +58,10 @@ class Fake(Transport):
         self.dead = None
         self.broadcasts = []
 
-    def _dead_peer(self, peer):
+    def dead_peer(self, peer):
         return self.dead if peer == 1 else None
 
-    def _broadcast_abort(self, comm_id, reason):
+    def broadcast_abort(self, comm_id, reason):
         self.broadcasts.append((comm_id, reason))
 
 
@@ -91,7 +91,7 @@ def test_what_a_dead_peer_sent_before_dying_is_still_taken(monkeypatch):
     t = Fake()
     t.dead = "gone"
     import threading
-    threading.Timer(0.3, t._deliver, (1, 5, 1, 0, FP, memoryview(b"abcd"))).start()
+    threading.Timer(0.3, t.deliver, (1, 5, 1, 0, FP, memoryview(b"abcd"))).start()
     assert bytes(t.recv(1, 5, 1, 0, FP, timeout=30)) == b"abcd"
     assert t.broadcasts == []
 

@@ -1,4 +1,4 @@
-"""ZmqTransport between 2 real processes (multiprocessing spawn): data, mismatch, abort, a dying peer.
+"""ProcessTransport between 2 real processes (multiprocessing spawn): data, mismatch, abort, a dying peer.
 
 Starting an interpreter costs about a second here, so one pair of processes runs every scenario in
 order (module fixture) and each test checks its part of their reports.
@@ -20,9 +20,9 @@ def _rank_main(rank, size, secret, to_parent, from_parent):
     """One rank: bind, publish the address, connect, run the scenarios, report to the parent."""
     import numpy as np
 
-    from hccl.transport import Aborted, FingerprintMismatch, PeerTimeout, ZmqTransport
+    from hccl.transport import Aborted, FingerprintMismatch, PeerTimeout, ProcessTransport
 
-    t = ZmqTransport(rank, size, secret)
+    t = ProcessTransport(rank, size, secret)
     try:
         to_parent.put(("address", rank, t.address))
         t.connect(from_parent.get(timeout=30))

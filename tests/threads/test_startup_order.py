@@ -9,27 +9,25 @@ import threading
 import pytest
 
 import hccl
-from hccl.transport.zmq import ZmqTransport
+from hccl.transport.process import ProcessTransport
 
 
 @pytest.mark.timeout(60)
 def test_no_rank_returns_from_init_before_every_rank_connected(monkeypatch):
     order, lock = [], threading.Lock()
     rank0_returned = threading.Event()
-    real_connect = ZmqTransport.connect
+    real_connect = ProcessTransport.connect
 
-    def slow_connect(self, addresses, nodes=None):
+    def slow_connect(self, addresses, nodes=None, segments=None):
         if self.rank == 2:
             # Give rank 0 every chance to return first; with the barrier it cannot, so this
             # waits out its 2 s (an upper bound, never an assumption about speed).
             rank0_returned.wait(2.0)
-        real_connect(self, addresses, nodes)
+        real_connect(self, addresses, nodes, segments)
         with lock:
             order.append(f"connected {self.rank}")
 
-    monkeypatch.setattr(ZmqTransport, "connect", slow_connect)
-    # 3 ranks on 2 cores would move this test runner's threads to SCHED_BATCH
-    monkeypatch.setenv("NPUSIM_SCHED_BATCH", "0")
+    monkeypatch.setattr(ProcessTransport, "connect", slow_connect)
     info = hccl.get_root_info()
     comms, errors = {}, []
 
@@ -56,8 +54,8 @@ def test_no_rank_returns_from_init_before_every_rank_connected(monkeypatch):
         # and each transport knows its (same-node) peers as shared-memory peers
         for r, c in comms.items():
             t = c.world.transport
-            if t._shm_min is not None:
-                assert t._shm_peers == frozenset({0, 1, 2} - {r})
+            if t.channel is not None:
+                assert t.local_peers == sorted({0, 1, 2} - {r})
     finally:
         for c in comms.values():
             c.destroy()

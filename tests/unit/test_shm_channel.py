@@ -1,4 +1,5 @@
-"""The intra-node channel (hccl.transport.shm) and the transport that routes over it (node)."""
+"""The intra-node channel (hccl.transport.shm) and the transport that routes over it (process,
+local)."""
 import os
 import secrets
 import stat
@@ -10,7 +11,8 @@ import pytest
 from hccl.transport import Aborted, FingerprintMismatch, PeerTimeout, TransportClosed
 from hccl.transport import shm
 from hccl.transport.base import DONE
-from hccl.transport.node import NodeTransport
+from hccl.transport.local import ShmError
+from hccl.transport.process import ProcessTransport
 
 pytestmark = [pytest.mark.timeout(60),
               pytest.mark.skipif(not shm.available(), reason="no futex / no /dev/shm")]
@@ -23,8 +25,8 @@ JOB = "chantest" + secrets.token_hex(3)
 
 
 def _pair(slots=4, slot_bytes=SLOT):
-    a = NodeTransport(0, 2, SECRET, job=JOB, slots=slots, slot_bytes=slot_bytes)
-    b = NodeTransport(1, 2, SECRET, job=JOB, slots=slots, slot_bytes=slot_bytes)
+    a = ProcessTransport(0, 2, SECRET, shm=True, job=JOB, slots=slots, slot_bytes=slot_bytes)
+    b = ProcessTransport(1, 2, SECRET, shm=True, job=JOB, slots=slots, slot_bytes=slot_bytes)
     a.connect({1: b.address}, {1: a.node}, {1: b.segment})
     b.connect({0: a.address}, {0: b.node}, {0: a.segment})
     return a, b
@@ -173,9 +175,12 @@ def test_an_unusable_ring_message_fails_every_comm_on_both_ranks(pair):
 
 def test_a_malformed_notice_fails_every_comm(pair):
     a, b = pair
-    a.channel.post(1, 3, 7, 12, 0, FP, 0, b"12 not-a-handle")
-    with pytest.raises(Aborted, match="malformed notice"):
+    a.channel.post(1, 3, 7, 12, 0, FP, 0, b"12 not-a-handle")   # well formed, names nothing
+    with pytest.raises(ShmError, match="not a device memory handle"):
         b.recv(0, 7, 12, 0, FP, 5)
+    a.channel.post(1, 3, 7, 12, 1, FP, 0, b"twelve bytes")
+    with pytest.raises(Aborted, match="malformed notice"):
+        b.recv(0, 7, 12, 1, FP, 5)
 
 
 def test_attach_checks_the_name_and_the_segment():
@@ -202,13 +207,10 @@ def test_attach_checks_the_name_and_the_segment():
 
 @pytest.mark.parametrize("cores, knob, batched", [(1, None, True), (1, "0", False),
                                                    (64, None, False), (64, "1", True)])
-def test_ranks_that_outnumber_cores_sleep_at_once_and_keep_their_core(monkeypatch, cores, knob,
-                                                                      batched):
-    # (the class itself is changed by batch_threads, tested in a process of its own below: the
-    # test runner's threads keep theirs)
-    monkeypatch.setattr("hccl.transport.node._cores", lambda: cores)
-    calls = []
-    monkeypatch.setattr("hccl.transport.node.batch_threads", lambda: calls.append(1) or 0)
+def test_ranks_that_outnumber_cores_sleep_at_once_and_run_collectives_batched(
+        monkeypatch, cores, knob, batched):
+    # (the class itself is changed per collective by runtime.sched, tested in tests/procs)
+    monkeypatch.setattr("hccl.transport.process._cores", lambda: cores)
     if knob is None:
         monkeypatch.delenv("NPUSIM_SCHED_BATCH", raising=False)
     else:
@@ -216,36 +218,10 @@ def test_ranks_that_outnumber_cores_sleep_at_once_and_keep_their_core(monkeypatc
     a, b = _pair()
     try:
         assert (a.channel.spin == 0) == (cores == 1) and (b.channel.spin == 0) == (cores == 1)
-        assert len(calls) == (2 if batched else 0)
+        assert a.sched_batch is batched and b.sched_batch is batched
     finally:
         a.close()
         b.close()
-
-
-@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="no SCHED_BATCH here")
-def test_batch_threads_moves_every_thread_of_the_process_and_later_ones_inherit():
-    import subprocess
-    import sys
-    code = """if True:
-        import os, threading
-        from hccl.transport.node import batch_threads
-        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))   # whatever the runner's
-        go, hold = threading.Event(), threading.Event()
-        def sleeper(ev):
-            ev.set(); hold.wait(30)
-        t = threading.Thread(target=sleeper, args=(go,)); t.start(); go.wait(30)
-        moved = batch_threads()
-        late = threading.Event()
-        t2 = threading.Thread(target=sleeper, args=(late,)); t2.start(); late.wait(30)
-        kinds = {int(tid): os.sched_getscheduler(int(tid)) for tid in os.listdir('/proc/self/task')}
-        hold.set(); t.join(); t2.join()
-        print(moved, len(kinds), sorted(set(kinds.values())) == [os.SCHED_BATCH])
-    """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0, out.stderr
-    moved, threads, all_batch = out.stdout.split()
-    assert int(moved) >= 2 and int(threads) >= 3 and all_batch == "True"
 
 
 def test_a_spinning_waiter_yields_its_core_to_the_peer(pair, monkeypatch):
@@ -254,7 +230,7 @@ def test_a_spinning_waiter_yields_its_core_to_the_peer(pair, monkeypatch):
     a, _ = pair
     ch = a.channel
     ch.spin = 5.0                      # far longer than a yield: only the peer's post ends it
-    seen = ch.bell()
+    seen = ch.value()
     yields = []
 
     me = threading.get_ident()
@@ -263,8 +239,8 @@ def test_a_spinning_waiter_yields_its_core_to_the_peer(pair, monkeypatch):
         if threading.get_ident() == me:
             yields.append(1)
             if len(yields) == 3:
-                ch.poke()
+                ch.ring()
 
     monkeypatch.setattr(shm.os, "sched_yield", peer_runs)
     ch.wait(seen, 5.0)
-    assert len(yields) == 3 and ch.bell() != seen
+    assert len(yields) == 3 and ch.value() != seen

@@ -1,4 +1,5 @@
-"""The shared-memory data path: runtime.ipc, and ZmqTransport between ranks of one node."""
+"""The shared-memory data path: runtime.ipc, and notices of device memory through the rings of
+ProcessTransport between ranks of one node."""
 import os
 import secrets
 import threading
@@ -8,9 +9,10 @@ import pytest
 
 import runtime
 from hccl import wire
-from hccl.transport import Aborted, PeerTimeout, ZmqTransport
+from hccl.transport import Aborted, PeerTimeout, ProcessTransport, shm
 from hccl.transport.base import DONE
-from hccl.transport.zmq import ShmError
+from hccl.transport.local import ShmError
+from hccl.transport.zmq import ACK_STEP
 from runtime import ipc
 from runtime.errors import MemoryAccessError
 
@@ -76,19 +78,26 @@ def test_node_id_is_stable_and_names_the_pid_namespace():
     assert ipc.node_id().endswith(os.readlink("/proc/self/ns/pid"))
 
 
-# -- ZmqTransport --------------------------------------------------------------------------------
+# -- ProcessTransport: notices through the rings ------------------------------------------------
+JOB = "shmpath" + secrets.token_hex(3)
+NOTICE = int(wire.Kind.SHM_DATA)
+
+
 @pytest.fixture
 def pair(monkeypatch, device):
     """Two transports of one node (ranks as threads of this process), shared memory from 64 KiB."""
+    if not shm.available():
+        pytest.skip("shared memory runs on x86-64 Linux only (shm.available)")
     monkeypatch.setenv("NPUSIM_SHM_MIN_BYTES", str(64 << 10))
     made = []
 
-    def make(nodes=None):
-        a, b = ZmqTransport(0, 2, SECRET), ZmqTransport(1, 2, SECRET)
+    def make(nodes=None, use_shm=True):
+        a, b = (ProcessTransport(r, 2, SECRET, shm=use_shm, job=JOB) for r in (0, 1))
         addresses = {0: a.address, 1: b.address}
+        segments = {0: a.segment, 1: b.segment}
         nodes = nodes or ({1: a.node}, {0: b.node})
-        a.connect(addresses, nodes[0])
-        b.connect(addresses, nodes[1])
+        a.connect(addresses, nodes[0], segments)
+        b.connect(addresses, nodes[1], segments)
         made.extend((a, b))
         return a, b
     yield make
@@ -125,48 +134,49 @@ def test_a_device_payload_is_read_in_place_and_acknowledged(pair):
     got = b.recv(0, 1, 1, 1, FP, 10)
     h2.wait(10)
     assert not got.readonly and np.array_equal(np.frombuffer(got, np.uint8), view[:MiB // 2])
+    assert a.pending() == 0 and b.pending() == 0     # acknowledgements are taken, not left
     runtime.free(p)
 
 
-def test_host_small_and_other_node_payloads_go_through_the_socket(pair):
+def test_host_small_and_other_node_payloads_take_no_notice(pair):
     a, b = pair()
     host = np.random.default_rng(3).integers(0, 256, MiB, dtype=np.uint8)
     p, view = _device_bytes(MiB, seed=4)
-    a.send(1, 1, 1, 0, FP, host).wait(10)                    # not device memory
-    a.send(1, 1, 1, 1, FP, view[:1000]).wait(10)             # below NPUSIM_SHM_MIN_BYTES
-    assert a.shm_sends == 0
+    a.send(1, 1, 1, 0, FP, host).wait(10)                    # not device memory: the socket
+    a.send(1, 1, 1, 1, FP, view[:1000]).wait(10)             # below NPUSIM_SHM_MIN_BYTES: a slot
+    assert a.shm_sends == 0 and a.ring_sends == 1
     assert np.array_equal(np.frombuffer(b.recv(0, 1, 1, 0, FP, 10), np.uint8), host)
     assert np.array_equal(np.frombuffer(b.recv(0, 1, 1, 1, FP, 10), np.uint8), view[:1000])
     c, d = pair(({1: "another node"}, {0: "another node"}))
     c.send(1, 1, 1, 0, FP, view).wait(10)
-    assert c.shm_sends == 0
+    assert c.shm_sends == 0 and c.ring_sends == 0 and c.local_peers == []
     assert np.array_equal(np.frombuffer(d.recv(0, 1, 1, 0, FP, 10), np.uint8), view)
     runtime.free(p)
 
 
-def test_no_shared_memory_when_switched_off(pair, monkeypatch):
-    monkeypatch.setenv("NPUSIM_SHM", "0")
-    a, b = pair()
+def test_no_shared_memory_when_switched_off(pair):
+    a, b = pair(use_shm=False)                               # what NPUSIM_SHM=0 builds
+    assert a.segment == "" and a.local_peers == []
     p, view = _device_bytes(MiB, seed=5)
     a.send(1, 1, 1, 0, FP, view).wait(10)
-    assert a.shm_sends == 0
+    assert a.shm_sends == 0 and a.ring_sends == 0
     assert np.array_equal(np.frombuffer(b.recv(0, 1, 1, 0, FP, 10), np.uint8), view)
     runtime.free(p)
 
 
-def test_a_notice_from_a_rank_of_another_node_aborts_every_comm_on_both_ranks(pair):
-    a, b = pair(({1: "same"}, {0: "elsewhere"}))             # a believes b is local; b does not
-    a.node = "same"
-    a._shm_peers = frozenset({1})
-    p, view = _device_bytes(MiB, seed=6)
-    h = a.send(1, 1, 1, 0, FP, view)
-    assert a.shm_sends == 1
-    for wait in (lambda: b.recv(0, 1, 1, 0, FP, 10), lambda: b.recv(0, 7, 1, 0, FP, 10),
-                 lambda: h.wait(10), lambda: a.recv(1, 7, 1, 0, FP, 10)):
-        with pytest.raises(Aborted, match="SHM_DATA message from rank 0.*not on this node"):
+@pytest.mark.parametrize("kind", ["SHM_DATA", "SHM_ACK"])
+def test_a_notice_or_acknowledgement_over_the_socket_aborts_every_comm(pair, stranger, kind):
+    # notices travel only through the rings; an acknowledgement through the socket only from a
+    # rank with a ring here (its ring was full)
+    a, b = pair(({1: "same"}, {0: "elsewhere"}))             # b sees a as another node's
+    conn = 0xACE
+    s = stranger(b.address, identity=wire.routing_id(b"R", 0, conn))
+    s.send_multipart(wire.pack(SECRET, wire.Kind[kind], sender=0, dest=1, conn=conn, serial=1,
+                               comm_id=1, seq=1, step=ACK_STEP, fp=FP, text="16 x"))
+    for wait in (lambda: b.recv(0, 1, 1, 0, FP, 10), lambda: a.recv(1, 7, 1, 0, FP, 10)):
+        with pytest.raises(Aborted, match=f"{kind} message from rank 0"):
             wait()                                       # a member's frame is never dropped
     assert b.drops.dropped == 0
-    runtime.free(p)
 
 
 def test_an_abort_wakes_a_sender_waiting_for_its_acknowledgement(pair):
@@ -185,32 +195,30 @@ def test_an_abort_wakes_a_sender_waiting_for_its_acknowledgement(pair):
     b.abort(1, "rank 1 gave up")                             # the peer aborts the comm
     th.join(10)
     assert not th.is_alive() and isinstance(errors[0], Aborted)
-    assert "gave up" in str(errors[0]) and a._acks == {}
+    assert "gave up" in str(errors[0]) and a.pending() == 0
     runtime.free(p)
 
 
-def test_a_bad_notice_fails_the_receive_and_is_still_acknowledged(pair, stranger):
+def test_a_bad_notice_fails_the_receive_and_is_still_acknowledged(pair):
     a, b = pair()
     p, view = _device_bytes(4096, seed=8)
     handle, off = ipc.export(view)
-    conn = 0xACE
-    s = stranger(b.address, identity=wire.routing_id(b"R", 0, conn))
 
-    def notice(serial, offset, text):
-        s.send_multipart(wire.pack(SECRET, wire.Kind.SHM_DATA, sender=0, dest=1, conn=conn,
-                                   serial=serial, comm_id=1, seq=1, step=serial, fp=FP,
-                                   value=offset, text=text))
+    def notice(step, offset, text):
+        assert a.channel.post(1, NOTICE, 1, 1, step, FP, offset, text.encode())
     notice(1, 1 << 50, f"16 {handle}")                       # outside the memory
     notice(2, off, f"16 {handle.rsplit(':', 1)[0]}:elsewhere")  # not npusim memory
     for step, match in ((1, "outside"), (2, "not name npusim")):
         with pytest.raises(ShmError, match=match):
             b.recv_into(0, 1, 1, step, FP, 5, lambda v: None)
+    for step in (1, 2):                                       # acknowledged all the same
+        a.recv(1, 1, 1, step | ACK_STEP, FP, 5)
     notice(3, off, f"16 {handle}")                           # a good one still works
     got = []
     b.recv_into(0, 1, 1, 3, FP, 5, lambda v: got.append(bytes(v)))
     assert got == [view[:16].tobytes()]
     notice(4, off, "sixteen bytes")                          # malformed: a protocol error
-    with pytest.raises(Aborted, match="rank 0.*malformed notice 'sixteen bytes'"):
+    with pytest.raises(Aborted, match="rank 0.*malformed notice b'sixteen bytes'"):
         b.recv_into(0, 1, 1, 4, FP, 5, lambda v: None)
     assert b.drops.dropped == 0
     runtime.free(p)

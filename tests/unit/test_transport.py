@@ -1,4 +1,5 @@
-"""Transport semantics, one body run over InprocFabric and over ZmqTransport (ranks as threads)."""
+"""Transport semantics, one body run over InprocFabric and over ProcessTransport, sockets only
+and through shared-memory rings (ranks as threads)."""
 import logging
 import os
 import pickle
@@ -13,7 +14,8 @@ import zmq
 
 from hccl import wire
 from hccl.transport import (Aborted, FingerprintMismatch, InprocFabric, PeerTimeout,
-                            TransportClosed, ZmqTransport)
+                            TransportClosed, ProcessTransport)
+from hccl.transport import shm
 from hccl.transport.base import DONE, as_bytes_view
 
 pytestmark = pytest.mark.timeout(20)
@@ -21,12 +23,13 @@ pytestmark = pytest.mark.timeout(20)
 SECRET = secrets.token_bytes(32)
 FP = (1, 1024, 4, 0, -1)          # ALLREDUCE(count=1024, FP32, SUM)
 OTHER = (2, 512, 4, 0, -1)        # ALLGATHER(count=512, FP32)
+JOB = "ttest" + secrets.token_hex(3)
 
 
 from zmq_fixtures import _our_threads, no_leftovers, pyzmq_gc_started, stranger, warnings_of  # noqa: F401 (fixtures)
 
 
-@pytest.fixture(params=["inproc", "zmq"])
+@pytest.fixture(params=["inproc", "zmq", "shm"])
 def kind(request):
     return request.param
 
@@ -39,16 +42,28 @@ def world(kind):
         if kind == "inproc":
             fabric = InprocFabric(size)
             ts = [fabric.transport(r) for r in range(size)]
-        else:
-            ts = [ZmqTransport(r, size, SECRET) for r in range(size)]
+        elif kind == "zmq":
+            ts = [ProcessTransport(r, size, SECRET) for r in range(size)]
             addresses = {t.rank: t.address for t in ts}
             for t in ts:
                 t.connect(addresses)
+        else:
+            if not shm.available():
+                pytest.skip("shared memory runs on x86-64 Linux only (shm.available)")
+            ts = [ProcessTransport(r, size, SECRET, shm=True, job=JOB) for r in range(size)]
+            addresses = {t.rank: t.address for t in ts}
+            nodes = {t.rank: t.node for t in ts}
+            segments = {t.rank: t.segment for t in ts}
+            for t in ts:
+                t.connect(addresses, nodes, segments)
+                assert len(t.local_peers) == size - 1
+            for t in ts:
+                t.unlink_segment()
         made.extend(ts)
         return ts
     yield make
     for t in made:
-        if isinstance(t, ZmqTransport):
+        if isinstance(t, ProcessTransport):
             t.close(linger=0)   # tests leave messages to closed peers queued; do not wait them out
         else:
             t.close()
@@ -335,10 +350,10 @@ def test_as_bytes_view():
     assert as_bytes_view(memoryview(np.zeros(3, np.int32))).nbytes == 12
 
 
-# -- ZmqTransport only ---------------------------------------------------------------------------
+# -- ProcessTransport only ---------------------------------------------------------------------------
 @pytest.fixture
 def zpair():
-    a, b = ZmqTransport(0, 2, SECRET), ZmqTransport(1, 2, SECRET)
+    a, b = ProcessTransport(0, 2, SECRET), ProcessTransport(1, 2, SECRET)
     addresses = {0: a.address, 1: b.address}
     a.connect(addresses)
     b.connect(addresses)
@@ -415,7 +430,7 @@ def test_a_members_unusable_message_aborts_every_comm_on_every_rank(zpair, stran
 
 def test_oversized_payload_is_refused_at_send(zpair):
     a, b = zpair
-    small = ZmqTransport(0, 2, SECRET, max_message=1024)
+    small = ProcessTransport(0, 2, SECRET, max_message=1024)
     try:
         small.connect({1: b.address})
         with pytest.raises(ValueError, match="slice"):
@@ -425,8 +440,8 @@ def test_oversized_payload_is_refused_at_send(zpair):
 
 
 def test_close_does_not_wait_for_a_dead_or_missing_peer():
-    t = ZmqTransport(0, 2, SECRET)
-    nobody = ZmqTransport(1, 2, SECRET)
+    t = ProcessTransport(0, 2, SECRET)
+    nobody = ProcessTransport(1, 2, SECRET)
     address = nobody.address
     nobody.close()                              # the peer is gone before we even connect
     try:
@@ -442,7 +457,7 @@ def test_close_does_not_wait_for_a_dead_or_missing_peer():
 
 
 def test_send_before_connect_is_a_clear_error():
-    t = ZmqTransport(0, 2, SECRET)
+    t = ProcessTransport(0, 2, SECRET)
     try:
         with pytest.raises(ValueError, match="connect"):
             t.send(1, 1, 1, 0, FP, b"x")

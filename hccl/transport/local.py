@@ -1,0 +1,190 @@
+"""A peer of this node: its messages through the shared-memory rings (``shm.Channel``).
+
+Design note. A ``LocalPair`` is one peer's sibling of ``zmq.SocketPair`` behind the transport's
+router (``process.ProcessTransport``), and the only shared-memory data path:
+
+- a payload that fits a slot (and is not announced, below) is copied into the peer's ring
+  (DATA);
+- a larger one, or one of at least NPUSIM_SHM_MIN_BYTES, that lies in the sender's device
+  memory is announced through the ring (SHM_DATA: offset, length, memory handle) and read in
+  place by the receiver, which answers SHM_ACK through the ring. The acknowledgement is an
+  ordinary message of the mailbox, tagged like the notice with ``zmq.ACK_STEP`` added to its
+  step: the send's handle waits for it like a receive, so an abort, a close, a fingerprint
+  mismatch or a dead peer ends that wait by the same rules (``base.Transport``);
+- anything else (a larger host or scratch buffer, a full ring) goes through the peer's
+  ``SocketPair``, so a send never blocks. Matching is by exact tag, so the two may interleave.
+  An acknowledgement that finds the ring full goes through the socket too.
+
+There is no receiver thread on the ring: the thread that waits for this peer drains its ring
+into the mailboxes itself (``recv_into``: the awaited message goes from its slot straight into
+the consumer when nothing else is held for its call). A ring message this rank cannot use
+(unknown kind, sizes that contradict themselves, a malformed notice) is a member's protocol
+error: ``fail`` aborts every communicator on every rank, naming the sender.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from hccl import wire
+from hccl.transport.base import DONE, PeerGone, SendHandle, TransportError
+from hccl.transport.zmq import ACK_STEP, SocketPair
+from runtime import ipc
+from runtime.errors import MemoryAccessError
+
+log = logging.getLogger("hccl.transport")
+
+_DATA, _NOTICE, _ACK = int(wire.Kind.DATA), int(wire.Kind.SHM_DATA), int(wire.Kind.SHM_ACK)
+_TAKEN = object()          # recv_into's drain: the awaited message was consumed in its slot
+
+
+class ShmError(TransportError):
+    """A payload announced in shared memory could not be read (the message says why)."""
+
+
+class _Notice:
+    """An inbound SHM_DATA held in a mailbox: where the payload is."""
+
+    __slots__ = ("handle", "offset", "nbytes")
+
+    def __init__(self, handle: str, offset: int, nbytes: int):
+        self.handle, self.offset, self.nbytes = handle, offset, nbytes
+
+
+class _AckHandle(SendHandle):
+    """A SHM_DATA send: complete once the peer's acknowledgement arrived."""
+
+    __slots__ = ("_pair", "_take", "_comm", "acked")
+
+    def __init__(self, pair: "LocalPair", comm_id: int, seq: int, step: int, fp):
+        t = pair.t
+        self._pair, self._comm, self.acked = pair, comm_id, False
+        self._take = t.taker(pair.peer, comm_id, seq, step | ACK_STEP, fp)
+
+    def wait(self, timeout: float | None = None) -> None:
+        if not self.acked:
+            p = self._pair
+            p.t.wait_for(self._take, self._comm, p.peer, timeout, p.drain)
+            self.acked = True
+
+    def done(self) -> bool:
+        # no drain here: the ring's messages are left for the wait that can take them in place
+        if not self.acked:
+            try:
+                self.acked = self._pair.t.take_now(self._take) is not None
+            except TransportError:
+                return False           # wait() raises it
+        return self.acked
+
+
+class LocalPair:
+    """Rank ``peer`` of this node, reached through ``channel``; ``overflow`` (its socket pair)
+    takes what the ring cannot. ``t`` is the transport whose mailboxes it fills."""
+
+    def __init__(self, t, channel, peer: int, overflow: SocketPair, min_notice: int):
+        self.t, self.channel, self.peer, self.overflow = t, channel, peer, overflow
+        self.min_notice = min_notice
+        self.capacity = channel.capacity
+        self._handle = self._handler()
+
+    # -- sending ---------------------------------------------------------------------------
+    def send(self, comm_id: int, seq: int, step: int, fp, mv: memoryview) -> SendHandle:
+        ch, n, t = self.channel, mv.nbytes, self.t
+        where = None
+        if n > self.capacity or n >= self.min_notice:
+            where = ipc.export(np.frombuffer(mv, np.uint8))
+        if where is None:
+            if n <= self.capacity and ch.post(self.peer, _DATA, comm_id, seq, step, fp, 0, mv):
+                t.ring_sends += 1
+                return DONE
+        elif ch.post(self.peer, _NOTICE, comm_id, seq, step, fp, where[1],
+                     f"{n} {where[0]}".encode()):
+            t.ring_sends += 1
+            t.shm_sends += 1
+            return _AckHandle(self, comm_id, seq, step, fp)
+        return self.overflow.send(comm_id, seq, step, fp, mv)
+
+    def _ack(self, comm_id: int, seq: int, step: int, fp) -> None:
+        if not self.channel.post(self.peer, _ACK, comm_id, seq, step | ACK_STEP, fp, 0, b""):
+            self.overflow.post(wire.Kind.SHM_ACK, comm_id=comm_id, seq=seq,
+                               step=step | ACK_STEP, fp=fp)
+
+    # -- receiving -------------------------------------------------------------------------
+    def drain(self) -> None:
+        """File every message waiting in this peer's ring (None: ``wait_for``'s drain)."""
+        self.channel.poll(self.peer, self._handle)
+
+    def recv_into(self, comm_id: int, seq: int, step: int, fp, timeout: float | None,
+                  consume) -> None:
+        """Wait for the message tagged ``(comm_id, seq, step)``, then ``consume`` its payload
+        (a view valid during the call); see ``base.Transport.recv_into``."""
+        t, handle, peer = self.t, self._handle, self.peer
+        took = []
+
+        def direct(kind, n, c, s, st, f, value, view):
+            """The awaited message goes from its slot straight into ``consume``, the rest (and
+            this one when anything else is held for the same call) to the mailboxes.
+
+            ``consume`` then runs under this peer's ring lock: it must not wait (the executor
+            settles its pending sends before a Recv, so its consumer never does)."""
+            if not took and st == step and s == seq and c == comm_id and kind == _DATA \
+                    and f == fp and n <= len(view) and t.would_take(peer, c, s, st, f):
+                took.append(True)
+                consume(view[:n])
+                return
+            handle(kind, n, c, s, st, f, value, view)
+
+        def drain():
+            self.channel.poll(peer, direct)
+            return _TAKEN if took else None
+
+        data = t.wait_for(t.taker(peer, comm_id, seq, step, fp), comm_id, peer, timeout, drain)
+        if data is _TAKEN:
+            return
+        if type(data) is not _Notice:
+            consume(data)
+            return
+        try:
+            try:
+                view = t.peer_memory.view(data.handle, data.offset, data.nbytes)
+            except ipc.PeerGoneError as e:
+                raise PeerGone(peer, str(e)) from None
+            except MemoryAccessError as e:
+                raise ShmError(f"rank {t.rank}: cannot read the payload rank {peer} put in "
+                               f"shared memory: {e}") from None
+            t.shm_recvs += 1
+            try:
+                consume(view)
+            finally:
+                view.release()
+        finally:
+            self._ack(comm_id, seq, step, fp)
+
+    def _handler(self):
+        t, peer = self.t, self.peer
+
+        def handle(kind, n, comm_id, seq, step, fp, value, view):
+            if n > len(view):
+                self._error(kind, comm_id, seq, step, f"a {n}-byte payload in a "
+                            f"{len(view)}-byte slot")
+            elif kind == _DATA:
+                t.deliver(peer, comm_id, seq, step, fp, memoryview(bytearray(view)))
+            elif kind == _NOTICE:
+                nb, _, where = bytes(view).decode("ascii", "replace").partition(" ")
+                if not nb.isdigit() or not where or value < 0 or int(nb) > t.max_message:
+                    self._error(kind, comm_id, seq, step, f"malformed notice {bytes(view)[:80]!r}")
+                else:
+                    t.deliver(peer, comm_id, seq, step, fp, _Notice(where, value, int(nb)))
+            elif kind == _ACK and step & ACK_STEP:
+                t.deliver(peer, comm_id, seq, step, fp, memoryview(b""))
+            else:
+                self._error(kind, comm_id, seq, step, f"unknown kind {kind}")
+        return handle
+
+    def _error(self, kind, comm_id, seq, step, why) -> None:
+        t = self.t
+        msg = (f"protocol error: rank {t.rank} cannot use a message (kind {kind}) from rank "
+               f"{self.peer} in shared memory (comm {comm_id:#x}, seq {seq}, step {step}): {why}")
+        log.error("rank %d: %s; aborting every communicator", t.rank, msg)
+        t.fail(self.peer, msg)
