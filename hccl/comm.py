@@ -16,7 +16,6 @@ communicator stays aborted: create a new one.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import threading
@@ -30,7 +29,7 @@ from runtime.log import setup as setup_log
 from runtime.context import resolve_stream
 from runtime.errors import NpuError
 
-from . import abortrec, collectives, config, diag, executor, schedule
+from . import abortrec, collectives, config, diag, executor, plan
 from .errors import CollectiveMismatchError, HcclError, HcclTimeoutError, InvalidArgumentError, RemoteRankError
 from .flight import recorder
 from .types import DataType, Fingerprint, OpType, ReduceOp, Result, describe_call
@@ -177,8 +176,9 @@ class Comm:
         p2p = op in (OpType.SEND, OpType.RECV)
         inplace = bufs.get("send") is not None and _same(bufs.get("send"), bufs.get("recv"))
         knobs = self._knobs or _read_knobs()
-        steps, nbytes, fp, rec_fp, names = _plan(op, self.rank, self.size, count, dtype, redop,
-                                                 root, peer, inplace, *knobs)
+        pl = plan.collective(op, self.rank, self.size, count, dtype, redop, root, peer, inplace,
+                             *knobs)
+        steps, nbytes, fp = pl.steps, pl.nbytes, pl.fp
         self._knobs = knobs     # kept once a call was planned with them (a bad one is not kept)
         with self._lock:
             if p2p:
@@ -190,8 +190,8 @@ class Comm:
                 seq = self._seq
         cid = self.comm_id | _P2P_BIT if p2p else self.comm_id
         site = site or callsite(3)
-        rec = recorder.enqueue(self, seq, rec_fp, stream=s.name, site=site, peer=peer,
-                               nbytes=count * dtype.itemsize, names=names)
+        rec = recorder.enqueue(self, seq, pl.rec_fp, stream=s.name, site=site, peer=peer,
+                               nbytes=count * dtype.itemsize, names=pl.names)
         timeout, by_comm = self._timeout()
         transport = self.world.transport
 
@@ -326,28 +326,10 @@ class Comm:
 
 
 def _read_knobs() -> tuple:
-    """(HCCL_ALGO, slice bytes) for ``_plan``. A communicator keeps them from its first planned
+    """(HCCL_ALGO, slice bytes) for ``plan.collective``. A communicator keeps them from its first planned
     collective on; a bad value fails each call until it is fixed, as when read at every call."""
     algo = config.algo() if config.algo_set() else "auto"   # auto: schedule.choose by size
     return algo, config.slice_bytes()
-
-
-@functools.lru_cache(maxsize=512)
-def _plan(op, rank, size, count, dtype, redop, root, peer, inplace, algo, slice_bytes):
-    """What a call needs that depends only on its shape, computed once per shape: the schedule,
-    the bytes of send and recv it touches, the wire fingerprint, the recorder's fingerprint
-    (Send and Recv share one wire fingerprint, so that a send matches its recv) and the
-    recorder's names for it."""
-    steps = schedule.build(op, rank, size, count, dtype.itemsize, slice_bytes, root=root, peer=peer,
-                           inplace=inplace, algo=algo)
-    ext = schedule.buffer_extents(steps)
-    nbytes = {name: ext.get(name, 0) for name in ("send", "recv")}
-    if inplace:
-        nbytes["send"] = nbytes["recv"] = max(nbytes.values())
-    rec_fp = Fingerprint.make(op, count, dtype, redop, root)
-    fp = Fingerprint.make(OpType.SEND, count, dtype, redop, root) \
-        if op in (OpType.SEND, OpType.RECV) else rec_fp
-    return steps, nbytes, fp, rec_fp, recorder.names(rec_fp)
 
 
 _API_NAMES = {OpType.ALLREDUCE: "AllReduce", OpType.ALLGATHER: "AllGather",
