@@ -122,9 +122,8 @@ def init_comm() -> Comm:
     with _lock:
         _init_calls += 1
         n = _init_calls
-    job = env.get("NPUSIM_JOB_ID", "job")
-    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
-    uid = f"hccl/{job}/{attempt}/world{n}"
+    job = config.job()
+    uid = f"hccl/{job.job_id}/{job.attempt}/world{n}"
     return _rendezvous(env["MASTER_ADDR"], port, _env_secret(), uid, rank, size)
 
 
@@ -186,7 +185,7 @@ def _transport(rank: int, size: int, secret: bytes, bind_host: str):
     """The node's shared-memory rings plus sockets, or sockets only (NPUSIM_SHM=0,
     HCCL_INTRA_ROCE_ENABLE=1, or no futex on this platform)."""
     if config.shm() and shm.available():
-        return NodeTransport(rank, size, secret, bind_host=bind_host, job=config.job_id())
+        return NodeTransport(rank, size, secret, bind_host=bind_host, job=config.job().job_id)
     return ZmqTransport(rank, size, secret, bind_host=bind_host)
 
 

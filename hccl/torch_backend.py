@@ -40,6 +40,7 @@ import runtime
 from runtime.errors import NpuError
 
 from . import collectives as C
+from . import config
 from .comm import Comm
 from .errors import InvalidArgumentError
 from .init import _env_secret, init_comm
@@ -478,9 +479,9 @@ def _env_handler(url: str, timeout=_DEFAULT_TIMEOUT, **kwargs):
                          "(npurun and launcher.spawn set RANK, WORLD_SIZE, MASTER_ADDR, "
                          "MASTER_PORT)") from None
     client = StoreClient(host, port, secret, timeout=max(timeout.total_seconds(), 1.0))
-    job = env.get("NPUSIM_JOB_ID", "job")
-    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
-    yield (JobStore(client, f"torch/{job}/{attempt}/{next(_rdzv_calls)}/"), rank, world_size)
+    job = config.job()
+    yield (JobStore(client, f"torch/{job.job_id}/{job.attempt}/{next(_rdzv_calls)}/"), rank,
+           world_size)
     raise RuntimeError("Unable to perform re-rendezvous using env:// method")
 
 
