@@ -31,7 +31,8 @@ def parse_size(text: str) -> int:
     return int(float(t[:-1] if t[-1:] in _UNITS else t) * mult)
 
 
-def _busbw_factor(op: str, n: int) -> float:
+def busbw_factor(op: str, n: int) -> float:
+    """Bus bandwidth / algorithm bandwidth of ``op`` on ``n`` ranks, as nccl-tests defines it."""
     if op == "all_reduce":
         return 2 * (n - 1) / n
     if op in ("all_gather", "reduce_scatter", "all_to_all"):
@@ -147,9 +148,9 @@ def main(argv=None) -> int:
         algbw = nbytes / t / 1e9 if t > 0 else 0.0
         if rank == 0:
             print(f" {nbytes:>12} {count:>12} {dt.name.lower():>6} {redop.name.lower():>6} {t * 1e6:>10.1f} "
-                  f"{algbw:>8.3f} {algbw * _busbw_factor(a.op, n):>8.3f} {wrong:>7}", flush=True)
+                  f"{algbw:>8.3f} {algbw * busbw_factor(a.op, n):>8.3f} {wrong:>7}", flush=True)
         rows.append({"coll": a.op, "world": n, "bytes": nbytes, "time_us": t * 1e6,
-                     "algbw_GBps": algbw, "busbw_GBps": algbw * _busbw_factor(a.op, n),
+                     "algbw_GBps": algbw, "busbw_GBps": algbw * busbw_factor(a.op, n),
                      "wrong": wrong, "timing": a.timing, "iters": iters,
                      "wall_us": wall * 1e6})
         if recv is not send:

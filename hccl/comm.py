@@ -166,63 +166,6 @@ class Comm:
         return Comm(self.world, [self.ranks[r] for r in ids], cid, f"{self.name}.sub{list(ids)}" + (f"#{n}" if n else ""))
 
     # ------------------------------------------------------------------ the core
-    def _enqueue(self, op: OpType, api: str, *, bufs: dict, count: int, dtype: DataType,
-                 redop=None, root=None, peer=None, stream=None, site=None) -> None:
-        s = _resolve_stream(api, stream)
-        for name, b in bufs.items():
-            if b is not None and _device_of(b) not in (s.device_id, -1):
-                raise InvalidArgumentError(
-                    f"{api}: {name} is on device {_device_of(b)} but the stream is on device {s.device_id}")
-        p2p = op in (OpType.SEND, OpType.RECV)
-        inplace = bufs.get("send") is not None and _same(bufs.get("send"), bufs.get("recv"))
-        knobs = self._knobs or _read_knobs()
-        pl = plan.collective(op, self.rank, self.size, count, dtype, redop, root, peer, inplace,
-                             *knobs)
-        steps, nbytes, fp = pl.steps, pl.nbytes, pl.fp
-        self._knobs = knobs     # kept once a call was planned with them (a bad one is not kept)
-        with self._lock:
-            if p2p:
-                key = ("send" if op == OpType.SEND else "recv", peer)
-                seq = self._p2p.get(key, 0) + 1
-                self._p2p[key] = seq
-            else:
-                self._seq += 1
-                seq = self._seq
-        cid = self.comm_id | _P2P_BIT if p2p else self.comm_id
-        site = site or callsite(3)
-        rec = recorder.enqueue(self, seq, pl.rec_fp, stream=s.name, site=site, peer=peer,
-                               nbytes=count * dtype.itemsize, names=pl.names)
-        timeout, by_comm = self._timeout()
-        transport = self.world.transport
-
-        def task():
-            recorder.start(rec)
-            views = {name: runtime.host_view(b, nbytes[name], name=name)
-                     for name, b in bufs.items() if b is not None}
-            if inplace:
-                views["recv"] = views["send"]
-            try:
-                executor.run(steps, views, redop, dtype, transport, cid, seq, fp, self.ranks, timeout,
-                             on_wait=lambda p: recorder.waiting(rec, p), rank=self.rank)
-            except HcclError as e:
-                recorder.fail(rec, e)
-                err = self._failure(e, op, seq, fp, timeout, by_comm, cid)
-                rec.error = f"{type(err).__name__}: {str(err).splitlines()[0]}"
-                # a peer's failure reaching this rank: the verdict looks past it for the cause
-                rec.error_type = "RemoteRankError" if getattr(err, "abort", None) else \
-                    type(err).__name__
-                diag.flush()
-                raise err from e
-            recorder.complete(rec)
-
-        meta = None
-        if profiler.active():       # the trace's arguments of the task: only when recorded
-            meta = {"comm": self.name, "seq": seq, "count": count, "dtype": dtype.name,
-                    "bytes": count * dtype.itemsize}
-            if peer is not None:
-                meta["peer"] = peer
-        s.enqueue(task, name=f"Hccl{_API_NAMES[op]}", category="collective", meta=meta, site=site)
-
     def _describe(self, op, seq, fp) -> str:
         return describe_call(op, fp.count, fp.dtype, fp.redop, fp.root, comm=self.name, seq=seq)
 
@@ -286,23 +229,23 @@ class Comm:
     # ------------------------------------------------------------------ methods with inferred count/dtype
     def all_reduce(self, send, recv=None, op=ReduceOp.SUM, stream=None):
         recv = send if recv is None else recv
-        collectives.all_reduce(send, recv, _size(send, "send"), _arr_dtype(send), op, self, stream, _site=callsite(2))
+        collectives.all_reduce(send, recv, _size(send, "send"), _arr_dtype(send), op, self, stream, site=callsite(2))
         return recv
 
     def all_gather(self, send, recv, stream=None):
-        collectives.all_gather(send, recv, _size(send, "send"), _arr_dtype(send), self, stream, _site=callsite(2))
+        collectives.all_gather(send, recv, _size(send, "send"), _arr_dtype(send), self, stream, site=callsite(2))
         return recv
 
     def reduce_scatter(self, send, recv, op=ReduceOp.SUM, stream=None):
-        collectives.reduce_scatter(send, recv, _size(recv, "recv"), _arr_dtype(recv), op, self, stream, _site=callsite(2))
+        collectives.reduce_scatter(send, recv, _size(recv, "recv"), _arr_dtype(recv), op, self, stream, site=callsite(2))
         return recv
 
     def broadcast(self, buf, root=0, stream=None):
-        collectives.broadcast(buf, _size(buf, "buf"), _arr_dtype(buf), root, self, stream, _site=callsite(2))
+        collectives.broadcast(buf, _size(buf, "buf"), _arr_dtype(buf), root, self, stream, site=callsite(2))
         return buf
 
     def reduce(self, send, recv=None, op=ReduceOp.SUM, root=0, stream=None):
-        collectives.reduce(send, recv, _size(send, "send"), _arr_dtype(send), op, root, self, stream, _site=callsite(2))
+        collectives.reduce(send, recv, _size(send, "send"), _arr_dtype(send), op, root, self, stream, site=callsite(2))
         return recv
 
     def all_to_all(self, send, recv, stream=None):
@@ -311,18 +254,86 @@ class Comm:
             raise InvalidArgumentError(f"all_to_all: send has {n} elements, not a multiple of the "
                                        f"communicator size {self.size}")
         c = n // self.size
-        collectives.all_to_all(send, c, recv, c, _arr_dtype(send), self, stream, _site=callsite(2))
+        collectives.all_to_all(send, c, recv, c, _arr_dtype(send), self, stream, site=callsite(2))
         return recv
 
     def send(self, buf, dest, stream=None):
-        collectives.send(buf, _size(buf, "buf"), _arr_dtype(buf), dest, self, stream, _site=callsite(2))
+        collectives.send(buf, _size(buf, "buf"), _arr_dtype(buf), dest, self, stream, site=callsite(2))
 
     def recv(self, buf, src, stream=None):
-        collectives.recv(buf, _size(buf, "buf"), _arr_dtype(buf), src, self, stream, _site=callsite(2))
+        collectives.recv(buf, _size(buf, "buf"), _arr_dtype(buf), src, self, stream, site=callsite(2))
         return buf
 
     def barrier(self, stream=None):
-        collectives.barrier(self, stream, _site=callsite(2))
+        collectives.barrier(self, stream, site=callsite(2))
+
+
+# ------------------------------------------------------------------ the core
+def live(comm, api: str) -> Comm:
+    """``comm`` if it is an ``hccl.Comm`` not yet destroyed; else InvalidArgumentError naming
+    ``api`` (for ``hccl.collectives``)."""
+    if not isinstance(comm, Comm):
+        raise InvalidArgumentError(f"{api}: comm={comm!r} is not an hccl.Comm")
+    comm._check_alive(api)
+    return comm
+
+
+def enqueue(comm: Comm, op: OpType, api: str, *, bufs: dict, count: int, dtype: DataType,
+             redop=None, root=None, peer=None, stream=None, site=None) -> None:
+    s = _resolve_stream(api, stream)
+    for name, b in bufs.items():
+        if b is not None and _device_of(b) not in (s.device_id, -1):
+            raise InvalidArgumentError(
+                f"{api}: {name} is on device {_device_of(b)} but the stream is on device {s.device_id}")
+    p2p = op in (OpType.SEND, OpType.RECV)
+    inplace = bufs.get("send") is not None and _same(bufs.get("send"), bufs.get("recv"))
+    knobs = comm._knobs or _read_knobs()
+    pl = plan.collective(op, comm.rank, comm.size, count, dtype, redop, root, peer, inplace,
+                         *knobs)
+    steps, nbytes, fp = pl.steps, pl.nbytes, pl.fp
+    comm._knobs = knobs     # kept once a call was planned with them (a bad one is not kept)
+    with comm._lock:
+        if p2p:
+            key = ("send" if op == OpType.SEND else "recv", peer)
+            seq = comm._p2p.get(key, 0) + 1
+            comm._p2p[key] = seq
+        else:
+            comm._seq += 1
+            seq = comm._seq
+    cid = comm.comm_id | _P2P_BIT if p2p else comm.comm_id
+    site = site or callsite(2)
+    rec = recorder.enqueue(comm, seq, pl.rec_fp, stream=s.name, site=site, peer=peer,
+                           nbytes=count * dtype.itemsize, names=pl.names)
+    timeout, by_comm = comm._timeout()
+    transport = comm.world.transport
+
+    def task():
+        recorder.start(rec)
+        views = {name: runtime.host_view(b, nbytes[name], name=name)
+                 for name, b in bufs.items() if b is not None}
+        if inplace:
+            views["recv"] = views["send"]
+        try:
+            executor.run(steps, views, redop, dtype, transport, cid, seq, fp, comm.ranks, timeout,
+                         on_wait=lambda p: recorder.waiting(rec, p), rank=comm.rank)
+        except HcclError as e:
+            recorder.fail(rec, e)
+            err = comm._failure(e, op, seq, fp, timeout, by_comm, cid)
+            rec.error = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+            # a peer's failure reaching this rank: the verdict looks past it for the cause
+            rec.error_type = "RemoteRankError" if getattr(err, "abort", None) else \
+                type(err).__name__
+            diag.flush()
+            raise err from e
+        recorder.complete(rec)
+
+    meta = None
+    if profiler.active():       # the trace's arguments of the task: only when recorded
+        meta = {"comm": comm.name, "seq": seq, "count": count, "dtype": dtype.name,
+                "bytes": count * dtype.itemsize}
+        if peer is not None:
+            meta["peer"] = peer
+    s.enqueue(task, name=f"Hccl{_API_NAMES[op]}", category="collective", meta=meta, site=site)
 
 
 def _read_knobs() -> tuple:

@@ -197,6 +197,18 @@ def job() -> Job:
         raise InvalidArgumentError(str(e)) from None
 
 
+def job_secret() -> bytes | None:
+    """NPUSIM_JOB_SECRET (set by npurun, hex): the key every message of the job is signed with;
+    None when unset (not an npusim job)."""
+    raw = _raw("NPUSIM_JOB_SECRET")
+    if raw is None:
+        return None
+    try:
+        return bytes.fromhex(raw)
+    except ValueError:
+        raise InvalidArgumentError("NPUSIM_JOB_SECRET must be hex (npurun sets it)") from None
+
+
 def algo_set() -> bool:
     """True when HCCL_ALGO is set (then it is obeyed for every size; unset, small AllReduces
     use the one-shot schedule)."""

@@ -32,16 +32,6 @@ _lock = threading.Lock()
 _init_calls = 0
 
 
-def _env_secret() -> bytes | None:
-    raw = os.environ.get("NPUSIM_JOB_SECRET")
-    if not raw:
-        return None
-    try:
-        return bytes.fromhex(raw)
-    except ValueError:
-        raise InvalidArgumentError("NPUSIM_JOB_SECRET must be hex (npurun sets it)") from None
-
-
 def _is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
@@ -63,7 +53,7 @@ def _bind_host(store_host: str) -> str:
 
 def get_root_info() -> bytes:
     """On the root rank: host a rendezvous store and return the root info to give every rank."""
-    secret = _env_secret()
+    secret = config.job_secret()
     embed = secret is None
     if embed:
         secret = secrets.token_bytes(32)
@@ -86,7 +76,7 @@ def _parse_root_info(root_info) -> dict:
         host, port, uid = str(info["host"]), int(info["port"]), str(info["uid"])
     except (ValueError, KeyError, TypeError):
         raise InvalidArgumentError("comm_init_root_info: root_info is corrupted") from None
-    secret = bytes.fromhex(info["secret"]) if "secret" in info else _env_secret()
+    secret = bytes.fromhex(info["secret"]) if "secret" in info else config.job_secret()
     if secret is None:
         raise InvalidArgumentError("comm_init_root_info: root_info carries no secret and "
                                    "NPUSIM_JOB_SECRET is not set in this process")
@@ -124,7 +114,7 @@ def init_comm() -> Comm:
         n = _init_calls
     job = config.job()
     uid = f"hccl/{job.job_id}/{job.attempt}/world{n}"
-    return _rendezvous(env["MASTER_ADDR"], port, _env_secret(), uid, rank, size)
+    return _rendezvous(env["MASTER_ADDR"], port, config.job_secret(), uid, rank, size)
 
 
 def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: int) -> Comm:

@@ -123,7 +123,8 @@ def nbytes(buf: Any) -> int:
     return memoryview(buf).nbytes
 
 
-def _check_secret(secret: bytes) -> bytes:
+def check_secret(secret: bytes) -> bytes:
+    """``secret`` as bytes; ValueError unless it is non-empty bytes (store, transport, wire)."""
     if not isinstance(secret, (bytes, bytearray)) or len(secret) == 0:
         raise ValueError("the job secret must be non-empty bytes (launcher passes it in the "
                          "environment; tests can use secrets.token_bytes(32))")
@@ -152,7 +153,7 @@ def pack(secret: bytes, kind: int, *, sender: int, dest: int, conn: int, serial:
 
     Raises ValueError if a field does not fit its slot or the text exceeds 65535 utf-8 bytes.
     """
-    key = secret if type(secret) is bytes and secret else _check_secret(secret)
+    key = secret if type(secret) is bytes and secret else check_secret(secret)
     tb = text.encode("utf-8") if text else b""
     if len(tb) > MAX_TEXT:
         raise ValueError(f"header text is {len(tb)} utf-8 bytes, the limit is {MAX_TEXT}")
@@ -190,7 +191,7 @@ def unpack(frames: Sequence[Any], secret: bytes, *, guard: "ReplayGuard | None" 
     this build cannot use: ``UnusableFrame``, naming the sender); then the replay guard (only
     after the MAC, so a forger cannot poison it).
     """
-    key = secret if type(secret) is bytes and secret else _check_secret(secret)
+    key = secret if type(secret) is bytes and secret else check_secret(secret)
     if not frames:
         raise BadFrame("empty message")
     try:

@@ -290,8 +290,8 @@ class Diagnoser:
 
 def status_file(pid: int) -> str:
     """Where npurun ``pid`` writes its live status table (user-private directory)."""
-    from launcher.secret import _secure_dir  # noqa: PLC0415
-    return os.path.join(_secure_dir(), f"npurun-{pid}.status")
+    from launcher.secret import secure_dir  # noqa: PLC0415
+    return os.path.join(secure_dir(), f"npurun-{pid}.status")
 
 
 def query_status(pid: int | None, timeout: float = 10.0) -> int:
@@ -299,10 +299,10 @@ def query_status(pid: int | None, timeout: float = 10.0) -> int:
     import glob  # noqa: PLC0415
     import signal  # noqa: PLC0415
     import sys  # noqa: PLC0415
-    from launcher.secret import _secure_dir  # noqa: PLC0415
+    from launcher.secret import secure_dir  # noqa: PLC0415
     if pid is None:
         pids = []
-        for path in glob.glob(os.path.join(_secure_dir(), "npurun-*.job")):
+        for path in glob.glob(os.path.join(secure_dir(), "npurun-*.job")):
             p = int(os.path.basename(path)[7:-4])
             try:
                 os.kill(p, 0)
@@ -313,7 +313,7 @@ def query_status(pid: int | None, timeout: float = 10.0) -> int:
             print("npurun --status: no running npurun job of yours was found", file=sys.stderr)
             return 1
         pid = max(pids)
-    if not os.path.exists(os.path.join(_secure_dir(), f"npurun-{pid}.job")):
+    if not os.path.exists(os.path.join(secure_dir(), f"npurun-{pid}.job")):
         print(f"npurun --status: {pid} is not a running npurun of yours (or it is still starting)",
               file=sys.stderr)
         return 1
@@ -337,8 +337,8 @@ def query_status(pid: int | None, timeout: float = 10.0) -> int:
 
 def register(pid: int) -> str:
     """Mark npurun ``pid`` as running (for ``npurun --status`` without a pid)."""
-    from launcher.secret import _secure_dir  # noqa: PLC0415
-    path = os.path.join(_secure_dir(), f"npurun-{pid}.job")
+    from launcher.secret import secure_dir  # noqa: PLC0415
+    path = os.path.join(secure_dir(), f"npurun-{pid}.job")
     with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         f.write(str(pid))
     return path

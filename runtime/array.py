@@ -6,7 +6,7 @@ import numpy as np
 from .callsite import callsite
 from .context import current_context, resolve_stream
 from .errors import InvalidParamError, MemoryAccessError
-from .memory import (DeviceBuffer, DevicePtr, HostBuffer, _malloc, _run_sync, free, free_from_gc,
+from .memory import (DeviceBuffer, DevicePtr, HostBuffer, malloc_at, run_sync, free, free_from_gc,
                      host_view)
 from .pool import MemMallocPolicy
 
@@ -126,7 +126,7 @@ class DeviceArray(DeviceBuffer):
         out = np.empty(self.shape, self.dtype)
         if self.nbytes:
             src = self._np()
-            _run_sync(s, "to_host", "copy", callsite(2), self.nbytes, np.copyto, out, src)
+            run_sync(s, "to_host", "copy", callsite(2), self.nbytes, np.copyto, out, src)
         return out
 
     def copy_from_host(self, x, stream=None) -> None:
@@ -142,7 +142,7 @@ class DeviceArray(DeviceBuffer):
         dst = self._np()
         site = callsite(2)
         if stream is None:
-            _run_sync(resolve_stream(None), "copy_from_host", "copy", site, self.nbytes,
+            run_sync(resolve_stream(None), "copy_from_host", "copy", site, self.nbytes,
                       np.copyto, dst, x)
         else:
             s = resolve_stream(stream)
@@ -182,7 +182,7 @@ def _empty(shape, dtype, policy, site) -> DeviceArray:
     shape, dt = _shape(shape), as_dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     current_context()  # a clear error before anything else when no device is set
-    ptr = _malloc(nbytes, policy, site) if nbytes else None
+    ptr = malloc_at(nbytes, policy, site) if nbytes else None
     return DeviceArray(ptr, shape, dt, _owner=True, _site=site)
 
 
@@ -192,7 +192,7 @@ def zeros(shape, dtype=np.float32, stream=None) -> DeviceArray:
     if a.nbytes:
         v = a._np().reshape(-1).view(np.uint8)
         if stream is None:
-            _run_sync(resolve_stream(None), "zeros", "copy", a._site, a.nbytes, v.fill, 0)
+            run_sync(resolve_stream(None), "zeros", "copy", a._site, a.nbytes, v.fill, 0)
         else:
             resolve_stream(stream).enqueue(lambda: v.fill(0), "zeros", "copy", {"bytes": a.nbytes}, a._site)
     return a

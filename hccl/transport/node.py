@@ -40,7 +40,7 @@ from hccl import config, wire
 from hccl.transport import shm
 from hccl.transport.base import (DONE, Fingerprint, PeerWait, SendHandle, Transport,
                                  as_bytes_view, norm_fp)
-from hccl.transport.zmq import MAX_MESSAGE, ZmqTransport, _AckHandle, _ShmRef
+from hccl.transport.zmq import MAX_MESSAGE, ZmqTransport, AckHandle, ShmRef
 from runtime import ipc
 
 log = logging.getLogger("hccl.transport")
@@ -156,7 +156,7 @@ class NodeTransport(ZmqTransport):
                 return DONE
         elif where is not None:
             nid = next(self._ids)
-            ack = _AckHandle(self, peer, comm_id)
+            ack = AckHandle(self, peer, comm_id)
             with self._cond:
                 self._acks[(peer, nid)] = ack
             text = f"{n} {nid} {where[0]}".encode()
@@ -190,7 +190,7 @@ class NodeTransport(ZmqTransport):
                                      f"malformed notice {bytes(view)[:80]!r}")
                 else:
                     self._deliver(peer, comm_id, seq, step, fp,
-                                  _ShmRef(handle_, value, int(nb), int(nid)))
+                                  ShmRef(handle_, value, int(nb), int(nid)))
             elif kind == _ACK:
                 self._acked(peer, value)
             else:
@@ -232,7 +232,7 @@ class NodeTransport(ZmqTransport):
                                 timeout, direct, took)
         if data is _TAKEN:
             return
-        if type(data) is not _ShmRef:
+        if type(data) is not ShmRef:
             consume(data)
         else:
             self._consume_shm(peer, data, consume)

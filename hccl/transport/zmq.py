@@ -109,7 +109,7 @@ class ShmError(TransportError):
     """A payload announced in shared memory could not be read (the message says why)."""
 
 
-class _ShmRef:
+class ShmRef:
     """An inbound SHM_DATA: where the payload is, and the serial to acknowledge."""
 
     __slots__ = ("handle", "offset", "nbytes", "serial")
@@ -118,7 +118,7 @@ class _ShmRef:
         self.handle, self.offset, self.nbytes, self.serial = handle, offset, nbytes, serial
 
 
-class _AckHandle(SendHandle):
+class AckHandle(SendHandle):
     """A SHM_DATA send: complete once the peer acknowledged it."""
 
     __slots__ = ("_t", "_peer", "_comm", "acked")
@@ -157,7 +157,7 @@ class ZmqTransport(Transport):
     def __init__(self, rank: int, size: int, secret: bytes, bind_host: str = "127.0.0.1", *,
                  max_message: int = MAX_MESSAGE):
         super().__init__(rank, size)
-        self._secret = wire._check_secret(secret)
+        self._secret = wire.check_secret(secret)
         self.max_message = int(max_message)
         self._ctx = zmq.Context()
         r = self._router = self._ctx.socket(zmq.ROUTER)
@@ -181,7 +181,7 @@ class ZmqTransport(Transport):
         self.node = ipc.node_id()
         self._shm_peers: frozenset = frozenset()        # ranks whose memory this one may read
         self._shm_min = config.shm_min_bytes() if config.shm() else None
-        self._acks: dict[tuple[int, int], _AckHandle] = {}   # (peer, serial) -> its send
+        self._acks: dict[tuple[int, int], AckHandle] = {}   # (peer, serial) -> its send
         self._peer_mem = ipc.PeerMemories()
         self.shm_sends = self.shm_recvs = 0
         self._guard = wire.ReplayGuard()
@@ -323,8 +323,8 @@ class ZmqTransport(Transport):
         return _TrackedHandle(tracker, peer, self, comm_id)
 
     def _send_shm(self, link: _Link, peer: int, comm_id: int, seq: int, step: int, fp,
-                  nbytes: int, handle: str, offset: int) -> _AckHandle:
-        ack = _AckHandle(self, peer, comm_id)
+                  nbytes: int, handle: str, offset: int) -> AckHandle:
+        ack = AckHandle(self, peer, comm_id)
         with link.lock:
             if link.closed:
                 raise TransportClosed(f"rank {self.rank}: transport closed")
@@ -338,7 +338,7 @@ class ZmqTransport(Transport):
     def recv(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
              timeout: float | None) -> memoryview:
         data = Transport.recv(self, peer, comm_id, seq, step, fp, timeout)
-        if type(data) is not _ShmRef:
+        if type(data) is not ShmRef:
             return data
         out = []                                 # a copy the caller owns, as recv promises
         self._consume_shm(peer, data, lambda view: out.append(memoryview(bytearray(view))))
@@ -347,12 +347,12 @@ class ZmqTransport(Transport):
     def recv_into(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
                   timeout: float | None, consume) -> None:
         data = Transport.recv(self, peer, comm_id, seq, step, fp, timeout)
-        if type(data) is not _ShmRef:
+        if type(data) is not ShmRef:
             consume(data)
         else:
             self._consume_shm(peer, data, consume)
 
-    def _consume_shm(self, peer: int, data: _ShmRef, consume) -> None:
+    def _consume_shm(self, peer: int, data: ShmRef, consume) -> None:
         """``consume`` a view of the payload in ``peer``'s memory, then acknowledge it."""
         try:
             try:
@@ -467,7 +467,7 @@ class ZmqTransport(Transport):
             if not n.isdigit() or not handle or int(n) > self.max_message or h.value < 0:
                 self._protocol_error(h, f"malformed notice {h.text[:80]!r}")
             self._deliver(h.sender, h.comm_id, h.seq, h.step, h.fp,
-                          _ShmRef(handle, h.value, int(n), h.serial))
+                          ShmRef(handle, h.value, int(n), h.serial))
         elif h.kind == wire.Kind.SHM_ACK and not h.payloads:
             self._acked(h.sender, h.value)
         elif h.kind == wire.Kind.ABORT:
