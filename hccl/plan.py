@@ -8,8 +8,10 @@ buffer needs, the wire fingerprint, the flight recorder's names. Each message re
 depends only on its secret (the keyed HMAC) or its fingerprint (normalizing it to 5 ints). At
 64 KiB and below that work costs as much as the copy, so it is done once and looked up.
 
-Every cache here is a ``Memo``: a dict bounded by a size, emptied whole when full (a job uses a
-handful of shapes; a job that churns shapes pays one rebuild per bound, never unbounded memory).
+The plans are a ``functools.lru_cache`` of 512 shapes (its hit path is C: a Python-level lookup
+measured 0.2-0.3 us more per call); the others are a ``Memo``: a dict bounded by a size, emptied
+whole when full (a job uses a handful of secrets and fingerprints; one that churns them pays one
+rebuild per bound, never unbounded memory).
 Values are immutable (frozen dataclasses, tuples, read-only mappings), so sharing one between
 threads and calls needs no lock and a caller cannot corrupt the next call's plan. The keyed HMAC
 objects in ``MACS`` are the one exception: they are only ever ``copy()``'d, never updated.
@@ -17,6 +19,7 @@ objects in ``MACS`` are the one exception: they are only ever ``copy()``'d, neve
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
@@ -56,20 +59,20 @@ class Memo:
         self._d.clear()
 
 
-PLANS = Memo("plans", 512)              # call shape -> Plan
 FINGERPRINTS = Memo("fingerprints", 4096)   # any fingerprint -> its tuple of 5 Python ints
 MACS = Memo("macs", 64)                 # job secret -> its keyed HMAC-SHA256 object
 
 
 def clear() -> None:
     """Empty every cache of this module."""
+    collective.cache_clear()
     for m in _MEMOS:
         m.clear()
 
 
 def sizes() -> dict[str, int]:
     """Entries held per cache, by name (for tests and diagnostics)."""
-    return {m.name: len(m) for m in _MEMOS}
+    return {"plans": collective.cache_info().currsize, **{m.name: len(m) for m in _MEMOS}}
 
 
 @dataclass(frozen=True)
@@ -85,18 +88,11 @@ class Plan:
     names: tuple
 
 
+@functools.lru_cache(maxsize=512)
 def collective(op: OpType, rank: int, size: int, count: int, dtype: DataType, redop, root, peer,
                inplace: bool, algo: str, slice_bytes: int) -> Plan:
     """The Plan of a call of this shape (built on first use); raises what ``schedule.build``
     raises for bad arguments (nothing is cached then)."""
-    key = (op, rank, size, count, dtype, redop, root, peer, inplace, algo, slice_bytes)
-    p = PLANS.get(key)
-    if p is None:
-        p = PLANS.put(key, _make(*key))
-    return p
-
-
-def _make(op, rank, size, count, dtype, redop, root, peer, inplace, algo, slice_bytes) -> Plan:
     steps = schedule.build(op, rank, size, count, dtype.itemsize, slice_bytes, root=root,
                            peer=peer, inplace=inplace, algo=algo)
     nbytes = {name: steps.extents.get(name, 0) for name in ("send", "recv")}
