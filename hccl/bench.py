@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 
@@ -93,7 +92,7 @@ def main(argv=None) -> int:
                          "(5 to 20,000), every rank agreeing")
     ap.add_argument("--json", default=None, help="rank 0 writes the rows here")
     a = ap.parse_args(argv)
-    runtime.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    runtime.set_device(hccl.config.job().local_rank or 0)
     comm = hccl.init_comm()
     n, rank = comm.size, comm.rank
     dt = DataType.of(a.datatype)
