@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from hccl.bench import _busbw_factor, parse_size
+from hccl.bench import busbw_factor, parse_size
 
 COLLS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 _BARRIER_S = 60.0          # no repetition waits longer than this for the other processes
@@ -138,7 +138,7 @@ def measure(coll: str, n: int, nbytes: int, reps: int = 7) -> dict:
     slowest = [max(got[r][i] for r in got) for i in range(reps)]
     t = statistics.median(slowest)
     return {"coll": coll, "world": n, "bytes": nbytes, "time_us": t * 1e6,
-            "busbw_GBps": nbytes / t / 1e9 * _busbw_factor(coll, n) if t > 0 else 0.0}
+            "busbw_GBps": nbytes / t / 1e9 * busbw_factor(coll, n) if t > 0 else 0.0}
 
 
 def main(argv=None) -> int:

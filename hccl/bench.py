@@ -1,7 +1,8 @@
 """nccl-tests style sweep: ``npurun --nproc-per-node N -m hccl.bench -b 8 -e 64M -f 2 -o all_reduce``.
 
 One row per size: size (bytes), count (elements), type, redop, time (us), algbw and busbw (GB/s)
-and #wrong (elements that differ from the expected value when ``-c 1``). time is the mean over
+and #wrong (elements that differ from the expected value when ``-c 1``; every element of every
+rank's send buffer depends on its rank and index, as in nccl-tests, see ``expected``). time is the mean over
 ``-n`` iterations of the slowest rank (``--timing median``: the median over calls of the slowest
 rank's; ``--target-s``: as many calls as fill that time, as the peers' benchmarks do); busbw as nccl-tests defines it: algbw x 2(n-1)/n for
 AllReduce, x (n-1)/n for AllGather / ReduceScatter / AlltoAll, x 1 for Broadcast / Reduce.
@@ -11,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 
@@ -31,7 +31,8 @@ def parse_size(text: str) -> int:
     return int(float(t[:-1] if t[-1:] in _UNITS else t) * mult)
 
 
-def _busbw_factor(op: str, n: int) -> float:
+def busbw_factor(op: str, n: int) -> float:
+    """Bus bandwidth / algorithm bandwidth of ``op`` on ``n`` ranks, as nccl-tests defines it."""
     if op == "all_reduce":
         return 2 * (n - 1) / n
     if op in ("all_gather", "reduce_scatter", "all_to_all"):
@@ -63,16 +64,8 @@ def enqueue(op: str, comm, send, recv, count, dt, redop, stream, root: int = 0) 
 def _layout(op: str, nbytes: int, n: int, itemsize: int):
     """(count per HCCL call, send elements, recv elements) for S = nbytes as nccl-tests counts it."""
     total = max(nbytes // itemsize, 0)
-    if op in ("all_gather",):
-        c = total // n
-        return c, c, c * n
-    if op in ("reduce_scatter",):
-        c = total // n
-        return c, c * n, c
-    if op == "all_to_all":
-        c = total // n
-        return c, c * n, c * n
-    return total, total, total
+    c = total // n if op in ("all_gather", "reduce_scatter", "all_to_all") else total
+    return (c, *_layout_counts(op, n, c))
 
 
 def main(argv=None) -> int:
@@ -99,7 +92,7 @@ def main(argv=None) -> int:
                          "(5 to 20,000), every rank agreeing")
     ap.add_argument("--json", default=None, help="rank 0 writes the rows here")
     a = ap.parse_args(argv)
-    runtime.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    runtime.set_device(hccl.config.job().local_rank or 0)
     comm = hccl.init_comm()
     n, rank = comm.size, comm.rank
     dt = DataType.of(a.datatype)
@@ -119,7 +112,7 @@ def main(argv=None) -> int:
     rows = []
     for size in sizes:
         count, ns, nr = _layout(a.op, size, n, dt.itemsize)
-        send = runtime.to_device(np.full(ns, rank + 1, dt.numpy))
+        send = runtime.to_device(send_values(a.op, rank, n, count, dt, redop))
         recv = send if a.op == "broadcast" else runtime.empty(nr, dt.numpy)
         iters = a.iters
         if a.target_s is None:
@@ -141,15 +134,15 @@ def main(argv=None) -> int:
             t = wall = _agree_max((time.perf_counter() - t0) / max(iters, 1), t_dev, comm, s)
         wrong = 0
         if a.check:
-            wrong = _count_wrong(a.op, recv.to_host(stream=s), n, rank, redop, dt, count)
+            wrong = count_wrong(a.op, recv.to_host(stream=s), rank, n, count, dt, redop)
         total_wrong += wrong
         nbytes = count * dt.itemsize * (n if a.op in ("all_gather", "reduce_scatter", "all_to_all") else 1)
         algbw = nbytes / t / 1e9 if t > 0 else 0.0
         if rank == 0:
             print(f" {nbytes:>12} {count:>12} {dt.name.lower():>6} {redop.name.lower():>6} {t * 1e6:>10.1f} "
-                  f"{algbw:>8.3f} {algbw * _busbw_factor(a.op, n):>8.3f} {wrong:>7}", flush=True)
+                  f"{algbw:>8.3f} {algbw * busbw_factor(a.op, n):>8.3f} {wrong:>7}", flush=True)
         rows.append({"coll": a.op, "world": n, "bytes": nbytes, "time_us": t * 1e6,
-                     "algbw_GBps": algbw, "busbw_GBps": algbw * _busbw_factor(a.op, n),
+                     "algbw_GBps": algbw, "busbw_GBps": algbw * busbw_factor(a.op, n),
                      "wrong": wrong, "timing": a.timing, "iters": iters,
                      "wall_us": wall * 1e6})
         if recv is not send:
@@ -216,20 +209,79 @@ def _median_of_slowest(iters, comm, send, recv, count, dt, redop, s, op) -> tupl
     return float(np.median(slowest)), wall
 
 
-def _count_wrong(op, out, n, rank, redop, dt, count) -> int:
-    vals = np.arange(1, n + 1, dtype=np.float64)
-    red = {"SUM": vals.sum(), "PROD": vals.prod(), "MAX": vals.max(), "MIN": vals.min()}[redop.name]
-    if op in ("all_reduce", "reduce_scatter"):
-        exp = np.full(out.shape, red).astype(dt.numpy)
+# The check, as nccl-tests does it: every element of every rank's send buffer holds a value of
+# (rank, index), so a chunk in the wrong place, from the wrong rank or reduced twice differs from
+# the expected buffer (a constant per rank would let a misplaced chunk pass). The values are small
+# integers (1..4; 1..2 for PROD) so every reduction is exact in every data type, in any order.
+_MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+
+
+def rank_values(rank: int, index: np.ndarray, redop: ReduceOp) -> np.ndarray:
+    """Rank ``rank``'s value at each element ``index`` of its send buffer (int64, 1..4 or 1..2
+    for PROD): a splitmix64 hash of (rank, index), so no two ranks' chunks look alike."""
+    with np.errstate(over="ignore"):        # arithmetic modulo 2**64 is the point
+        x = index.astype(np.uint64) * _MIX[0] + np.uint64(rank + 1) * _MIX[1]
+        x ^= x >> np.uint64(31)
+        x *= _MIX[2]
+        x ^= x >> np.uint64(29)
+    k = 2 if redop == ReduceOp.PROD else 4
+    return (x % np.uint64(k)).astype(np.int64) + 1
+
+
+def send_values(op: str, rank: int, n: int, count: int, dt: DataType, redop: ReduceOp) -> np.ndarray:
+    """The send buffer of ``rank`` for ``op`` (``count`` per HCCL call, as ``_layout``)."""
+    ns = _layout_counts(op, n, count)[0]
+    return rank_values(rank, np.arange(ns), redop).astype(dt.numpy)
+
+
+def expected(op: str, rank: int, n: int, count: int, dt: DataType, redop: ReduceOp,
+             root: int = 0) -> np.ndarray | None:
+    """What ``rank``'s recv buffer must hold after ``op`` (None: not defined, a non-root's
+    Reduce). AllToAll's block q on rank r is block r of rank q's send; AllGather's block q is
+    rank q's send; ReduceScatter's is the reduction of block ``rank`` of every rank's send."""
+    c = count
+    every = [rank_values(q, np.arange(_layout_counts(op, n, c)[0]), redop) for q in range(n)]
+    fold = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MAX: np.maximum,
+            ReduceOp.MIN: np.minimum}[redop].reduce
+    if op == "all_reduce":
+        out = fold(np.stack(every))
     elif op == "reduce":
-        if rank != 0:
-            return 0
-        exp = np.full(out.shape, red).astype(dt.numpy)
+        if rank != root:
+            return None
+        out = fold(np.stack(every))
+    elif op == "reduce_scatter":
+        out = fold(np.stack([e[rank * c:(rank + 1) * c] for e in every]))
     elif op == "broadcast":
-        exp = np.full(out.shape, 1).astype(dt.numpy)
-    else:  # all_gather, all_to_all: block r holds rank r's value
-        exp = np.repeat(np.arange(1, n + 1), count).astype(dt.numpy)
+        out = every[root]
+    elif op == "all_gather":
+        out = np.concatenate(every)
+    elif op == "all_to_all":
+        out = np.concatenate([e[rank * c:(rank + 1) * c] for e in every])
+    else:
+        raise ValueError(f"hccl.bench: no check for collective {op!r}")
+    return out.astype(dt.numpy)     # exact small integers (integer types wrap as in dt)
+
+
+def count_wrong(op: str, out: np.ndarray, rank: int, n: int, count: int, dt: DataType,
+                redop: ReduceOp, root: int = 0) -> int:
+    """Elements of ``out`` (``rank``'s recv buffer) that differ from ``expected``."""
+    exp = expected(op, rank, n, count, dt, redop, root)
+    if exp is None:
+        return 0
+    if out.shape != exp.shape:
+        raise ValueError(f"hccl.bench: {op} recv has {out.size} elements, expected {exp.size}")
     return int(np.count_nonzero(out != exp))
+
+
+def _layout_counts(op: str, n: int, c: int) -> tuple[int, int]:
+    """(send elements, recv elements) of a call with per-call count ``c``."""
+    if op == "all_gather":
+        return c, c * n
+    if op == "reduce_scatter":
+        return c * n, c
+    if op == "all_to_all":
+        return c * n, c * n
+    return c, c
 
 
 if __name__ == "__main__":

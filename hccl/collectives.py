@@ -7,7 +7,9 @@ the call's dtype and bounds the call by its own extent. ``recv`` may be ``send``
 as in HCCL, ``send`` may be block ``rank`` of AllGather's ``recv`` and ``recv`` block ``rank`` of
 ReduceScatter's ``send``; any other overlap is refused. ``stream=None`` means the current
 stream. Bad arguments raise ``InvalidArgumentError`` (E_PARA) naming the argument and the
-sizes, before anything is enqueued, so the communicator still works afterwards.
+sizes, before anything is enqueued, so the communicator still works afterwards. ``site``
+(keyword only) is the call site the flight recorder shows; by default the first frame outside
+npusim, and a wrapper whose own caller is the user's (the torch backend) passes it.
 """
 from __future__ import annotations
 
@@ -17,18 +19,9 @@ import runtime
 from runtime.callsite import callsite
 from runtime.errors import NpuError, describe
 
+from . import comm as communicator
 from .errors import InvalidArgumentError
 from .types import DataType, OpType, ReduceOp
-
-
-def _comm(comm, api):
-    """``comm`` if it is a live ``hccl.Comm`` (recognised by its liveness check: this module is
-    below comm.py, whose methods call it, so it does not import the class)."""
-    check = getattr(comm, "_check_alive", None)
-    if check is None or not callable(check):
-        raise InvalidArgumentError(f"{api}: comm={comm!r} is not an hccl.Comm")
-    check(api)
-    return comm
 
 
 def _dtype(dtype, api) -> DataType:
@@ -122,72 +115,72 @@ def _no_overlap(api: str, send, send_bytes: int, recv, recv_bytes: int, in_place
         "use the same buffer for both (in place) or separate buffers")
 
 
-def all_reduce(send, recv, count, dtype, op, comm, stream=None, *, _site=None):
+def all_reduce(send, recv, count, dtype, op, comm, stream=None, *, site=None):
     """HcclAllReduce: every rank receives the reduction of all ranks' ``count`` elements."""
     api = "all_reduce"
-    comm, dt, n, rop = _comm(comm, api), _dtype(dtype, api), _count(count, api), _redop(op, api)
+    comm, dt, n, rop = communicator.live(comm, api), _dtype(dtype, api), _count(count, api), _redop(op, api)
     need = n * dt.itemsize
     _buf(send, need, api, "send", dt, f"count={n} elements")
     _buf(recv, need, api, "recv", dt, f"count={n} elements")
     _no_overlap(api, send, need, recv, need)
-    comm._enqueue(OpType.ALLREDUCE, api, bufs={"send": send, "recv": recv}, count=n, dtype=dt,
-                  redop=rop, stream=stream, site=_site or callsite(2))
+    communicator.enqueue(comm, OpType.ALLREDUCE, api, bufs={"send": send, "recv": recv}, count=n, dtype=dt,
+                         redop=rop, stream=stream, site=site or callsite(2))
 
 
-def all_gather(send, recv, send_count, dtype, comm, stream=None, *, _site=None):
+def all_gather(send, recv, send_count, dtype, comm, stream=None, *, site=None):
     """HcclAllGather: recv holds every rank's ``send_count`` elements, in rank order."""
     api = "all_gather"
-    comm, dt, n = _comm(comm, api), _dtype(dtype, api), _count(send_count, api, "send_count")
+    comm, dt, n = communicator.live(comm, api), _dtype(dtype, api), _count(send_count, api, "send_count")
     _buf(send, n * dt.itemsize, api, "send", dt, f"send_count={n} elements")
     _buf(recv, n * comm.size * dt.itemsize, api, "recv", dt,
          f"send_count={n} x {comm.size} ranks = {n * comm.size} elements")
     cb = n * dt.itemsize
     _no_overlap(api, send, cb, recv, cb * comm.size, (0, -comm.rank * cb))
-    comm._enqueue(OpType.ALLGATHER, api, bufs={"send": send, "recv": recv}, count=n, dtype=dt,
-                  stream=stream, site=_site or callsite(2))
+    communicator.enqueue(comm, OpType.ALLGATHER, api, bufs={"send": send, "recv": recv}, count=n, dtype=dt,
+                         stream=stream, site=site or callsite(2))
 
 
-def reduce_scatter(send, recv, recv_count, dtype, op, comm, stream=None, *, _site=None):
+def reduce_scatter(send, recv, recv_count, dtype, op, comm, stream=None, *, site=None):
     """HcclReduceScatter: rank r receives block r (``recv_count`` elements) of the reduction."""
     api = "reduce_scatter"
-    comm, dt = _comm(comm, api), _dtype(dtype, api)
+    comm, dt = communicator.live(comm, api), _dtype(dtype, api)
     n, rop = _count(recv_count, api, "recv_count"), _redop(op, api)
     _buf(send, n * comm.size * dt.itemsize, api, "send", dt,
          f"recv_count={n} x {comm.size} ranks = {n * comm.size} elements")
     _buf(recv, n * dt.itemsize, api, "recv", dt, f"recv_count={n} elements")
     cb = n * dt.itemsize
     _no_overlap(api, send, cb * comm.size, recv, cb, (0, comm.rank * cb))
-    comm._enqueue(OpType.REDUCE_SCATTER, api, bufs={"send": send, "recv": recv}, count=n, dtype=dt,
-                  redop=rop, stream=stream, site=_site or callsite(2))
+    communicator.enqueue(comm, OpType.REDUCE_SCATTER, api, bufs={"send": send, "recv": recv}, count=n, dtype=dt,
+                         redop=rop, stream=stream, site=site or callsite(2))
 
 
-def broadcast(buf, count, dtype, root, comm, stream=None, *, _site=None):
+def broadcast(buf, count, dtype, root, comm, stream=None, *, site=None):
     """HcclBroadcast: every rank's ``buf`` receives root's ``count`` elements."""
     api = "broadcast"
-    comm, dt, n = _comm(comm, api), _dtype(dtype, api), _count(count, api)
+    comm, dt, n = communicator.live(comm, api), _dtype(dtype, api), _count(count, api)
     r = _rank(root, comm.size, api, "root")
     _buf(buf, n * dt.itemsize, api, "buf", dt, f"count={n} elements")
-    comm._enqueue(OpType.BROADCAST, api, bufs={"send": buf, "recv": buf}, count=n, dtype=dt, root=r,
-                  stream=stream, site=_site or callsite(2))
+    communicator.enqueue(comm, OpType.BROADCAST, api, bufs={"send": buf, "recv": buf}, count=n, dtype=dt, root=r,
+                         stream=stream, site=site or callsite(2))
 
 
-def reduce(send, recv, count, dtype, op, root, comm, stream=None, *, _site=None):
+def reduce(send, recv, count, dtype, op, root, comm, stream=None, *, site=None):
     """HcclReduce: root's ``recv`` receives the reduction; ``recv`` may be None elsewhere."""
     api = "reduce"
-    comm, dt, n, rop = _comm(comm, api), _dtype(dtype, api), _count(count, api), _redop(op, api)
+    comm, dt, n, rop = communicator.live(comm, api), _dtype(dtype, api), _count(count, api), _redop(op, api)
     r = _rank(root, comm.size, api, "root")
     _buf(send, n * dt.itemsize, api, "send", dt, f"count={n} elements")
     if comm.rank == r or recv is not None:
         _buf(recv, n * dt.itemsize, api, "recv", dt, f"count={n} elements")
         _no_overlap(api, send, n * dt.itemsize, recv, n * dt.itemsize)
-    comm._enqueue(OpType.REDUCE, api, bufs={"send": send, "recv": recv}, count=n, dtype=dt,
-                  redop=rop, root=r, stream=stream, site=_site or callsite(2))
+    communicator.enqueue(comm, OpType.REDUCE, api, bufs={"send": send, "recv": recv}, count=n, dtype=dt,
+                         redop=rop, root=r, stream=stream, site=site or callsite(2))
 
 
-def all_to_all(send, send_count, recv, recv_count, dtype, comm, stream=None, *, _site=None):
+def all_to_all(send, send_count, recv, recv_count, dtype, comm, stream=None, *, site=None):
     """HcclAlltoAll: block j of rank i's send goes to block i of rank j's recv."""
     api = "all_to_all"
-    comm, dt = _comm(comm, api), _dtype(dtype, api)
+    comm, dt = communicator.live(comm, api), _dtype(dtype, api)
     sc, rc = _count(send_count, api, "send_count"), _count(recv_count, api, "recv_count")
     if sc != rc:
         raise InvalidArgumentError(f"{api}: send_count={sc} and recv_count={rc} differ; npusim's "
@@ -197,34 +190,35 @@ def all_to_all(send, send_count, recv, recv_count, dtype, comm, stream=None, *, 
     _buf(recv, rc * comm.size * dt.itemsize, api, "recv", dt,
          f"recv_count={rc} x {comm.size} ranks = {rc * comm.size} elements")
     _no_overlap(api, send, sc * comm.size * dt.itemsize, recv, rc * comm.size * dt.itemsize)
-    comm._enqueue(OpType.ALLTOALL, api, bufs={"send": send, "recv": recv}, count=sc, dtype=dt,
-                  stream=stream, site=_site or callsite(2))
+    communicator.enqueue(comm, OpType.ALLTOALL, api, bufs={"send": send, "recv": recv}, count=sc, dtype=dt,
+                         stream=stream, site=site or callsite(2))
 
 
-def send(buf, count, dtype, dest, comm, stream=None, *, _site=None):
+def send(buf, count, dtype, dest, comm, stream=None, *, site=None):
     """HcclSend: send ``count`` elements to rank ``dest`` (matched by that rank's ``recv``)."""
     _point_to_point(OpType.SEND, "send", buf, count, dtype, dest, "dest", comm, stream,
-                    _site or callsite(2))
+                    site or callsite(2))
 
 
-def recv(buf, count, dtype, src, comm, stream=None, *, _site=None):
+def recv(buf, count, dtype, src, comm, stream=None, *, site=None):
     """HcclRecv: receive ``count`` elements from rank ``src``."""
     _point_to_point(OpType.RECV, "recv", buf, count, dtype, src, "src", comm, stream,
-                    _site or callsite(2))
+                    site or callsite(2))
 
 
 def _point_to_point(op, api, buf, count, dtype, peer, peer_arg, comm, stream, site):
-    comm, dt, n = _comm(comm, api), _dtype(dtype, api), _count(count, api)
+    comm, dt, n = communicator.live(comm, api), _dtype(dtype, api), _count(count, api)
     p = _rank(peer, comm.size, api, peer_arg)
     if p == comm.rank:
         raise InvalidArgumentError(f"{api}: {peer_arg}={p} is this rank; {api} needs another rank")
     _buf(buf, n * dt.itemsize, api, "buf", dt, f"count={n} elements")
-    comm._enqueue(op, api, bufs={api: buf}, count=n, dtype=dt, peer=p, stream=stream, site=site)
+    communicator.enqueue(comm, op, api, bufs={api: buf}, count=n, dtype=dt, peer=p, stream=stream,
+                         site=site)
 
 
-def barrier(comm, stream=None, *, _site=None):
+def barrier(comm, stream=None, *, site=None):
     """HcclBarrier: completes on every rank once all ranks have reached it."""
     api = "barrier"
-    comm = _comm(comm, api)
-    comm._enqueue(OpType.BARRIER, api, bufs={}, count=0, dtype=DataType.UINT8, stream=stream,
-                  site=_site or callsite(2))
+    comm = communicator.live(comm, api)
+    communicator.enqueue(comm, OpType.BARRIER, api, bufs={}, count=0, dtype=DataType.UINT8, stream=stream,
+                         site=site or callsite(2))

@@ -16,7 +16,6 @@ communicator stays aborted: create a new one.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import threading
@@ -30,7 +29,7 @@ from runtime.log import setup as setup_log
 from runtime.context import resolve_stream
 from runtime.errors import NpuError, describe
 
-from . import abortrec, collectives, config, diag, executor, schedule
+from . import abortrec, collectives, config, diag, executor, plan
 from .errors import (CollectiveMismatchError, HcclError, HcclTimeoutError, InvalidArgumentError,
                      RemoteRankError)
 from .failure import Failure
@@ -187,67 +186,6 @@ class Comm:
                     f"{self.name}.sub{list(ids)}" + (f"#{n}" if n else ""))
 
     # ------------------------------------------------------------------ the core
-    def _enqueue(self, op: OpType, api: str, *, bufs: dict, count: int, dtype: DataType,
-                 redop=None, root=None, peer=None, stream=None, site=None) -> None:
-        s = _resolve_stream(api, stream)
-        for name, b in bufs.items():
-            if b is not None and _device_of(b) not in (s.device_id, -1):
-                raise InvalidArgumentError(
-                    f"{api}: {name} is on device {_device_of(b)} but the stream is on device {s.device_id}")
-        p2p = op in (OpType.SEND, OpType.RECV)
-        inplace = bufs.get("send") is not None and _same(bufs.get("send"), bufs.get("recv"))
-        knobs = self._knobs or _read_knobs()
-        steps, nbytes, fp, rec_fp, names = _plan(op, self.rank, self.size, count, dtype, redop,
-                                                 root, peer, inplace, *knobs)
-        self._knobs = knobs     # kept once a call was planned with them (a bad one is not kept)
-        site = site or callsite(3)
-        if runtime.stream_check_enabled():     # before the seq is taken: a race leaves no trace
-            runtime.declare_access(s, f"Hccl{_API_NAMES[op]}", site=site, reads=[
-                (b, nbytes[k]) for k, b in bufs.items() if k == "send" and b is not None], writes=[
-                (b, nbytes[k]) for k, b in bufs.items() if k == "recv" and b is not None])
-        with self._lock:
-            if p2p:
-                key = ("send" if op == OpType.SEND else "recv", peer)
-                seq = self._p2p.get(key, 0) + 1
-                self._p2p[key] = seq
-            else:
-                self._seq += 1
-                seq = self._seq
-        cid = self.comm_id | _P2P_BIT if p2p else self.comm_id
-        rec = recorder.enqueue(self, seq, rec_fp, stream=s.name, site=site, peer=peer,
-                               nbytes=count * dtype.itemsize, names=names)
-        timeout, by_comm = self._timeout()
-        transport = self.world.transport
-
-        def task():
-            recorder.start(rec)
-            views = {name: runtime.host_view(b, nbytes[name], name=name)
-                     for name, b in bufs.items() if b is not None}
-            if inplace:
-                views["recv"] = views["send"]
-            try:
-                executor.run(steps, views, redop, dtype, transport, cid, seq, fp, self.ranks, timeout,
-                             on_wait=lambda p, sending: recorder.waiting(rec, p, sending),
-                             rank=self.rank)
-            except HcclError as e:
-                recorder.fail(rec, e)
-                err = self._failure(e, op, seq, fp, timeout, by_comm, cid)
-                rec.error = f"{type(err).__name__}: {str(err).splitlines()[0]}"
-                # a peer's failure reaching this rank: the verdict looks past it for the cause
-                rec.error_type = "RemoteRankError" if getattr(err, "abort", None) else \
-                    type(err).__name__
-                diag.flush()
-                raise err from e
-            recorder.complete(rec)
-
-        meta = None
-        if profiler.active():       # the trace's arguments of the task: only when recorded
-            meta = {"comm": self.name, "seq": seq, "count": count, "dtype": dtype.name,
-                    "bytes": count * dtype.itemsize}
-            if peer is not None:
-                meta["peer"] = peer
-        s.enqueue(task, name=f"Hccl{_API_NAMES[op]}", category="collective", meta=meta, site=site)
-
     def _describe(self, op, seq, fp) -> str:
         return describe_call(op, fp.count, fp.dtype, fp.redop, fp.root, comm=self.name, seq=seq)
 
@@ -311,23 +249,23 @@ class Comm:
     # ------------------------------------------------------------------ methods with inferred count/dtype
     def all_reduce(self, send, recv=None, op=ReduceOp.SUM, stream=None):
         recv = send if recv is None else recv
-        collectives.all_reduce(send, recv, _size(send, "send"), _arr_dtype(send), op, self, stream, _site=callsite(2))
+        collectives.all_reduce(send, recv, _size(send, "send"), _arr_dtype(send), op, self, stream, site=callsite(2))
         return recv
 
     def all_gather(self, send, recv, stream=None):
-        collectives.all_gather(send, recv, _size(send, "send"), _arr_dtype(send), self, stream, _site=callsite(2))
+        collectives.all_gather(send, recv, _size(send, "send"), _arr_dtype(send), self, stream, site=callsite(2))
         return recv
 
     def reduce_scatter(self, send, recv, op=ReduceOp.SUM, stream=None):
-        collectives.reduce_scatter(send, recv, _size(recv, "recv"), _arr_dtype(recv), op, self, stream, _site=callsite(2))
+        collectives.reduce_scatter(send, recv, _size(recv, "recv"), _arr_dtype(recv), op, self, stream, site=callsite(2))
         return recv
 
     def broadcast(self, buf, root=0, stream=None):
-        collectives.broadcast(buf, _size(buf, "buf"), _arr_dtype(buf), root, self, stream, _site=callsite(2))
+        collectives.broadcast(buf, _size(buf, "buf"), _arr_dtype(buf), root, self, stream, site=callsite(2))
         return buf
 
     def reduce(self, send, recv=None, op=ReduceOp.SUM, root=0, stream=None):
-        collectives.reduce(send, recv, _size(send, "send"), _arr_dtype(send), op, root, self, stream, _site=callsite(2))
+        collectives.reduce(send, recv, _size(send, "send"), _arr_dtype(send), op, root, self, stream, site=callsite(2))
         return recv
 
     def all_to_all(self, send, recv, stream=None):
@@ -336,43 +274,106 @@ class Comm:
             raise InvalidArgumentError(f"all_to_all: send has {n} elements, not a multiple of the "
                                        f"communicator size {self.size}")
         c = n // self.size
-        collectives.all_to_all(send, c, recv, c, _arr_dtype(send), self, stream, _site=callsite(2))
+        collectives.all_to_all(send, c, recv, c, _arr_dtype(send), self, stream, site=callsite(2))
         return recv
 
     def send(self, buf, dest, stream=None):
-        collectives.send(buf, _size(buf, "buf"), _arr_dtype(buf), dest, self, stream, _site=callsite(2))
+        collectives.send(buf, _size(buf, "buf"), _arr_dtype(buf), dest, self, stream, site=callsite(2))
 
     def recv(self, buf, src, stream=None):
-        collectives.recv(buf, _size(buf, "buf"), _arr_dtype(buf), src, self, stream, _site=callsite(2))
+        collectives.recv(buf, _size(buf, "buf"), _arr_dtype(buf), src, self, stream, site=callsite(2))
         return buf
 
     def barrier(self, stream=None):
-        collectives.barrier(self, stream, _site=callsite(2))
+        collectives.barrier(self, stream, site=callsite(2))
+
+
+# ------------------------------------------------------------------ the core
+def live(comm, api: str) -> Comm:
+    """``comm`` if it is an ``hccl.Comm`` not yet destroyed; else InvalidArgumentError naming
+    ``api`` (for ``hccl.collectives``)."""
+    if not isinstance(comm, Comm):
+        raise InvalidArgumentError(f"{api}: comm={comm!r} is not an hccl.Comm")
+    comm._check_alive(api)
+    return comm
+
+
+def enqueue(comm: Comm, op: OpType, api: str, *, bufs: dict, count: int, dtype: DataType,
+             redop=None, root=None, peer=None, stream=None, site=None) -> None:
+    s = _resolve_stream(api, stream)
+    for name, b in bufs.items():
+        if b is not None and _device_of(b) not in (s.device_id, -1):
+            raise InvalidArgumentError(
+                f"{api}: {name} is on device {_device_of(b)} but the stream is on device {s.device_id}")
+    p2p = op in (OpType.SEND, OpType.RECV)
+    inplace = bufs.get("send") is not None and _same(bufs.get("send"), bufs.get("recv"))
+    knobs = comm._knobs or _read_knobs()
+    pl = plan.collective(op, comm.rank, comm.size, count, dtype, redop, root, peer, inplace,
+                         *knobs)
+    steps, nbytes, fp = pl.steps, pl.nbytes, pl.fp
+    comm._knobs = knobs     # kept once a call was planned with them (a bad one is not kept)
+    site = site or callsite(2)
+    name = f"Hccl{_API_NAMES[op]}"
+    if runtime.stream_check_enabled():     # before the seq is taken: a race leaves no trace
+        runtime.declare_access(s, name, site=site, reads=[
+            (b, nbytes[k]) for k, b in bufs.items() if k == "send" and b is not None], writes=[
+            (b, nbytes[k]) for k, b in bufs.items() if k == "recv" and b is not None])
+    cid = comm.comm_id | _P2P_BIT if p2p else comm.comm_id
+    timeout, by_comm = comm._timeout()
+    transport = comm.world.transport
+
+    def issue():
+        """The task of one issue of the call: now when eager, at each replay of a task graph
+        (the checks and the plan above are done once, at the call or the capture)."""
+        with comm._lock:
+            if p2p:
+                key = ("send" if op == OpType.SEND else "recv", peer)
+                seq = comm._p2p.get(key, 0) + 1
+                comm._p2p[key] = seq
+            else:
+                comm._seq += 1
+                seq = comm._seq
+        rec = recorder.enqueue(comm, seq, pl.rec_fp, stream=s.name, site=site, peer=peer,
+                               nbytes=count * dtype.itemsize, names=pl.names)
+        if meta is not None:
+            meta["seq"] = seq
+
+        def task():
+            recorder.start(rec)
+            views = {k: runtime.host_view(b, nbytes[k], name=k)
+                     for k, b in bufs.items() if b is not None}
+            if inplace:
+                views["recv"] = views["send"]
+            try:
+                executor.run(steps, views, redop, dtype, transport, cid, seq, fp, comm.ranks,
+                             timeout, on_wait=lambda p, sending: recorder.waiting(rec, p, sending),
+                             rank=comm.rank)
+            except HcclError as e:
+                recorder.fail(rec, e)
+                err = comm._failure(e, op, seq, fp, timeout, by_comm, cid)
+                rec.error = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+                # a peer's failure reaching this rank: the verdict looks past it for the cause
+                rec.error_type = "RemoteRankError" if getattr(err, "abort", None) else \
+                    type(err).__name__
+                diag.flush()
+                raise err from e
+            recorder.complete(rec)
+        return task
+
+    meta = None
+    if profiler.active():       # the trace's arguments of the task: only when recorded
+        meta = {"comm": comm.name, "count": count, "dtype": dtype.name,
+                "bytes": count * dtype.itemsize}
+        if peer is not None:
+            meta["peer"] = peer
+    s.enqueue_deferred(issue, name=name, category="collective", meta=meta, site=site)
 
 
 def _read_knobs() -> tuple:
-    """(HCCL_ALGO, slice bytes) for ``_plan``. A communicator keeps them from its first planned
+    """(HCCL_ALGO, slice bytes) for ``plan.collective``. A communicator keeps them from its first planned
     collective on; a bad value fails each call until it is fixed, as when read at every call."""
     algo = config.algo() if config.algo_set() else "auto"   # auto: schedule.choose by size
     return algo, config.slice_bytes()
-
-
-@functools.lru_cache(maxsize=512)
-def _plan(op, rank, size, count, dtype, redop, root, peer, inplace, algo, slice_bytes):
-    """What a call needs that depends only on its shape, computed once per shape: the schedule,
-    the bytes of send and recv it touches, the wire fingerprint, the recorder's fingerprint
-    (Send and Recv share one wire fingerprint, so that a send matches its recv) and the
-    recorder's names for it."""
-    steps = schedule.build(op, rank, size, count, dtype.itemsize, slice_bytes, root=root, peer=peer,
-                           inplace=inplace, algo=algo)
-    ext = schedule.buffer_extents(steps)
-    nbytes = {name: ext.get(name, 0) for name in ("send", "recv")}
-    if inplace:
-        nbytes["send"] = nbytes["recv"] = max(nbytes.values())
-    rec_fp = Fingerprint.make(op, count, dtype, redop, root)
-    fp = Fingerprint.make(OpType.SEND, count, dtype, redop, root) \
-        if op in (OpType.SEND, OpType.RECV) else rec_fp
-    return steps, nbytes, fp, rec_fp, recorder.names(rec_fp)
 
 
 _API_NAMES = {OpType.ALLREDUCE: "AllReduce", OpType.ALLGATHER: "AllGather",

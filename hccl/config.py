@@ -13,6 +13,9 @@ import logging
 import os
 
 from hccl.errors import InvalidArgumentError
+from runtime import config as runtime_config
+from runtime.config import Job
+from runtime.log import LEVELS
 
 MiB = 1 << 20
 
@@ -175,10 +178,26 @@ def shm_spin_us() -> float | None:
     return value
 
 
-def job_id() -> str:
-    """NPUSIM_JOB_ID (set by npurun): names the job's shared-memory segments (default "local")."""
-    raw = _raw("NPUSIM_JOB_ID")
-    return raw if raw and all(c.isalnum() or c in "_." for c in raw) else "local"
+def job() -> Job:
+    """The job this process belongs to (``runtime.config.Job``: job id, attempt, rank, world
+    size, ...), read from the environment in one place; a set variable that is not an integer
+    raises InvalidArgumentError naming it."""
+    try:
+        return runtime_config.job()
+    except ValueError as e:
+        raise InvalidArgumentError(str(e)) from None
+
+
+def job_secret() -> bytes | None:
+    """NPUSIM_JOB_SECRET (set by npurun, hex): the key every message of the job is signed with;
+    None when unset (not an npusim job)."""
+    raw = _raw("NPUSIM_JOB_SECRET")
+    if raw is None:
+        return None
+    try:
+        return bytes.fromhex(raw)
+    except ValueError:
+        raise InvalidArgumentError("NPUSIM_JOB_SECRET must be hex (npurun sets it)") from None
 
 
 def algo_set() -> bool:
@@ -225,23 +244,18 @@ def if_ip() -> str | None:
             f"HCCL_IF_IP={raw!r} is not an IP address; set e.g. HCCL_IF_IP=10.0.0.5") from None
 
 
-_LOG_LEVELS = {0: logging.DEBUG, 1: logging.INFO, 2: logging.WARNING, 3: logging.ERROR,
-               4: logging.CRITICAL + 10}
-
-
 def log_level() -> int:
-    """ASCEND_GLOBAL_LOG_LEVEL: 0 debug, 1 info, 2 warning, 3 error (default), 4 off."""
-    level = _int("ASCEND_GLOBAL_LOG_LEVEL", 3, 0, "a log level 0-4")
-    if level > 4:
-        raise InvalidArgumentError(
-            f"ASCEND_GLOBAL_LOG_LEVEL={level} is out of range: use 0 debug, 1 info, 2 warning,"
-            " 3 error, 4 off")
-    return level
+    """ASCEND_GLOBAL_LOG_LEVEL: 0 debug, 1 info, 2 warning, 3 error (default), 4 off (parsed by
+    ``runtime.config.log_level``; a bad value raises InvalidArgumentError)."""
+    try:
+        return runtime_config.log_level()
+    except ValueError as e:
+        raise InvalidArgumentError(str(e)) from None
 
 
 def logging_level() -> int:
     """``log_level()`` as a ``logging`` module level."""
-    return _LOG_LEVELS[log_level()]
+    return LEVELS[log_level()]
 
 
 def trace_buffer() -> int:

@@ -44,17 +44,17 @@ _lock = threading.Lock()
 _reporter: "Reporter | None" = None
 
 
-def _prefix(env=os.environ) -> str:
-    return f"npusim/{env.get('NPUSIM_JOB_ID', 'job')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+def _prefix(env=None) -> str:
+    return (config.job() if env is None else config.Job.from_env(env)).key_prefix
 
 
-def abort_key(env=os.environ) -> str:
+def abort_key(env=None) -> str:
     """The store key whose value (an ``hccl.abortrec`` record) makes every rank abort its
     communicators."""
     return f"{_prefix(env)}/abort"
 
 
-def state_key(rank: int, env=os.environ) -> str:
+def state_key(rank: int, env=None) -> str:
     """The store key holding rank ``rank``'s published state (JSON)."""
     return f"{_prefix(env)}/state/{rank}"
 

@@ -33,16 +33,6 @@ _lock = threading.Lock()
 _init_calls = 0
 
 
-def _env_secret() -> bytes | None:
-    raw = os.environ.get("NPUSIM_JOB_SECRET")
-    if not raw:
-        return None
-    try:
-        return bytes.fromhex(raw)
-    except ValueError:
-        raise InvalidArgumentError("NPUSIM_JOB_SECRET must be hex (npurun sets it)") from None
-
-
 def _is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
@@ -64,7 +54,7 @@ def _bind_host(store_host: str) -> str:
 
 def get_root_info() -> bytes:
     """On the root rank: host a rendezvous store and return the root info to give every rank."""
-    secret = _env_secret()
+    secret = config.job_secret()
     embed = secret is None
     if embed:
         secret = secrets.token_bytes(32)
@@ -87,7 +77,7 @@ def _parse_root_info(root_info) -> dict:
         host, port, uid = str(info["host"]), int(info["port"]), str(info["uid"])
     except (ValueError, KeyError, TypeError):
         raise InvalidArgumentError("comm_init_root_info: root_info is corrupted") from None
-    secret = bytes.fromhex(info["secret"]) if "secret" in info else _env_secret()
+    secret = bytes.fromhex(info["secret"]) if "secret" in info else config.job_secret()
     if secret is None:
         raise InvalidArgumentError("comm_init_root_info: root_info carries no secret and "
                                    "NPUSIM_JOB_SECRET is not set in this process")
@@ -129,10 +119,9 @@ def init_comm() -> Comm:
     with _lock:
         _init_calls += 1
         n = _init_calls
-    job = env.get("NPUSIM_JOB_ID", "job")
-    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
-    uid = f"hccl/{job}/{attempt}/world{n}"
-    return _rendezvous(env["MASTER_ADDR"], port, _env_secret(), uid, rank, size)
+    job = config.job()
+    uid = f"hccl/{job.job_id}/{job.attempt}/world{n}"
+    return _rendezvous(env["MASTER_ADDR"], port, config.job_secret(), uid, rank, size)
 
 
 def _singleton() -> Comm:
@@ -202,7 +191,7 @@ def _transport(rank: int, size: int, secret: bytes, bind_host: str) -> ProcessTr
     """The node's shared-memory rings plus sockets, or sockets only (NPUSIM_SHM=0,
     HCCL_INTRA_ROCE_ENABLE=1, or not x86-64 Linux: ``shm.available``)."""
     return ProcessTransport(rank, size, secret, bind_host=bind_host,
-                            shm=config.shm() and shm.available(), job=config.job_id())
+                            shm=config.shm() and shm.available(), job=config.job().job_id)
 
 
 def _wait_all(store: StoreClient, keys: list[str], timeout: float, rank: int, what: str) -> None:

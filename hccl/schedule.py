@@ -34,7 +34,9 @@ tracks hazards by address, not by buffer name).
 """
 from __future__ import annotations
 
-import functools
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
 
 from hccl.errors import InvalidArgumentError
 from hccl.rooted import (chain_broadcast, chain_reduce, mesh_broadcast,
@@ -450,12 +452,29 @@ def algorithms(name: str) -> dict[OpType, Builder]:
             f"{', '.join(sorted(ALGORITHMS))} (or unset: chosen by size)") from None
 
 
-class Schedule(list):
-    """One rank's steps, shared by every call with the same arguments (never modify it);
-    remembers its ``buffer_extents`` and whether it ``reduces``."""
+@dataclass(frozen=True)
+class Schedule:
+    """One rank's steps with what the executor asks of them, computed when built: the bytes each
+    named buffer must hold (``extents``) and whether a Recv reduces (``reduces``). Immutable, so
+    one Schedule is shared by every call of the same shape (``hccl.plan``)."""
 
-    extents: dict | None = None
-    reduces: bool | None = None
+    steps: tuple
+    extents: Mapping[str, int]
+    reduces: bool
+
+    @classmethod
+    def of(cls, steps) -> "Schedule":
+        steps = tuple(steps)
+        return cls(steps, MappingProxyType(buffer_extents(steps)), reduces(steps))
+
+    def __iter__(self):
+        return iter(self.steps)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __getitem__(self, i):
+        return self.steps[i]
 
 
 def build(op, rank: int, size: int, count: int, itemsize: int, slice_bytes: int, *,
@@ -465,40 +484,28 @@ def build(op, rank: int, size: int, count: int, itemsize: int, slice_bytes: int,
 
     ``count`` is the HCCL call's per-rank count (recv_count for ReduceScatter, send_count for
     AllGather, per-peer count for AllToAll). ``root`` is required for Broadcast/Reduce and
-    ``peer`` (comm rank) for Send/Recv. ``algo="auto"`` picks by size (``choose``). Results are
-    cached: a repeated call returns the same Schedule (read-only by contract). Raises InvalidArgumentError for
-    bad arguments.
+    ``peer`` (comm rank) for Send/Recv. ``algo="auto"`` picks by size (``choose``). Not cached
+    here: ``hccl.plan`` keeps the plans of the calls made. Raises InvalidArgumentError for bad
+    arguments.
     """
     op = OpType.of(op)
     if algo == "auto":
         algo = choose(op, count * itemsize, size)
-    return _build(op, rank, size, count, itemsize, slice_bytes, root, peer, bool(inplace), algo)
-
-
-@functools.lru_cache(maxsize=512)
-def _build(op, rank, size, count, itemsize, slice_bytes, root, peer, inplace, algo) -> Schedule:
-    return Schedule(algorithms(algo)[op](rank, size, count, itemsize, slice_bytes, root=root,
-                                         peer=peer, inplace=inplace))
+    return Schedule.of(algorithms(algo)[op](rank, size, count, itemsize, slice_bytes, root=root,
+                                            peer=peer, inplace=bool(inplace)))
 
 
 def reduces(steps) -> bool:
-    """True when a Recv of ``steps`` reduces into its region (needs op and dtype); remembered
-    by a ``Schedule``."""
-    cached = getattr(steps, "reduces", None)
-    if cached is not None:
-        return cached
-    out = any(type(s) is Recv and s.reduce for s in steps)
-    if isinstance(steps, Schedule):
-        steps.reduces = out
-    return out
+    """True when a Recv of ``steps`` reduces into its region (needs op and dtype)."""
+    if type(steps) is Schedule:
+        return steps.reduces
+    return any(type(s) is Recv and s.reduce for s in steps)
 
 
 def buffer_extents(steps) -> dict[str, int]:
-    """Bytes each named buffer must hold for ``steps`` (``"none"`` excluded); remembered by a
-    ``Schedule`` (do not modify the dict)."""
-    cached = getattr(steps, "extents", None)
-    if cached is not None:
-        return cached
+    """Bytes each named buffer must hold for ``steps`` (``"none"`` excluded)."""
+    if type(steps) is Schedule:
+        return steps.extents
     ext: dict[str, int] = {}
 
     def see(buf: str, end: int) -> None:
@@ -515,6 +522,4 @@ def buffer_extents(steps) -> dict[str, int]:
             see(st.buf, st.offset + st.nbytes)
             if type(st) is Recv and st.src:
                 see(st.src, st.offset + st.nbytes)
-    if isinstance(steps, Schedule):
-        steps.extents = ext
     return ext

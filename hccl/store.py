@@ -93,7 +93,7 @@ class StoreServer:
                  name: str = "store", max_message: int = MAX_MESSAGE):
         if secret is None:
             raise ValueError("StoreServer needs the job secret (bytes)")
-        self._secret = wire._check_secret(secret)
+        self._secret = wire.check_secret(secret)
         self.name, self.host = name, host
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -408,7 +408,7 @@ class StoreClient:
         if not (isinstance(timeout, (int, float)) and 0 < timeout < math.inf):
             raise ValueError(f"StoreClient timeout must be a positive number of seconds, "
                              f"got {timeout!r}")
-        self._secret = wire._check_secret(secret)
+        self._secret = wire.check_secret(secret)
         self.address = _tcp(host, port)
         self._ipv6 = ":" in host
         self.timeout = float(timeout)

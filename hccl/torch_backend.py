@@ -40,9 +40,10 @@ import runtime
 from runtime.errors import NpuError
 
 from . import collectives as C
+from . import config
 from .comm import Comm
 from .errors import InvalidArgumentError
-from .init import _env_secret, init_comm
+from .init import init_comm
 from .store import StoreClient, StoreTimeout
 from .torch_work import (Completer, Staging, Work, check_list, check_numel, np_dtype, put,
                          same_dtype, splits, take, view)
@@ -134,7 +135,7 @@ class HcclProcessGroup(dist.ProcessGroup):
         def build(st, site):
             bufs = [st.load(t, "allreduce") for t in tensors]
             for a in bufs:
-                C.all_reduce(a, a, a.size, a.dtype, rop, self.comm, self.stream, _site=site)
+                C.all_reduce(a, a, a.size, a.dtype, rop, self.comm, self.stream, site=site)
 
             return lambda: self._take_reduced(bufs, tensors, avg)
         return self._call("allreduce", list(tensors), build)
@@ -150,7 +151,7 @@ class HcclProcessGroup(dist.ProcessGroup):
             bufs = [st.load(t, "broadcast") if self.comm.rank == root
                     else st.buffer(t.numel(), np_dtype(t, "broadcast")) for t in tensors]
             for a in bufs:
-                C.broadcast(a, a.size, a.dtype, root, self.comm, self.stream, _site=site)
+                C.broadcast(a, a.size, a.dtype, root, self.comm, self.stream, site=site)
             return lambda: [take(a, 0, t) for a, t in zip(bufs, tensors)]
         return self._call("broadcast", list(tensors), build)
 
@@ -162,7 +163,7 @@ class HcclProcessGroup(dist.ProcessGroup):
         def build(st, site):
             bufs = [st.load(t, "reduce") for t in tensors]
             for a in bufs:
-                C.reduce(a, a, a.size, a.dtype, rop, root, self.comm, self.stream, _site=site)
+                C.reduce(a, a, a.size, a.dtype, rop, root, self.comm, self.stream, site=site)
 
             def finish():
                 if self.comm.rank == root:    # only the root's tensor receives the result
@@ -187,7 +188,7 @@ class HcclProcessGroup(dist.ProcessGroup):
         def build(st, site):
             src = st.load(input_tensors[0], "allgather")
             dst = st.buffer(n * size, dt)
-            C.all_gather(src, dst, n, dt, self.comm, self.stream, _site=site)
+            C.all_gather(src, dst, n, dt, self.comm, self.stream, site=site)
             return lambda: [take(dst, r * n, o) for r, o in enumerate(outs)]
         return self._call("allgather", outs, build)
 
@@ -199,7 +200,7 @@ class HcclProcessGroup(dist.ProcessGroup):
         def build(st, site):
             src = st.load(input, "all_gather_into_tensor")
             dst = st.buffer(n * size, dt)
-            C.all_gather(src, dst, n, dt, self.comm, self.stream, _site=site)
+            C.all_gather(src, dst, n, dt, self.comm, self.stream, site=site)
             return lambda: take(dst, 0, output)
         return self._call("all_gather_into_tensor", [output], build)
 
@@ -248,7 +249,7 @@ class HcclProcessGroup(dist.ProcessGroup):
 
     def _reduce_scatter(self, st, site, src, out, n, dt, rop, avg):
         dst = st.buffer(n, dt)
-        C.reduce_scatter(src, dst, n, dt, rop, self.comm, self.stream, _site=site)
+        C.reduce_scatter(src, dst, n, dt, rop, self.comm, self.stream, site=site)
 
         def finish():
             if avg:
@@ -320,27 +321,27 @@ class HcclProcessGroup(dist.ProcessGroup):
             for dst, c in enumerate(in_counts):
                 put(send, dst * chunk, flat_in[off:off + c])
                 off += c
-            C.all_to_all(send, chunk, recv, chunk, dt, self.comm, self.stream, _site=site)
+            C.all_to_all(send, chunk, recv, chunk, dt, self.comm, self.stream, site=site)
             return lambda: write(recv, offsets_out, chunk)
         return self._call(api, outputs, build)
 
     def barrier(self, opts=None):
         def build(st, site):
-            C.barrier(self.comm, self.stream, _site=site)
+            C.barrier(self.comm, self.stream, site=site)
         return self._call("barrier", [], build)
 
     def send(self, tensors, dstRank, tag=0):
         def build(st, site):
             for t in tensors:
                 a = st.load(t, "send")
-                C.send(a, a.size, a.dtype, dstRank, self.comm, self.stream, _site=site)
+                C.send(a, a.size, a.dtype, dstRank, self.comm, self.stream, site=site)
         return self._call("send", list(tensors), build)
 
     def recv(self, tensors, srcRank, tag=0):
         def build(st, site):
             bufs = [st.buffer(t.numel(), np_dtype(t, "recv")) for t in tensors]
             for a in bufs:
-                C.recv(a, a.size, a.dtype, srcRank, self.comm, self.stream, _site=site)
+                C.recv(a, a.size, a.dtype, srcRank, self.comm, self.stream, site=site)
             return lambda: [take(a, 0, t) for a, t in zip(bufs, tensors)]
         return self._call("recv", list(tensors), build)
 
@@ -465,7 +466,7 @@ _rdzv_calls = itertools.count(1)
 
 
 def _env_handler(url: str, timeout=_DEFAULT_TIMEOUT, **kwargs):
-    secret = _env_secret()
+    secret = config.job_secret()
     if secret is None:        # not an npusim job: torch's own env:// (its TCPStore)
         yield from _torch_env_handler(url, timeout, **kwargs)
         return
@@ -478,9 +479,9 @@ def _env_handler(url: str, timeout=_DEFAULT_TIMEOUT, **kwargs):
                          "(npurun and launcher.spawn set RANK, WORLD_SIZE, MASTER_ADDR, "
                          "MASTER_PORT)") from None
     client = StoreClient(host, port, secret, timeout=max(timeout.total_seconds(), 1.0))
-    job = env.get("NPUSIM_JOB_ID", "job")
-    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
-    yield (JobStore(client, f"torch/{job}/{attempt}/{next(_rdzv_calls)}/"), rank, world_size)
+    job = config.job()
+    yield (JobStore(client, f"torch/{job.job_id}/{job.attempt}/{next(_rdzv_calls)}/"), rank,
+           world_size)
     raise RuntimeError("Unable to perform re-rendezvous using env:// method")
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import sys
 
+from runtime import config as runtime_config
+
 
 def _float(name: str, default: float) -> float:
     raw = os.environ.get(name)
@@ -64,10 +66,10 @@ def python_exec() -> str:
 
 
 def log_level() -> int:
-    """ASCEND_GLOBAL_LOG_LEVEL: 0 debug, 1 info, 2 warning, 3 error (default)."""
-    raw = os.environ.get("ASCEND_GLOBAL_LOG_LEVEL", "")
+    """ASCEND_GLOBAL_LOG_LEVEL (parsed by ``runtime.config.log_level``: 0 debug .. 3 error,
+    4 off); a bad value leaves the launcher at 3, as it leaves the ranks' loggers."""
     try:
-        return int(raw) if raw.strip() else 3
+        return runtime_config.log_level()
     except ValueError:
         return 3
 

@@ -67,7 +67,8 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _secure_dir() -> str:
+def secure_dir() -> str:
+    """The per-user 0700 directory of the launcher's secret and status files (created once)."""
     base = config.runtime_dir()
     path = base if base and os.path.isdir(base) else f"/tmp/npusim-{os.getuid()}"
     try:
@@ -83,7 +84,7 @@ def _secure_dir() -> str:
 
 def secret_file(master_port: int) -> str:
     """Where node 0 of a loopback multi-node job publishes the secret."""
-    return os.path.join(_secure_dir(), f"npurun-secret-{int(master_port)}")
+    return os.path.join(secure_dir(), f"npurun-secret-{int(master_port)}")
 
 
 def publish(master_port: int, value: str) -> str:

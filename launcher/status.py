@@ -16,16 +16,16 @@ import signal
 import sys
 import time
 
-from launcher.secret import _secure_dir
+from launcher.secret import secure_dir
 
 
 def status_file(pid: int) -> str:
     """Where npurun ``pid`` writes its live status table (user-private directory)."""
-    return os.path.join(_secure_dir(), f"npurun-{pid}.status")
+    return os.path.join(secure_dir(), f"npurun-{pid}.status")
 
 
 def _job_file(pid: int) -> str:
-    return os.path.join(_secure_dir(), f"npurun-{pid}.job")
+    return os.path.join(secure_dir(), f"npurun-{pid}.job")
 
 
 def register(pid: int, cmd: list[str] | None = None) -> str:
@@ -48,7 +48,7 @@ def answer(text: str) -> None:
 def running_jobs() -> list[dict]:
     """The user's running npurun jobs, oldest first: ``{"pid", "started", "cmd"}``."""
     jobs = []
-    for path in glob.glob(os.path.join(_secure_dir(), "npurun-*.job")):
+    for path in glob.glob(os.path.join(secure_dir(), "npurun-*.job")):
         name = os.path.basename(path)[len("npurun-"):-len(".job")]
         if not name.isdigit():
             continue

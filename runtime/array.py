@@ -7,7 +7,7 @@ from . import sanitizer
 from .callsite import callsite
 from .context import current_context, resolve_stream
 from .errors import InvalidParamError, MemoryAccessError
-from .memory import (DeviceBuffer, DevicePtr, HostBuffer, _malloc, _run_sync, free, free_from_gc,
+from .memory import (DeviceBuffer, DevicePtr, HostBuffer, malloc_at, run_sync, free, free_from_gc,
                      host_view)
 from .pool import MemMallocPolicy
 
@@ -130,7 +130,7 @@ class DeviceArray(DeviceBuffer):
             site = callsite(2)
             if sanitizer.on:
                 sanitizer.host_access(s, "to_host", site, reads=[self])
-            _run_sync(s, "to_host", "copy", site, self.nbytes, np.copyto, out, src)
+            run_sync(s, "to_host", "copy", site, self.nbytes, np.copyto, out, src)
         return out
 
     def copy_from_host(self, x, stream=None) -> None:
@@ -149,7 +149,7 @@ class DeviceArray(DeviceBuffer):
             s = resolve_stream(None)
             if sanitizer.on:
                 sanitizer.host_access(s, "copy_from_host", site, writes=[self])
-            _run_sync(s, "copy_from_host", "copy", site, self.nbytes, np.copyto, dst, x)
+            run_sync(s, "copy_from_host", "copy", site, self.nbytes, np.copyto, dst, x)
         else:
             s = resolve_stream(stream)
             if sanitizer.on:
@@ -190,7 +190,7 @@ def _empty(shape, dtype, policy, site) -> DeviceArray:
     shape, dt = _shape(shape), as_dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     current_context()  # a clear error before anything else when no device is set
-    ptr = _malloc(nbytes, policy, site) if nbytes else None
+    ptr = malloc_at(nbytes, policy, site) if nbytes else None
     return DeviceArray(ptr, shape, dt, _owner=True, _site=site)
 
 
@@ -204,7 +204,7 @@ def zeros(shape, dtype=np.float32, stream=None) -> DeviceArray:
             (sanitizer.host_access if stream is None else sanitizer.access)(s, "zeros", a._site,
                                                                             writes=[a])
         if stream is None:
-            _run_sync(s, "zeros", "copy", a._site, a.nbytes, v.fill, 0)
+            run_sync(s, "zeros", "copy", a._site, a.nbytes, v.fill, 0)
         else:
             s.enqueue(lambda: v.fill(0), "zeros", "copy", {"bytes": a.nbytes}, a._site)
     return a

@@ -17,7 +17,7 @@ from .stream import Stream
 
 log = logging.getLogger("runtime")
 
-_contexts: dict[int, "Context"] = {}
+contexts_by_device: dict[int, "Context"] = {}
 _contexts_lock = threading.Lock()
 _process_device: int | None = None
 class _ThreadState(threading.local):
@@ -109,8 +109,8 @@ def set_device(device_id: int | None = None) -> None:
         device_id = config.local_rank()
     _check_id(device_id)
     with _contexts_lock:
-        if device_id not in _contexts:
-            _contexts[device_id] = Context(device_id)
+        if device_id not in contexts_by_device:
+            contexts_by_device[device_id] = Context(device_id)
         if _process_device is None:
             _process_device = device_id
     _tls.device = device_id
@@ -130,7 +130,7 @@ def current_context() -> Context:
     dev = _tls.device
     if dev is None:
         dev = _process_device
-    ctx = _contexts.get(dev) if dev is not None else None
+    ctx = contexts_by_device.get(dev) if dev is not None else None
     if ctx is None:
         raise ContextError(
             "no NPU device is set for this thread: call runtime.set_device() first (without an "
@@ -144,7 +144,7 @@ def reset_device(device_id: int | None = None) -> list:
     Returns the leaked blocks (also logged as warnings with where each was allocated).
     """
     global _process_device
-    ctx = current_context() if device_id is None else _contexts.get(_check_id(device_id))
+    ctx = current_context() if device_id is None else contexts_by_device.get(_check_id(device_id))
     if ctx is None:
         return []
     try:
@@ -159,7 +159,7 @@ def reset_device(device_id: int | None = None) -> list:
         for s in list(ctx.streams):
             s._shutdown()
         with _contexts_lock:
-            _contexts.pop(ctx.device_id, None)
+            contexts_by_device.pop(ctx.device_id, None)
             if _process_device == ctx.device_id:
                 _process_device = None
         if _tls.device == ctx.device_id:
@@ -177,7 +177,7 @@ def synchronize(timeout: float | None = None) -> None:
 
 def synchronize_all() -> None:
     """Wait for every stream of every device of this process (profiling, shutdown)."""
-    for ctx in list(_contexts.values()):
+    for ctx in list(contexts_by_device.values()):
         ctx.synchronize()
 
 
@@ -219,7 +219,7 @@ def current_context_and_stream():
     dev = t.device
     if dev is None:
         dev = _process_device
-    ctx = _contexts.get(dev) if dev is not None else None
+    ctx = contexts_by_device.get(dev) if dev is not None else None
     if ctx is None:
         return current_context(), None          # raises ContextError
     stacks = t.streams

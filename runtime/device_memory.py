@@ -42,7 +42,7 @@ class DeviceMemory:
         self.base = device_base(device_id)
         span = max(2 * capacity, _MIN_SPAN)
         self.span = (span + PAGE - 1) // PAGE * PAGE
-        self.name = f"npusim-{config.job_id()}-dev{device_id}"
+        self.name = f"npusim-{config.job().job_id}-dev{device_id}"   # a memfd label only
         self._fd = os.memfd_create(self.name, os.MFD_CLOEXEC)
         os.ftruncate(self._fd, self.span)
         self._mm = mmap.mmap(self._fd, self.span, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)

@@ -22,7 +22,7 @@ import threading
 
 import numpy as np
 
-from .context import _contexts
+from .context import contexts_by_device
 from .errors import MemoryAccessError
 
 _node_id: str | None = None
@@ -50,7 +50,7 @@ def export(buf: np.ndarray) -> tuple[str, int] | None:
     """``(handle, offset)`` of the device mapping that holds all of ``buf``, else None."""
     lo = buf.__array_interface__["data"][0]
     hi = lo + buf.nbytes
-    for ctx in list(_contexts.values()):
+    for ctx in list(contexts_by_device.values()):
         mem = ctx.memory
         arr = mem.array
         if arr is None:

@@ -12,7 +12,7 @@ import numpy as np
 
 from . import graph, profiler, sanitizer
 from .callsite import callsite
-from .context import (_contexts, current_context, current_context_and_stream, current_stream,
+from .context import (contexts_by_device, current_context, current_context_and_stream, current_stream,
                       resolve_stream)
 from .errors import InvalidParamError, MemoryAccessError, describe
 from .pool import MemMallocPolicy
@@ -118,7 +118,7 @@ def _device_region(obj, name: str):
         if obj is None:
             return None, 0, 0
     ctx, block = obj._ctx, obj._block
-    if block.gen != obj._gen or _contexts.get(obj.device_id) is not ctx:
+    if block.gen != obj._gen or contexts_by_device.get(obj.device_id) is not ctx:
         raise MemoryAccessError(
             f"{name}={obj!r}: use after free or invalid pointer: no live allocation holds it"
             f" ({_gone(obj)}). Allocate with runtime.malloc and do not use a pointer after "
@@ -133,7 +133,7 @@ def _device_region(obj, name: str):
 
 def _gone(ptr) -> str:
     """Why a pointer's allocation is gone, for error messages."""
-    if _contexts.get(ptr.device_id) is not ptr._ctx:
+    if contexts_by_device.get(ptr.device_id) is not ptr._ctx:
         return f"device {ptr.device_id} was reset since it was allocated"
     return f"it was allocated at {ptr._block.site} and freed"
 
@@ -192,10 +192,10 @@ def malloc(nbytes: int, policy: MemMallocPolicy = MemMallocPolicy.HUGE_FIRST) ->
         InvalidParamError: nbytes <= 0 or an unknown policy.
         OutOfMemoryError: the pool cannot satisfy the request (message gives the numbers).
     """
-    return _malloc(nbytes, policy, callsite(2))
+    return malloc_at(nbytes, policy, callsite(2))
 
 
-def _malloc(nbytes, policy, site: str) -> DevicePtr:
+def malloc_at(nbytes, policy, site: str) -> DevicePtr:
     """``malloc`` with the caller's ``site`` (file:line) given: the one path of every allocation
     (runtime.malloc and the arrays'), on the current stream of the current device."""
     if graph.active:
@@ -223,11 +223,11 @@ def free(ptr: DevicePtr) -> None:
     if not isinstance(ptr, DevicePtr):
         raise InvalidParamError(f"free(ptr={ptr!r}): expected a DevicePtr from runtime.malloc")
     ctx = ptr._ctx
-    if _contexts.get(ptr.device_id) is not ctx:
+    if contexts_by_device.get(ptr.device_id) is not ctx:
         raise MemoryAccessError(f"free({ptr!r}): device {ptr.device_id} was reset since this "
                                 "pointer was allocated; its memory is already gone")
     lock = ctx.lock
-    lock.acquire()              # as in _malloc
+    lock.acquire()              # as in malloc_at
     try:
         if ctx.deferred:
             _drain(ctx)
@@ -269,7 +269,7 @@ def free_from_gc(ptr: DevicePtr) -> None:
     call instead.
     """
     ctx = ptr._ctx
-    if _contexts.get(ptr.device_id) is not ctx:
+    if contexts_by_device.get(ptr.device_id) is not ctx:
         return
     if ctx.lock.acquire(blocking=False):
         try:
@@ -328,7 +328,7 @@ def _check_kind(kind, actual: MemcpyKind, dd: bool, sd: bool, name: str) -> None
                                 f"and src is {'device' if sd else 'host'} memory ({actual.name})")
 
 
-def _run_sync(s, name: str, category: str, site: str | None, nbytes: int, fn, *args) -> None:
+def run_sync(s, name: str, category: str, site: str | None, nbytes: int, fn, *args) -> None:
     """Run ``fn(*args)`` after the work enqueued on ``s``; return when it is done.
 
     On an idle stream ``fn`` runs inline (after raising the stream's pending task error, as
@@ -359,7 +359,7 @@ def memcpy(dst, src, nbytes: int, kind: MemcpyKind = MemcpyKind.DEFAULT) -> None
     s = current_stream()
     if sanitizer.on:
         sanitizer.host_access(s, _COPY_NAMES[k], callsite(2), *_copy_access(dst, src, d.nbytes))
-    _run_sync(s, _COPY_NAMES[k], "copy", None, d.nbytes, np.copyto, d, s_)
+    run_sync(s, _COPY_NAMES[k], "copy", None, d.nbytes, np.copyto, d, s_)
 
 
 def memcpy_async(dst, src, nbytes: int, kind: MemcpyKind = MemcpyKind.DEFAULT, stream=None) -> None:
@@ -408,7 +408,7 @@ def memset(ptr, value: int, nbytes: int) -> None:
     s = current_stream()
     if sanitizer.on and v.nbytes:
         sanitizer.host_access(s, "memset", callsite(2), writes=[(ptr, v.nbytes)])
-    _run_sync(s, "memset", "copy", None, v.nbytes, v.fill, val)
+    run_sync(s, "memset", "copy", None, v.nbytes, v.fill, val)
 
 
 def memset_async(ptr, value: int, nbytes: int, stream=None) -> None:
@@ -425,7 +425,7 @@ def memset_async(ptr, value: int, nbytes: int, stream=None) -> None:
 def _ctx(device=None):
     if device is None:
         return current_context()
-    ctx = _contexts.get(device)
+    ctx = contexts_by_device.get(device)
     if ctx is None:
         raise InvalidParamError(f"device={device!r} has no context in this process; call set_device")
     return ctx

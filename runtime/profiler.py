@@ -42,8 +42,8 @@ def record(track: int, name: str, cat: str, start_us: float, end_us: float, args
 
 def _process_label() -> tuple[int, str]:
     rank = config.rank()
-    if rank is not None and rank.isdigit():
-        return int(rank), f"rank {rank}"
+    if rank is not None:
+        return rank, f"rank {rank}"
     return os.getpid(), f"pid {os.getpid()}"
 
 

@@ -47,6 +47,7 @@ import numpy as np
 
 from hccl import config
 from hccl import abortrec
+from hccl import plan
 
 
 Fingerprint = tuple[int, int, int, int, int]   # (op, count, dtype, redop, root) as ints
@@ -464,7 +465,7 @@ class PeerWait:
         return min(self.deadline, self.look if self.gone is None else self.gone_at) - now
 
 
-_NORMED: dict = {}    # fingerprints seen, normalized: every message of a call carries the same
+_NORMED = plan.FINGERPRINTS     # fingerprints seen, normalized: every message of a call carries the same
 
 
 def norm_fp(fp: Any) -> Fingerprint:
@@ -482,10 +483,7 @@ def norm_fp(fp: Any) -> Fingerprint:
     t = tuple(int(x) for x in fp)
     if len(t) != 5:
         raise ValueError(f"a fingerprint is 5 ints (op, count, dtype, redop, root), got {fp!r}")
-    if len(_NORMED) >= 4096:
-        _NORMED.clear()
-    _NORMED[t] = t
-    return t
+    return _NORMED.put(t, t)
 
 
 def as_bytes_view(payload: Any) -> memoryview:

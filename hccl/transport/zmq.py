@@ -139,7 +139,7 @@ class SocketDevice:
 
     def __init__(self, owner, secret: bytes, bind_host: str, max_message: int):
         self.owner, self.rank, self.size = owner, owner.rank, owner.size
-        self.secret = wire._check_secret(secret)
+        self.secret = wire.check_secret(secret)
         self.max_message = int(max_message)
         self._ctx = zmq.Context()
         r = self._router = self._ctx.socket(zmq.ROUTER)

@@ -9,7 +9,8 @@ from tests.leakcheck import LeakCheck, run_npurun
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "broadcast"])
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                                "reduce", "all_to_all"])
 def test_bench_fills_the_target_time_and_checks_every_size(tmp_path, op):
     out = tmp_path / "rows.json"
     with LeakCheck() as lc:

@@ -2,7 +2,8 @@
 launcher here, and it reacts before the transport needs to: it raises ProcessExitedError naming
 the rank as soon as it reaps it (woken by the child's exit), after stopping the others. Bound:
 the exit wake-up plus stopping the survivors (SIGTERM; NPUSIM_STOP_GRACE, 5 s, before SIGKILL);
-asserted < 30 s. Nothing is left behind (LeakCheck)."""
+asserted within twice the grace plus a second for the wake-up (11 s). Nothing is left behind
+(LeakCheck)."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,7 @@ import time
 import pytest
 
 import launcher
+from launcher import config
 from launcher.errors import ProcessExitedError
 from tests.leakcheck import MARKER, LeakCheck
 from tests.faults.faultlib import BIG, FAULT_ENV
@@ -45,4 +47,4 @@ def test_spawn_names_the_sigkilled_rank(tmp_path):
     t_fault = json.loads((tmp_path / "dying").read_text())["t"]
     print(f"observed: spawn raised {t_raised - t_fault:.2f} s after the SIGKILL")
     assert ei.value.rank == 1 and ei.value.exitcode == -signal.SIGKILL, ei.value
-    assert t_raised - t_fault < 30
+    assert t_raised - t_fault < 2 * config.stop_grace() + 1.0

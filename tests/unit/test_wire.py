@@ -6,6 +6,7 @@ import pickle
 import struct
 
 import numpy as np
+import zmq
 import pytest
 
 from hccl import wire
@@ -57,7 +58,6 @@ def test_zero_length_payload_frame():
 
 
 def test_zmq_frames_are_accepted():
-    zmq = pytest.importorskip("zmq")
     frames = [zmq.Frame(f if isinstance(f, bytes) else bytes(memoryview(f).cast("B")))
               for f in msg()]
     h = wire.unpack(frames, KEY)
