@@ -239,6 +239,27 @@ class Transport:
         Condition held: it must be quick and must not block. This base knows nothing: None."""
         return None
 
+    def first_arrived(self, comm_id: int, want: dict[int, int], timeout: float) -> int:
+        """The first peer ``p`` of ``want`` (peer -> seq) with a message for
+        ``(comm_id, want[p])`` filed, without taking it: receive-from-any-source picks its
+        sender with it. Raises ``TransportClosed`` / ``Aborted``, or ``PeerTimeout`` (peer -1:
+        no one in particular) after ``timeout`` s."""
+        ready, t0 = self._arrival(comm_id, want), time.monotonic()
+        with self._cond:
+            while True:
+                peer = self._take(ready, comm_id)
+                if peer is not None:
+                    return peer
+                left = t0 + timeout - time.monotonic()
+                if left <= 0:
+                    raise PeerTimeout(-1, time.monotonic() - t0, self._timeout_note())
+                self._cond.wait(left)
+
+    def _arrival(self, comm_id: int, want: dict[int, int]) -> Callable[[], int | None]:
+        """``ready`` for ``first_arrived`` (call it with the Condition held)."""
+        return lambda: next((p for p, seq in want.items() if (p, comm_id, seq) in self._boxes),
+                            None)
+
     def recv_into(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
                   timeout: float | None, consume: Callable[[memoryview], None]) -> None:
         """``recv``, then ``consume(payload)``: the payload is valid only during the call.

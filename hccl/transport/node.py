@@ -32,13 +32,14 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import time
 from typing import Any
 
 import numpy as np
 
 from hccl import config, wire
 from hccl.transport import shm
-from hccl.transport.base import (DONE, Fingerprint, PeerWait, SendHandle, Transport,
+from hccl.transport.base import (DONE, Fingerprint, PeerTimeout, PeerWait, SendHandle, Transport,
                                  as_bytes_view, norm_fp)
 from hccl.transport.zmq import MAX_MESSAGE, ZmqTransport, _AckHandle, _ShmRef
 from runtime import ipc
@@ -260,6 +261,26 @@ class NodeTransport(ZmqTransport):
             if pause is None:
                 raise self._peer_gone(comm_id, peer, wait.gone)
             ch.wait(seen, pause)
+
+    def first_arrived(self, comm_id: int, want: dict[int, int], timeout: float) -> int:
+        """The base's, draining the rings of the peers in ``want`` into the mailboxes (a ring
+        is otherwise drained only by a wait on its peer)."""
+        ready, ch = self._arrival(comm_id, want), self.channel
+        t0 = time.monotonic()
+        while True:
+            seen = ch.bell()
+            for peer in want:
+                handle = self._handlers.get(peer)
+                if handle is not None:
+                    ch.poll(peer, handle)
+            with self._cond:
+                value = self._take(ready, comm_id)
+            if value is not None:
+                return value
+            left = t0 + timeout - time.monotonic()
+            if left <= 0:
+                raise PeerTimeout(-1, time.monotonic() - t0, self._timeout_note())
+            ch.wait(seen, left)
 
     # -- everything that can end a wait rings the bell ------------------------------------
     def _deliver(self, peer, comm_id, seq, step, fp, payload) -> None:
