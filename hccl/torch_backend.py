@@ -273,14 +273,17 @@ class HcclProcessGroup(dist.ProcessGroup):
                  for k, t in enumerate(input_list)]
         return works[-1] if works else self.barrier()
 
-    def gather(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.GatherOptions()
-        root, size, inp = opts.rootRank, self.comm.size, input_tensors[0]
-        n = inp.numel()
-        outs = output_tensors[0] if self.comm.rank == root else []
+    def _root_list(self, root: int, lists, mine, api: str, name: str):
+        """The root's list of one tensor per rank (checked; [] elsewhere) and the dtype."""
+        blocks = lists[0] if self.comm.rank == root else []
         if self.comm.rank == root:
-            check_list(outs, size, n, "gather", "gather_list")
-        dt = same_dtype([*outs, inp], "gather")
+            check_list(blocks, self.comm.size, mine.numel(), api, name)
+        return blocks, same_dtype([*blocks, mine], api)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        root = (opts or dist.GatherOptions()).rootRank
+        size, inp, n = self.comm.size, input_tensors[0], input_tensors[0].numel()
+        outs, dt = self._root_list(root, output_tensors, inp, "gather", "gather_list")
 
         def build(st, site):       # every rank gets the blocks; only the root keeps them
             src = st.load(inp, "gather")
@@ -290,13 +293,9 @@ class HcclProcessGroup(dist.ProcessGroup):
         return self._call("gather", list(outs), build)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.ScatterOptions()
-        root, size, out = opts.rootRank, self.comm.size, output_tensors[0]
-        n = out.numel()
-        ins = input_tensors[0] if self.comm.rank == root else []
-        if self.comm.rank == root:
-            check_list(ins, size, n, "scatter", "scatter_list")
-        dt = same_dtype([*ins, out], "scatter")
+        root = (opts or dist.ScatterOptions()).rootRank
+        size, out, n = self.comm.size, output_tensors[0], output_tensors[0].numel()
+        ins, dt = self._root_list(root, input_tensors, out, "scatter", "scatter_list")
 
         def build(st, site):       # the root's blocks to every rank; each keeps its own
             buf = st.buffer(n * size, dt)
