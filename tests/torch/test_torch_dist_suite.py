@@ -29,4 +29,5 @@ def test_dist_suite_subset_passes_on_hccl():
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=1450)
     tail = res.stdout[-3000:]
     assert res.returncode == 0, tail
-    assert f"{len(SUBSET)} passed" in tail, tail
+    # quiet mode prints one character per test: every one passed, none was skipped
+    assert res.stdout.split()[0] == "." * len(SUBSET), tail
