@@ -34,6 +34,7 @@ from .errors import (CollectiveMismatchError, HcclError, HcclTimeoutError, Inval
                      RemoteRankError)
 from .failure import Failure
 from .flight import recorder
+from .transport.base import Aborted, PeerTimeout
 from .types import DataType, Fingerprint, OpType, ReduceOp, Result, describe_call
 
 log = setup_log("hccl")
@@ -184,6 +185,30 @@ class Comm:
         cid = comm_id_of(f"{self.comm_id}/sub/{key}/{n}")
         return Comm(self.world, [self.ranks[r] for r in ids], cid,
                     f"{self.name}.sub{list(ids)}" + (f"#{n}" if n else ""))
+
+    def wait_any_sender(self, timeout: float | None = None) -> int:
+        """The rank whose next point-to-point message to this rank arrived first (receive from
+        any source: then ``recv`` from it). Waits up to ``timeout`` s (default: the exec
+        timeout); raises ``HcclTimeoutError`` when nothing came, ``RemoteRankError`` if the
+        communicator was aborted."""
+        self._check_alive("wait_any_sender")
+        with self._lock:
+            want = {self.ranks[p]: self._p2p.get(("recv", p), 0) + 1
+                    for p in range(self.size) if p != self.rank}
+        if not want:
+            raise InvalidArgumentError(f"wait_any_sender: communicator {self.name} has no other rank")
+        timeout = self._timeout()[0] if timeout is None else timeout
+        try:
+            peer = self.world.transport.first_arrived(self.comm_id | _P2P_BIT, want, timeout)
+        except PeerTimeout as e:
+            raise HcclTimeoutError(f"[rank {self.rank}] recv from any source on {self.name}: "
+                                   f"nothing arrived within {timeout:g} s", peer=-1, seq=0,
+                                   waited=e.waited, timeout=timeout, rank=self.rank) from None
+        except Aborted as e:
+            raise RemoteRankError(f"[rank {self.rank}] recv from any source on {self.name}: the "
+                                  f"communicator was aborted: {e}", world_peer=e.peer,
+                                  reason=str(e), seq=0) from None
+        return self.ranks.index(peer)
 
     # ------------------------------------------------------------------ the core
     def _describe(self, op, seq, fp) -> str:

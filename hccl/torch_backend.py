@@ -29,12 +29,12 @@ except ImportError as _e:  # pragma: no cover - exercised only without torch
                       "pip install -e '.[torch]' (the CPU wheel is enough)") from _e
 
 import datetime
-import importlib
 import itertools
 import os
 import sys
 import threading
 
+import numpy as np
 import typing_extensions
 import runtime
 from runtime.errors import NpuError
@@ -43,8 +43,9 @@ from . import collectives as C
 from . import config
 from .comm import Comm
 from .errors import InvalidArgumentError
-from .init import init_comm
-from .store import StoreClient, StoreTimeout
+from . import torch_p2p, torch_rendezvous
+from .torch_sparse import SparseAllReduce
+from .torch_rendezvous import DEFAULT_TIMEOUT, JobStore
 from .torch_work import (Completer, Staging, Work, check_list, check_numel, np_dtype, put,
                          same_dtype, splits, take, view)
 from .types import ReduceOp
@@ -54,6 +55,13 @@ BACKEND = "hccl"
 _REDUCE = {dist.ReduceOp.SUM: ReduceOp.SUM, dist.ReduceOp.PRODUCT: ReduceOp.PROD,
            dist.ReduceOp.MIN: ReduceOp.MIN, dist.ReduceOp.MAX: ReduceOp.MAX,
            dist.ReduceOp.AVG: ReduceOp.SUM}
+
+# gloo's bitwise reductions, for integer and bool tensors: an all_gather, then the same
+# reduction in rank order on every rank (exact, so every rank holds the same bits)
+_BITWISE = {dist.ReduceOp.BAND: np.bitwise_and, dist.ReduceOp.BOR: np.bitwise_or,
+            dist.ReduceOp.BXOR: np.bitwise_xor}
+# bool tensors travel as bytes 0 / 1: logical or and and are MAX and MIN, as gloo's bool
+_BOOL = {ReduceOp.SUM: ReduceOp.MAX, ReduceOp.PROD: ReduceOp.MIN}
 
 _world_lock = threading.Lock()
 _world: Comm | None = None          # the default group's communicator (sub-groups derive from it)
@@ -86,50 +94,111 @@ class HcclProcessGroup(dist.ProcessGroup):
         self.comm = comm
         self.stream = runtime.Stream(name=f"torch {comm.name}")
         self._completer = Completer(comm.name)
+        self._lanes = torch_p2p.Lanes(comm.name)
+        self._sparse = SparseAllReduce(self)
         self._closed = False
+        self._group_name = self._group_desc = ""
 
     def getBackendName(self) -> str:
         return BACKEND
+
+    # torch keeps a group's name on its backends; this group is its own backend, so it keeps
+    # them itself (functional collectives, DTensor and FSDP2 find the group by this name)
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
 
     def __repr__(self):
         return f"<HcclProcessGroup {self.comm.name} rank {self.rank()}/{self.size()}>"
 
     # -- plumbing
-    def _submit(self, name: str, outputs: list, staging: Staging, finish=None) -> Work:
+    def _submit(self, name: str, outputs: list, staging: Staging, lane, finish=None) -> Work:
         work = Work(name, outputs)
-        self._completer.submit(work, self.stream.record_event(), finish or (lambda: None),
-                               staging.free)
+        stream, completer = lane
+        completer.submit(work, stream.record_event(), finish or (lambda: None), staging.free)
         return work
 
-    def _call(self, name: str, outputs: list, build) -> Work:
-        """Stage and enqueue with ``build(staging, site) -> finish`` (run once the results are in)."""
+    def _call(self, name: str, outputs: list, build, lane=None, site=None) -> Work:
+        """Stage and enqueue with ``build(staging, site) -> finish`` (run once the results are
+        in) on ``lane`` (stream, completer): the group's own unless a point-to-point lane."""
         if self._closed:
             raise InvalidArgumentError(f"{name}: the process group was shut down")
+        lane = lane or (self.stream, self._completer)
         staging = Staging()
         try:
-            finish = build(staging, _user_site())
+            finish = build(staging, site or _user_site())
         except BaseException:
             # a multi-tensor call may have enqueued some collectives: free after the stream
-            self._submit(name, [], staging)
+            self._submit(name, [], staging, lane)
             raise
-        return self._submit(name, outputs, staging, finish)
+        return self._submit(name, outputs, staging, lane, finish)
 
     def _redop(self, op, api: str, tensors) -> tuple[ReduceOp, bool]:
         kind = getattr(op, "op", op)      # a ReduceOp instance carries its RedOpType
         try:
             rop = _REDUCE[kind]
         except (KeyError, TypeError):
-            raise InvalidArgumentError(f"{api}: reduce op {getattr(kind, 'name', kind)} is not "
-                                       "supported by hccl (SUM, AVG, PRODUCT, MIN, MAX)") from None
+            raise InvalidArgumentError(f"{api}: Cannot use ReduceOp.{getattr(kind, 'name', kind)} "
+                                       "with hccl (SUM, AVG, PRODUCT, MIN, MAX; BAND, BOR, BXOR "
+                                       "in all_reduce and reduce)") from None
         avg = kind == dist.ReduceOp.AVG
         if avg and any(not t.is_floating_point() for t in tensors):
             raise InvalidArgumentError(f"{api}: ReduceOp.AVG needs floating-point tensors, got "
                                        f"{[str(t.dtype) for t in tensors]}")
+        if any(t.dtype == torch.bool for t in tensors):
+            rop = _BOOL.get(rop, rop)
         return rop, avg
+
+    @staticmethod
+    def _bitwise(op, api: str, tensors):
+        """numpy's ufunc for a BAND / BOR / BXOR ``op`` (None for the others)."""
+        kind = getattr(op, "op", op)
+        ufunc = _BITWISE.get(kind)
+        if ufunc is not None:
+            bad = [str(t.dtype) for t in tensors if t.is_floating_point() or t.is_complex()]
+            if bad:     # gloo's words
+                raise InvalidArgumentError(f"{api}: Cannot use ReduceOp.{kind.name} with "
+                                           f"non-integral dtype {bad[0]}")
+        return ufunc
+
+    def _reduce_bitwise(self, api, tensors, ufunc, root=None) -> Work:
+        """all_reduce (``root`` None) or reduce with a bitwise ``ufunc``."""
+        size = self.comm.size
+
+        def build(st, site):
+            gathered = []
+            for t in tensors:
+                a = st.load(t, api)
+                g = st.buffer(a.size * size, a.dtype)
+                C.all_gather(a, g, a.size, a.dtype, self.comm, self.stream, site=site)
+                gathered.append(g)
+
+            def finish():
+                if root is None or self.comm.rank == root:
+                    for g, t in zip(gathered, tensors):
+                        if t.numel():
+                            v = view(g)
+                            v[:t.numel()] = ufunc.reduce(v.reshape(size, -1), axis=0)
+                            take(g, 0, t)
+            return finish
+        return self._call(api, list(tensors), build)
 
     # -- collectives
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
+        if any(t.is_sparse for t in tensors):
+            return self._sparse.all_reduce(tensors, opts.reduceOp)
+        ufunc = self._bitwise(opts.reduceOp, "allreduce", tensors)
+        if ufunc is not None:
+            return self._reduce_bitwise("allreduce", tensors, ufunc)
         rop, avg = self._redop(opts.reduceOp, "allreduce", tensors)
 
         def build(st, site):
@@ -157,8 +226,11 @@ class HcclProcessGroup(dist.ProcessGroup):
 
     def reduce(self, tensors, opts=None):
         opts = opts or dist.ReduceOptions()
-        rop, avg = self._redop(opts.reduceOp, "reduce", tensors)
         root = opts.rootRank
+        ufunc = self._bitwise(opts.reduceOp, "reduce", tensors)
+        if ufunc is not None:
+            return self._reduce_bitwise("reduce", tensors, ufunc, root)
+        rop, avg = self._redop(opts.reduceOp, "reduce", tensors)
 
         def build(st, site):
             bufs = [st.load(t, "reduce") for t in tensors]
@@ -191,6 +263,48 @@ class HcclProcessGroup(dist.ProcessGroup):
             C.all_gather(src, dst, n, dt, self.comm, self.stream, site=site)
             return lambda: [take(dst, r * n, o) for r, o in enumerate(outs)]
         return self._call("allgather", outs, build)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        # output_lists[r][k]: rank r's tensor k
+        if len(output_lists) != self.comm.size:
+            raise InvalidArgumentError(f"all_gather_coalesced: output_tensor_lists holds "
+                                       f"{len(output_lists)} lists but the group has "
+                                       f"{self.comm.size} ranks")
+        works = [self.allgather([[outs[k] for outs in output_lists]], [t], opts)
+                 for k, t in enumerate(input_list)]
+        return works[-1] if works else self.barrier()
+
+    def _root_list(self, root: int, lists, mine, api: str, name: str):
+        """The root's list of one tensor per rank (checked; [] elsewhere) and the dtype."""
+        blocks = lists[0] if self.comm.rank == root else []
+        if self.comm.rank == root:
+            check_list(blocks, self.comm.size, mine.numel(), api, name)
+        return blocks, same_dtype([*blocks, mine], api)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        root = (opts or dist.GatherOptions()).rootRank
+        size, inp, n = self.comm.size, input_tensors[0], input_tensors[0].numel()
+        outs, dt = self._root_list(root, output_tensors, inp, "gather", "gather_list")
+
+        def build(st, site):       # every rank gets the blocks; only the root keeps them
+            src = st.load(inp, "gather")
+            dst = st.buffer(n * size, dt)
+            C.all_gather(src, dst, n, dt, self.comm, self.stream, site=site)
+            return lambda: [take(dst, r * n, o) for r, o in enumerate(outs)]
+        return self._call("gather", list(outs), build)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        root = (opts or dist.ScatterOptions()).rootRank
+        size, out, n = self.comm.size, output_tensors[0], output_tensors[0].numel()
+        ins, dt = self._root_list(root, input_tensors, out, "scatter", "scatter_list")
+
+        def build(st, site):       # the root's blocks to every rank; each keeps its own
+            buf = st.buffer(n * size, dt)
+            for r, t in enumerate(ins):
+                put(buf, r * n, t)
+            C.broadcast(buf, n * size, dt, root, self.comm, self.stream, site=site)
+            return lambda: take(buf, self.comm.rank * n, out)
+        return self._call("scatter", [out], build)
 
     def all_gather_single(self, output, input, opts=None):
         n, size = input.numel(), self.comm.size
@@ -330,24 +444,32 @@ class HcclProcessGroup(dist.ProcessGroup):
             C.barrier(self.comm, self.stream, site=site)
         return self._call("barrier", [], build)
 
+    # -- point-to-point: one lane per direction and peer (torch_p2p), so any posting order works
     def send(self, tensors, dstRank, tag=0):
+        lane = self._lanes.get("send", dstRank)
+
         def build(st, site):
             for t in tensors:
                 a = st.load(t, "send")
-                C.send(a, a.size, a.dtype, dstRank, self.comm, self.stream, site=site)
-        return self._call("send", list(tensors), build)
+                C.send(a, a.size, a.dtype, dstRank, self.comm, lane[0], site=site)
+        return self._call("send", list(tensors), build, lane)
 
-    def recv(self, tensors, srcRank, tag=0):
+    def recv(self, tensors, srcRank, tag=0, *, site=None):
+        lane = self._lanes.get("recv", srcRank)
+
         def build(st, site):
             bufs = [st.buffer(t.numel(), np_dtype(t, "recv")) for t in tensors]
             for a in bufs:
-                C.recv(a, a.size, a.dtype, srcRank, self.comm, self.stream, site=site)
+                C.recv(a, a.size, a.dtype, srcRank, self.comm, lane[0], site=site)
             return lambda: [take(a, 0, t) for a, t in zip(bufs, tensors)]
-        return self._call("recv", list(tensors), build)
+        return self._call("recv", list(tensors), build, lane, site)
 
     def recv_anysource(self, tensors, tag=0):
-        raise NotImplementedError("recv from any source is not supported by hccl: name the "
-                                  "source rank (dist.recv(tensor, src=...))")
+        if self._closed:
+            raise InvalidArgumentError("recv: the process group was shut down")
+        for t in tensors:
+            np_dtype(t, "recv")
+        return torch_p2p.recv_anysource(self, tensors, _user_site())
 
     # -- lifecycle
     def shutdown(self) -> None:
@@ -357,6 +479,7 @@ class HcclProcessGroup(dist.ProcessGroup):
             return
         self._closed = True
         self._completer.close()
+        self._lanes.close()
         try:
             self.stream.synchronize()
             self.stream.destroy()
@@ -377,12 +500,14 @@ def _create(dist_opts, backend_opts=None) -> HcclProcessGroup:
     try:
         runtime.get_device()
     except NpuError:     # torch_npu scripts call torch.npu.set_device; here the backend binds it
-        runtime.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        # mp.spawn sets no LOCAL_RANK: one device per rank then
+        runtime.set_device(int(os.environ.get("LOCAL_RANK", dist_opts.group_rank)))
     ranks = list(dist_opts.global_ranks_in_group)
     with _world_lock:
         world = _world
     if not ranks:
-        comm = init_comm()
+        comm = torch_rendezvous.world_comm(dist_opts.store, dist_opts.group_rank,
+                                           dist_opts.group_size, dist_opts.timeout)
         with _world_lock:
             _world = comm
     elif world is None:
@@ -397,95 +522,12 @@ def _create(dist_opts, backend_opts=None) -> HcclProcessGroup:
             f"{dist_opts.group_size} but npusim's environment says rank {comm.rank} of {comm.size}; "
             "start the job with npurun and let it set RANK and WORLD_SIZE")
     timeout = dist_opts.timeout
-    if isinstance(timeout, datetime.timedelta) and timeout != _DEFAULT_TIMEOUT:
+    if isinstance(timeout, datetime.timedelta) and timeout != DEFAULT_TIMEOUT:
         comm.set_exec_timeout(timeout.total_seconds())      # an explicit torch timeout wins
     return HcclProcessGroup(comm)
 
 
-_DEFAULT_TIMEOUT = dist.constants.default_pg_timeout
-
-
-# ---------------------------------------------------------------------- env:// on npusim's store
-_stores: list = []
-
-
-class JobStore(dist.Store):
-    """torch's Store API over npusim's authenticated job store (keys under ``prefix``)."""
-
-    def __init__(self, client: StoreClient, prefix: str):
-        super().__init__()
-        self._c, self._prefix = client, prefix
-        self._timeout = client.timeout
-        # torch keeps only the C++ half alive; without the Python half the methods are gone
-        _stores.append(self)
-
-    def clone(self):
-        twin = JobStore(self._c, self._prefix)     # the client is thread-safe: share it
-        twin._timeout = self._timeout
-        return twin
-
-    def set_timeout(self, timeout):
-        self._timeout = max(timeout.total_seconds(), 1.0)
-
-    def _k(self, key: str) -> str:
-        return self._prefix + key
-
-    def set(self, key, value):
-        self._c.set(self._k(key), value)
-
-    def get(self, key):
-        try:
-            return self._c.get(self._k(key), timeout=self._timeout)
-        except StoreTimeout as e:
-            raise dist.DistStoreError(f"npusim store: key {key!r} not set within "
-                                      f"{self._timeout:g} s") from e
-
-    def add(self, key, amount):
-        return self._c.add(self._k(key), int(amount))
-
-    def compare_set(self, key, expected, desired):
-        return self._c.compare_set(self._k(key), expected, desired)
-
-    def wait(self, keys, timeout=None):
-        t = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else self._timeout
-        try:
-            self._c.wait([self._k(k) for k in keys], timeout=t)
-        except StoreTimeout as e:
-            raise dist.DistStoreError(f"npusim store: keys {sorted(e.missing)} not set") from e
-
-    def check(self, keys):
-        return self._c.check([self._k(k) for k in keys])
-
-    def delete_key(self, key):
-        return self._c.delete(self._k(key))
-
-
-_rdzv = importlib.import_module("torch.distributed.rendezvous")
-_torch_env_handler = _rdzv._rendezvous_handlers["env"]
-_rdzv_calls = itertools.count(1)
-
-
-def _env_handler(url: str, timeout=_DEFAULT_TIMEOUT, **kwargs):
-    secret = config.job_secret()
-    if secret is None:        # not an npusim job: torch's own env:// (its TCPStore)
-        yield from _torch_env_handler(url, timeout, **kwargs)
-        return
-    env = os.environ
-    try:
-        rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
-        host, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
-    except (KeyError, ValueError) as e:
-        raise ValueError(f"env:// rendezvous in an npusim job: {e} missing or not an integer "
-                         "(npurun and launcher.spawn set RANK, WORLD_SIZE, MASTER_ADDR, "
-                         "MASTER_PORT)") from None
-    client = StoreClient(host, port, secret, timeout=max(timeout.total_seconds(), 1.0))
-    job = config.job()
-    yield (JobStore(client, f"torch/{job.job_id}/{job.attempt}/{next(_rdzv_calls)}/"), rank,
-           world_size)
-    raise RuntimeError("Unable to perform re-rendezvous using env:// method")
-
-
-_rdzv._rendezvous_handlers["env"] = _env_handler
+torch_rendezvous.install()
 dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
 
 __all__ = ["BACKEND", "HcclProcessGroup", "JobStore"]

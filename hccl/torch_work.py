@@ -32,7 +32,7 @@ _DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float
            torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
            torch.int8: np.dtype(np.int8), torch.int16: np.dtype(np.int16),
            torch.int32: np.dtype(np.int32), torch.int64: np.dtype(np.int64),
-           torch.uint8: np.dtype(np.uint8)}
+           torch.uint8: np.dtype(np.uint8), torch.bool: np.dtype(np.uint8)}
 for _name in ("uint16", "uint32", "uint64"):
     if hasattr(torch, _name):
         _DTYPES[getattr(torch, _name)] = np.dtype(_name)
@@ -52,6 +52,7 @@ class Work(dist._Work):
         self._outputs = outputs
         self._fut: Future = Future()
         self._error: BaseException | None = None
+        self.source = -1         # the sender of a receive from any source
 
     def wait(self, timeout=None) -> bool:
         # no deadline of its own: every wait inside the collective is bounded by HCCL_EXEC_TIMEOUT
@@ -78,7 +79,12 @@ class Work(dist._Work):
         state = "failed" if self._error else ("completed" if self._fut.done() else "pending")
         return f"<hccl torch Work {self.name} {state}>"
 
-    def _finish(self, error: BaseException | None) -> None:
+    def _source_rank(self) -> int:
+        # torch's name: ``dist.recv`` without ``src`` asks the Work who sent
+        return self.source
+
+    def complete(self, error: BaseException | None) -> None:
+        """Deliver the outputs (``error`` None) or ``error`` to every waiter."""
         if error is None:
             self._fut.set_result(self._outputs)
         else:
@@ -121,7 +127,7 @@ class Completer:
                     cleanup()
                 except Exception:  # releasing staging memory must not mask the result
                     pass
-            work._finish(error)
+            work.complete(error)
 
 
 def _unwrap(e: BaseException) -> BaseException:
@@ -150,6 +156,8 @@ def _as_tensor(flat: np.ndarray, dtype: torch.dtype, shape) -> torch.Tensor:
     """A torch tensor sharing ``flat``'s memory (bfloat16 goes through int16: numpy has none)."""
     if dtype == torch.bfloat16:
         return torch.from_numpy(flat.view(np.int16)).view(torch.bfloat16).view(shape)
+    if dtype == torch.bool:     # bytes 0 / 1 on the wire, as gloo's bool
+        return torch.from_numpy(flat).view(torch.bool).view(shape)
     return torch.from_numpy(flat).view(shape)
 
 

@@ -304,6 +304,17 @@ class Transport:
         quick and must not block. This base knows nothing: None."""
         return None
 
+    def first_arrived(self, comm_id: int, want: dict[int, int], timeout: float,
+                      drain: Callable[[], Any] | None = None) -> int:
+        """The first peer ``p`` of ``want`` (peer -> seq) with a message for
+        ``(comm_id, want[p])`` filed, without taking it: receive-from-any-source picks its
+        sender with it. ``drain`` as for ``wait_for``. Raises ``TransportClosed`` / ``Aborted``,
+        or ``PeerTimeout`` (peer -1: no one in particular) after ``timeout`` s."""
+        boxes = self._boxes
+        return self.wait_for(
+            lambda: next((p for p, seq in want.items() if (p, comm_id, seq) in boxes), None),
+            comm_id, -1, timeout, drain)
+
     def recv_into(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
                   timeout: float | None, consume: Callable[[memoryview], None]) -> None:
         """``recv``, then ``consume(payload)``: the payload is valid only during the call.

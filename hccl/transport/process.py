@@ -180,6 +180,18 @@ class ProcessTransport(Transport):
             return
         pair.recv_into(comm_id, seq, step, norm_fp(fp), timeout, consume)
 
+    def first_arrived(self, comm_id: int, want: dict[int, int], timeout: float,
+                      drain=None) -> int:
+        """The base's, draining the rings of the local peers in ``want`` into the mailboxes
+        (a ring is otherwise drained only by a wait on its peer)."""
+        local = [p for p in want if isinstance(self._pairs.get(p), LocalPair)]
+
+        def drain_rings():
+            for p in local:
+                self._pairs[p].drain()
+        return Transport.first_arrived(self, comm_id, want, timeout,
+                                       drain_rings if local else drain)
+
     def _pair(self, peer: int):
         pair = self._pairs.get(peer)
         if pair is None:

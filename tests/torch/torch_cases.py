@@ -289,11 +289,11 @@ def bad_calls(rank: int) -> dict:
     dist.init_process_group(backend="hccl")
     world = dist.get_world_size()
     calls = {
-        "band": lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND),
+        "band": lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND),
         "int_avg": lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32),
                                            op=dist.ReduceOp.AVG),
         "gather_size": lambda: dist.all_gather_into_tensor(torch.empty(3), torch.ones(2)),
-        "bool": lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool)),
+        "float8": lambda: dist.all_reduce(torch.ones(2).to(torch.float8_e5m2)),
         "splits": lambda: dist.all_to_all_single(torch.empty(4), torch.ones(4), [1] * world,
                                                  [5] + [0] * (world - 1)),
     }
