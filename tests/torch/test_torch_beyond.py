@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("torch.distributed", reason="torch is not installed: pip install -e '.[torch]'")
 
 import launcher  # noqa: E402
-from launcher.testing import LeakCheck, MARKER  # noqa: E402
+from tests.leakcheck import LeakCheck, MARKER  # noqa: E402
 
 import torch_beyond_cases  # noqa: E402
 import torch_cases  # noqa: E402

@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("torch.distributed", reason="torch is not installed: pip install -e '.[torch]'")
 
 import launcher  # noqa: E402
-from launcher.testing import LeakCheck, MARKER  # noqa: E402
+from tests.leakcheck import LeakCheck, MARKER  # noqa: E402
 
 import torch_fsdp_cases  # noqa: E402
 

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch.distributed", reason="torch is not installed: pip install -e '.[torch]'")
 
-from launcher.testing import LeakCheck, MARKER  # noqa: E402
+from tests.leakcheck import LeakCheck, MARKER  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
