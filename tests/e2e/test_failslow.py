@@ -95,6 +95,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_torch_hccl_backend_rank_late_is_named(tmp_path):
     pytest.importorskip("torch")

@@ -114,10 +114,15 @@ def _tour(tmp_path) -> str:
 
 
 CASES = [(cmd, i) for cmd, vs in VARIANTS.items() for i in range(len(vs))]
+SLOW = ("bash benchmarks/compare.sh", "python -m benchmarks.stress")   # the full run only
+CASES = [pytest.param(c, i, marks=pytest.mark.slow) if c.startswith(SLOW) else (c, i)
+         for c, i in CASES]
 
 
 @pytest.mark.timeout(600)   # loaded CI machines: the comparison starts six interpreters
-@pytest.mark.parametrize("cmd,index", CASES, ids=[f"{c[:40]}-{i}" for c, i in CASES])
+@pytest.mark.parametrize("cmd,index", CASES, ids=[
+    f"{(c.values if hasattr(c, 'values') else c)[0][:40]}-{(c.values if hasattr(c, 'values') else c)[1]}"
+    for c in CASES])
 def test_readme_command_runs(cmd, index, tmp_path):
     variant, shows, ok, skip = VARIANTS[cmd][index]
     if skip == "tour":

@@ -34,8 +34,10 @@ RESUMED = re.compile(r"\[rank 0\]: resumed from step (\d+)")
 
 # short runs of each example: (nproc, arguments); a run trains for a few seconds here
 EXAMPLES = {
-    "train_ddp": (2, ["--steps", "240", "--hidden", "32", "--batch", "256",
-                      "--checkpoint-every", "10"]),
+    # long enough that a kill 0-1.5 s after a checkpoint lands inside the run on an idle machine
+    # too (240 steps took 0.6 s there)
+    "train_ddp": (2, ["--steps", "2000", "--hidden", "32", "--batch", "256",
+                      "--checkpoint-every", "50"]),
     "train_torch_ddp": (2, ["--steps", "240", "--hidden", "32", "--batch", "64",
                             "--checkpoint-every", "10"]),
 }

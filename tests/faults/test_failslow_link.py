@@ -30,6 +30,7 @@ comm.destroy()
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 @pytest.mark.parametrize("limited", [True, False], ids=["tbf-40mbit", "unlimited"])
 def test_rank_behind_a_rate_limited_link_is_slow_inside_the_collective(tmp_path, two_nodes,
                                                                        limited):

@@ -111,7 +111,8 @@ def two_nodes():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("diag_off", [False, True], ids=["npurun", "diag-off"])
+@pytest.mark.parametrize("diag_off", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["npurun", "diag-off"])
 def test_cut_link_between_nodes_every_rank_names_the_other_node(tmp_path, two_nodes, diag_off):
     """With diag off (the rank sets NPUSIM_DIAG=0) no rank writes to the store before raising,
     so every rank's bound is the transport's: 2 x (heartbeat timeout + 2.5 s)."""

@@ -51,11 +51,13 @@ def _check_runs(tmp_path, example: str, runs: int, seed: int) -> None:
         assert "attempt 2: succeeded" in table, table
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_numpy_example_survives_two_random_kills(tmp_path):
     _check_runs(tmp_path, "train_ddp", SUITE_RUNS, seed=1)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_torch_example_survives_two_random_kills(tmp_path):
     pytest.importorskip("torch.distributed", reason="torch is not installed")
@@ -63,7 +65,7 @@ def test_torch_example_survives_two_random_kills(tmp_path):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("seed", [3, 4])
+@pytest.mark.parametrize("seed", [3, pytest.param(4, marks=pytest.mark.slow)])
 def test_rank0_killed_inside_a_checkpoint_write_resumes_from_the_previous(tmp_path, seed):
     nproc, args = harness.EXAMPLES["train_ddp"]
     args = [a if a != "240" else "60" for a in args]           # checkpoints at 10, 20, ...

@@ -21,7 +21,7 @@ import torch_cases  # noqa: E402
 
 
 @pytest.mark.timeout(280)
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow), 4])
 def test_beyond_ddp_matches_gloo(world):
     with LeakCheck() as lc:
         results = launcher.spawn(torch_beyond_cases.both_backends, world, env={MARKER: lc.tag},

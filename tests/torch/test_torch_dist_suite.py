@@ -20,6 +20,7 @@ SUBSET = ["test_batch_isend_irecv_gloo", "test_scatter_object_list",
 
 
 @pytest.mark.timeout(1500)
+@pytest.mark.slow
 def test_dist_suite_subset_passes_on_hccl():
     env = {k: v for k, v in os.environ.items() if not k.startswith("NPUSIM_")}
     env.update({"PYTHONPATH": ROOT, "NPUSIM_TORCH_SUITE": "hccl"})

@@ -48,7 +48,8 @@ def test_torchrun_without_npurun(tmp_path):
 
 
 @pytest.mark.timeout(450)
-@pytest.mark.parametrize("method", ["tcp", "file", "store"])
+@pytest.mark.parametrize("method", ["tcp", pytest.param("file", marks=pytest.mark.slow),
+                                    pytest.param("store", marks=pytest.mark.slow)])
 def test_mp_spawn_with_torch_init_methods(tmp_path, method):
     with LeakCheck() as lc:
         _run([JOB, method, str(tmp_path), "2"], tmp_path, lc.tag)
