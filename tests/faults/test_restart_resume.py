@@ -68,7 +68,9 @@ def test_torch_example_survives_two_random_kills(tmp_path):
 @pytest.mark.parametrize("seed", [3, pytest.param(4, marks=pytest.mark.slow)])
 def test_rank0_killed_inside_a_checkpoint_write_resumes_from_the_previous(tmp_path, seed):
     nproc, args = harness.EXAMPLES["train_ddp"]
-    args = [a if a != "240" else "60" for a in args]           # checkpoints at 10, 20, ...
+    args = dict(zip(args[::2], args[1::2]))
+    args.update({"--steps": "60", "--checkpoint-every": "10"})  # checkpoints at 10, 20, ...
+    args = [x for kv in args.items() for x in kv]
     ckpt = str(tmp_path / "ckpt")
     with LeakCheck(grace=15) as lc:
         ref = run_npurun("--nproc-per-node", str(nproc), harness.example_path("train_ddp"),
