@@ -32,6 +32,7 @@ def test_example_on_hccl_passes_check(tmp_path):
     assert m and float(m.group(1)) <= 1e-6, res.stdout[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_example_runs_the_same_on_gloo(tmp_path):
     res = run(tmp_path, "--check", "--backend", "gloo", "--steps", "3", "--batch", "64", nproc=2)

@@ -45,6 +45,7 @@ def test_torch_rank_stuck_in_user_code_is_the_culprit(tmp_path):
     assert elapsed < 100, elapsed
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_torch_desync_is_a_mismatch_naming_both_calls(tmp_path):
     res, elapsed, rep = run_job(tmp_path, "mismatch")
