@@ -9,21 +9,9 @@ import pytest
 
 import runtime
 from runtime import acl
+from test_acl import acl_dev  # noqa: F401  (the fixture: acl initialized on device 0)
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def acl_dev(monkeypatch):
-    monkeypatch.setenv("NPUSIM_HBM_BYTES", str(1 << 30))
-    assert acl.init() == acl.ACL_SUCCESS
-    assert acl.rt.set_device(0) == 0
-    yield 0
-    acl.finalize()
-    try:
-        runtime.reset_device(0)
-    except Exception:
-        pass
 
 
 def test_memset_and_memset_async_on_malloc_host_memory(acl_dev):
