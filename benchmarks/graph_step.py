@@ -1,10 +1,12 @@
 """A training step of small work, eager against a replayed task graph:
 ``npurun --nproc-per-node 2 -m benchmarks.graph_step [--allreduces 8] [--bytes 1024]``.
 
-The step is one kernel and ``--allreduces`` AllReduces (MAX, so values stay put) of ``--bytes`` each on one stream, then a
-synchronize. Eager issues every call; the graph captures the step once and replays it. Prints,
-on rank 0, the median step time of each (over ``--steps`` steps after ``--warmup``, every rank
-agreeing on the count) and their ratio, with the results checked equal.
+The step is one kernel and ``--allreduces`` AllReduces (MAX, so values stay put) of ``--bytes``
+each on one stream, then a synchronize. Eager issues every call; a graph captures the step once
+and replays it, with its adjacent AllReduces fused into one exchange (the default) and without
+(``runtime.Graph(fuse=False)``). Prints, on rank 0, the median step time of each (over
+``--steps`` steps after ``--warmup``, every rank agreeing on the count) and the ratios, with the
+results checked equal.
 """
 from __future__ import annotations
 
@@ -55,19 +57,23 @@ def main(argv=None) -> None:
         return ts
 
     eager = timed(issue)
-    graph = runtime.Graph("step")
-    with runtime.graph(graph, stream=s):
-        issue()
-    replay = timed(lambda: graph.replay(s))
+    replays = {}
+    for fuse in (False, True):
+        graph = runtime.Graph("step", fuse=fuse)
+        with runtime.graph(graph, stream=s):
+            issue()
+        replays[fuse] = timed(lambda: graph.replay(s))
     comm.barrier(stream=s)
     s.synchronize()
     # a MAX of equal values keeps them: the graph's AllReduces computed what eager's did
     ok = all(np.allclose(g.to_host(), 1.0 / comm.size) for g in grads)
     if comm.rank == 0:
-        e, r = statistics.median(eager) * 1e6, statistics.median(replay) * 1e6
+        e = statistics.median(eager) * 1e6
+        plain, fused = (statistics.median(replays[f]) * 1e6 for f in (False, True))
         print(f"world {comm.size}: a step of 1 kernel + {args.allreduces} x {args.bytes} B "
-              f"all_reduce, median of {args.steps}: eager {e:.0f} us, graph replay {r:.0f} us, "
-              f"{e / r:.2f}x; results {'equal' if ok else 'DIFFER'}")
+              f"all_reduce, median of {args.steps}: eager {e:.0f} us, graph replay {plain:.0f} us "
+              f"({e / plain:.2f}x), fused graph replay {fused:.0f} us ({e / fused:.2f}x); "
+              f"results {'equal' if ok else 'DIFFER'}")
     comm.destroy()
 
 

@@ -29,7 +29,7 @@ from runtime.log import setup as setup_log
 from runtime.context import resolve_stream
 from runtime.errors import NpuError, describe
 
-from . import abortrec, collectives, config, diag, executor, plan
+from . import abortrec, collectives, config, diag, executor, fusion, plan
 from .errors import (CollectiveMismatchError, HcclError, HcclTimeoutError, InvalidArgumentError,
                      RemoteRankError)
 from .failure import Failure
@@ -345,7 +345,6 @@ def enqueue(comm: Comm, op: OpType, api: str, *, bufs: dict, count: int, dtype: 
             (b, nbytes[k]) for k, b in bufs.items() if k == "recv" and b is not None])
     cid = comm.comm_id | _P2P_BIT if p2p else comm.comm_id
     timeout, by_comm = comm._timeout()
-    transport = comm.world.transport
 
     def issue():
         """The task of one issue of the call: now when eager, at each replay of a task graph
@@ -364,25 +363,11 @@ def enqueue(comm: Comm, op: OpType, api: str, *, bufs: dict, count: int, dtype: 
             meta["seq"] = seq
 
         def task():
-            recorder.start(rec)
             views = {k: runtime.host_view(b, nbytes[k], name=k)
                      for k, b in bufs.items() if b is not None}
             if inplace:
                 views["recv"] = views["send"]
-            try:
-                executor.run(steps, views, redop, dtype, transport, cid, seq, fp, comm.ranks,
-                             timeout, on_wait=lambda p, sending: recorder.waiting(rec, p, sending),
-                             rank=comm.rank)
-            except HcclError as e:
-                recorder.fail(rec, e)
-                err = comm._failure(e, op, seq, fp, timeout, by_comm, cid)
-                rec.error = f"{type(err).__name__}: {str(err).splitlines()[0]}"
-                # a peer's failure reaching this rank: the verdict looks past it for the cause
-                rec.error_type = "RemoteRankError" if getattr(err, "abort", None) else \
-                    type(err).__name__
-                diag.flush()
-                raise err from e
-            recorder.complete(rec)
+            execute(comm, op, steps, views, redop, dtype, cid, seq, fp, timeout, by_comm, (rec,))
         return task
 
     meta = None
@@ -391,7 +376,37 @@ def enqueue(comm: Comm, op: OpType, api: str, *, bufs: dict, count: int, dtype: 
                 "bytes": count * dtype.itemsize}
         if peer is not None:
             meta["peer"] = peer
-    s.enqueue_deferred(issue, name=name, category="collective", meta=meta, site=site)
+    fuse = None
+    if s.capture is not None and op == OpType.ALLREDUCE:
+        fuse = fusion.fusable(comm, bufs, pl, count, dtype, redop, knobs, site, s.name, cid,
+                              timeout, by_comm, execute)
+    s.enqueue_deferred(issue, name=name, category="collective", meta=meta, site=site, fuse=fuse)
+
+
+def execute(comm: Comm, op, steps, views: dict, redop, dtype, cid: int, seq: int, fp,
+            timeout, by_comm: bool, recs: tuple) -> None:
+    """Run one exchange (``steps`` on the host ``views``) for the flight records ``recs``: one
+    per call, several for a fused group; a failure becomes the user's error on each."""
+    for rec in recs:
+        recorder.start(rec)
+    first = recs[0]
+    try:
+        executor.run(steps, views, redop, dtype, comm.world.transport, cid, seq, fp, comm.ranks,
+                     timeout, on_wait=lambda p, sending: recorder.waiting(first, p, sending),
+                     rank=comm.rank)
+    except HcclError as e:
+        for rec in recs:
+            recorder.fail(rec, e)
+        err = comm._failure(e, op, seq, fp, timeout, by_comm, cid)
+        for rec in recs:
+            rec.error = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+            # a peer's failure reaching this rank: the verdict looks past it for the cause
+            rec.error_type = "RemoteRankError" if getattr(err, "abort", None) else \
+                type(err).__name__
+        diag.flush()
+        raise err from e
+    for rec in recs:
+        recorder.complete(rec)
 
 
 def _read_knobs() -> tuple:

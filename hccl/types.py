@@ -249,8 +249,8 @@ def describe_call(op, count, dtype, redop=None, root=None, **context) -> str:
         parts += [f"count={count}", _name(DataType, dtype)]
         if redop not in (None, -1, ""):
             parts.append(_name(ReduceOp, redop))
-        if root not in (None, -1, ""):
-            parts.append(f"root={root}")
+        if root not in (None, -1, ""):      # an AllReduce's root: a fused group's size
+            parts.append(f"{'fused' if op == 'ALLREDUCE' else 'root'}={root}")
     return f"{op}({', '.join(parts)})"
 
 

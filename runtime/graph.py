@@ -17,6 +17,14 @@ once, at capture, and each replay takes the communicator's next sequence number 
 flight-recorder entry, so a rank that replays another graph, or interleaves eager collectives
 differently, is a mismatch reported as for eager code.
 
+Fusion. A deferred node may carry a ``Fusable``: when the capture ends, a run of adjacent nodes
+of one stream with equal keys, each accepted by ``fits``, becomes one node whose ``make`` is
+``combine`` of their items. hccl uses it to run adjacent small AllReduces of a communicator as
+one exchange (what NCCL's group calls and torch's coalesced collectives do): at 1 KiB the
+exchange, not the bytes, is the cost. Only adjacent nodes fuse, so nothing is reordered; the
+owner of the key decides what may fuse (hccl: disjoint buffers, an algorithm that reduces in
+rank order at either size, so the results are bitwise those of the separate calls).
+
 What cannot be captured raises ``GraphCaptureError`` at the call, in the capturing thread, and
 leaves the capture going: a synchronize (stream, event, device), a host-synchronous copy or
 memset, malloc and free, a wait on work outside the capture, and a collective on a stream that
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import threading
 from itertools import count
+from typing import Callable, Hashable, NamedTuple
 
 from . import profiler
 from .callsite import callsite
@@ -52,19 +61,55 @@ def refuse(what: str) -> None:
             "(allocate buffers before capturing; synchronize after the replay).")
 
 
-class _Node:
-    __slots__ = ("fn", "make", "name", "category", "meta", "site", "stream")
+class Fusable(NamedTuple):
+    """How a deferred node may fuse with its neighbours (see the design note)."""
 
-    def __init__(self, fn, make, name, category, meta, site, stream):
+    key: Hashable                       # only nodes with equal keys fuse
+    item: object                        # this node's part, given to fits and combine
+    fits: Callable[[list, object], bool]    # may item join the run of items?
+    combine: Callable[[list], Callable]     # items -> the fused node's make()
+
+
+class _Node:
+    __slots__ = ("fn", "make", "name", "category", "meta", "site", "stream", "fuse")
+
+    def __init__(self, fn, make, name, category, meta, site, stream, fuse=None):
         self.fn, self.make, self.name, self.category = fn, make, name, category
-        self.meta, self.site, self.stream = meta, site, stream
+        self.meta, self.site, self.stream, self.fuse = meta, site, stream, fuse
+
+
+def _fused(nodes: list) -> list:
+    """``nodes`` with every run of adjacent fusable nodes (one stream, equal keys, accepted by
+    ``fits``) replaced by one node."""
+    out, run = [], []
+
+    def flush():
+        if len(run) == 1:
+            out.append(run[0])
+        elif run:
+            first, f = run[0], run[0].fuse
+            meta = dict(first.meta or {}, fused=len(run))
+            out.append(_Node(None, f.combine([n.fuse.item for n in run]),
+                             f"{first.name} x{len(run)} (fused)", first.category, meta,
+                             first.site, first.stream))
+        run.clear()
+
+    for n in nodes:
+        f = n.fuse
+        if run and (f is None or n.stream is not run[0].stream or f.key != run[0].fuse.key
+                    or not f.fits([m.fuse.item for m in run], f.item)):
+            flush()
+        (run if f is not None else out).append(n)
+    flush()
+    return out
 
 
 class Graph:
     """A captured sequence of tasks (``runtime.graph(g, stream=s)``), replayed by ``replay``."""
 
-    def __init__(self, name: str | None = None):
+    def __init__(self, name: str | None = None, fuse: bool = True):
         self.name = name or f"graph{next(_ids)}"
+        self.fuse = bool(fuse)          # fuse adjacent fusable nodes when the capture ends
         self._nodes: list[_Node] = []
         self._events: list = []         # events recorded inside: pointed at each replay
         self._captured = False
@@ -124,10 +169,10 @@ class Capture:
         self.joined: dict = {}          # stream -> index of its last node the origin waited for
         self.lock = threading.Lock()
 
-    def add(self, stream, fn, make, name, category, meta, site) -> int:
+    def add(self, stream, fn, make, name, category, meta, site, fuse=None) -> int:
         with self.lock:
             nodes = self.graph._nodes
-            nodes.append(_Node(fn, make, name, category, meta, site, stream))
+            nodes.append(_Node(fn, make, name, category, meta, site, stream, fuse))
             self.lanes[stream] = len(nodes) - 1
             if make is not None:
                 self.graph._collective = True
@@ -216,4 +261,6 @@ class graph:
             self.g._nodes.clear()
             self.g._events.clear()
             return
+        if self.g.fuse:
+            self.g._nodes[:] = _fused(self.g._nodes)
         self.g._captured = True

@@ -160,9 +160,10 @@ class Stream:
         return seq
 
     def enqueue_deferred(self, make, name: str, category: str = "kernel", meta=None,
-                         site: str | None = None) -> int:
+                         site: str | None = None, fuse=None) -> int:
         """Queue the task ``make()`` returns: built now when eager, at every replay when the
         stream is capturing a graph (hccl's collectives take their sequence numbers then).
+        ``fuse`` (a ``runtime.graph.Fusable``) lets a graph fuse the node with its neighbours.
 
         Raises GraphCaptureError when the calling thread captures a graph this stream is not
         part of (the task would run eagerly once, and not at the replays).
@@ -172,7 +173,7 @@ class Stream:
         if self.capture is not None:
             if self._destroyed:
                 raise InvalidParamError(f"{self.name} was destroyed; create a new Stream")
-            return self.capture.add(self, None, make, name, category, meta, site)
+            return self.capture.add(self, None, make, name, category, meta, site, fuse)
         if graph.active and graph.capturing() is not None:
             raise GraphCaptureError(
                 f"'{name}' on {self.name}, which is not part of the capture of "
