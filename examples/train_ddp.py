@@ -39,7 +39,6 @@ better than 1e-6 although they sum the gradients in different orders.
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
 import io
@@ -53,6 +52,7 @@ import numpy as np
 import checkpoint
 import hccl
 import runtime
+import training_args
 
 DIM, CLASSES, CENTERS_PER_CLASS, CENTER_STD, NOISE_STD = 32, 10, 4, 1.2, 1.55
 N_TRAIN, N_TEST = 65536, 4096
@@ -467,35 +467,11 @@ def initial_state(args, lay: Layout, world: int) -> dict:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=150, help="training steps (default 150)")
-    p.add_argument("--batch", type=int, default=2048,
-                   help="global batch, split evenly over the ranks (default 2048)")
-    p.add_argument("--hidden", type=int, default=256,
-                   help=f"width of the {DEPTH} hidden layers (default 256)")
-    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
-    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
-    p.add_argument("--bucket-mb", type=float, default=1.0,
-                   help="gradient bucket cap in MB (default 1: 3 buckets at the default width)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="seed of the data set and the init (default 0)")
-    p.add_argument("--check", action="store_true",
-                   help="verify that replicas are identical and match a single-process run; "
-                        "exit 1 if not")
+    p = training_args.parser(__doc__, depth=DEPTH, steps=150, batch=2048, lr=0.1, bucket_mb=1.0,
+                             bucket_help="3 buckets at the default width")
     p.add_argument("--profile", metavar="DIR",
                    help="write DIR/trace_rank<RANK>.json per rank and DIR/trace_merged.json")
-    checkpoint.add_arguments(p)
-    args = p.parse_args(argv)
-    checkpoint.check_arguments(p, args)
-    for name in ("steps", "batch", "hidden"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be positive")
-    if args.bucket_mb <= 0:
-        p.error("--bucket-mb must be positive")
-    if args.batch > N_TRAIN:
-        p.error(f"--batch must be at most the {N_TRAIN} training samples")
-    return args
+    return training_args.parse(p, argv, N_TRAIN)
 
 
 def plural(n: int, word: str) -> str:

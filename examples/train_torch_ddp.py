@@ -30,7 +30,6 @@ never stopped: rank 0 prints ``final params sha256: <hex>`` at the end.
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import hashlib
 import io
@@ -44,6 +43,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import checkpoint
+import training_args
 import hccl.torch_backend  # noqa: F401  (registers the "hccl" backend; torch_npu: import torch_npu)
 
 DIM, CLASSES, DEPTH = 32, 10, 3
@@ -160,33 +160,11 @@ def check(model, args, data) -> bool:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = training_args.parser(__doc__, depth=DEPTH, steps=60, batch=512, lr=0.05, bucket_mb=0.25,
+                             bucket_help="several DDP buckets")
     p.add_argument("--backend", default="hccl", choices=["hccl", "gloo"],
                    help="torch.distributed backend (default hccl: npusim's)")
-    p.add_argument("--steps", type=int, default=60, help="training steps (default 60)")
-    p.add_argument("--batch", type=int, default=512,
-                   help="global batch, split evenly over the ranks (default 512)")
-    p.add_argument("--hidden", type=int, default=256,
-                   help=f"width of the {DEPTH} hidden layers (default 256)")
-    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
-    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
-    p.add_argument("--bucket-mb", type=float, default=0.25,
-                   help="DDP gradient bucket cap in MB (default 0.25: several buckets)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the data and the init")
-    p.add_argument("--check", action="store_true",
-                   help="verify replicas are identical and match one process; exit 1 if not")
-    checkpoint.add_arguments(p)
-    args = p.parse_args(argv)
-    checkpoint.check_arguments(p, args)
-    for name in ("steps", "batch", "hidden"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be positive")
-    if args.batch > N_TRAIN:
-        p.error(f"--batch must be at most the {N_TRAIN} training samples")
-    if args.bucket_mb <= 0:
-        p.error("--bucket-mb must be positive")
-    return args
+    return training_args.parse(p, argv, N_TRAIN)
 
 
 def main(argv=None) -> int:

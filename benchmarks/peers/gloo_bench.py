@@ -16,6 +16,8 @@ Also reports startup: spawn->worker entry (interpreter + `import torch`), init_p
 first all_reduce, and spawn->join wall time of the whole run.
 """
 import argparse, json, math, os, socket, statistics, time
+
+import peer_args  # beside this script
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -113,12 +115,9 @@ def worker(rank, world, t_spawn, port, cfg, out_path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--sizes", default="1024,65536,1048576,16777216,67108864")
-    ap.add_argument("--colls", default="all_reduce,all_gather,reduce_scatter,broadcast,barrier")
-    ap.add_argument("--target-s", type=float, default=1.0)
-    ap.add_argument("--max-iters", type=int, default=20000)
+    peer_args.add_common(ap, colls="all_reduce,all_gather,reduce_scatter,broadcast,barrier",
+                         max_iters=20000, json="/tmp/gloo_bench.json")
     ap.add_argument("--port", type=int, default=0, help="rendezvous port (0: a free one)")
-    ap.add_argument("--json", default="/tmp/gloo_bench.json")
     a = ap.parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     cfg = {"sizes": [int(s) for s in a.sizes.split(",")], "colls": a.colls.split(","),
@@ -131,12 +130,7 @@ def main():
     t_spawn = time.monotonic()
     mp.spawn(worker, args=(a.world, t_spawn, a.port, cfg, a.json), nprocs=a.world, join=True)
     wall = time.monotonic() - t_spawn
-    with open(a.json) as f:
-        d = json.load(f)
-    d["startup"]["spawn_to_join_s"] = wall
-    with open(a.json, "w") as f:
-        json.dump(d, f, indent=1)
-    print("startup:", {k: round(v, 3) for k, v in d["startup"].items()})
+    peer_args.add_startup(a.json, "spawn_to_join_s", wall)
 
 
 if __name__ == "__main__":

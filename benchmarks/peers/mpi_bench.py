@@ -15,6 +15,7 @@ Startup: mpirun start -> rank's script entry (launch), `import numpy`, `from mpi
 import os, sys, time
 T_ENTRY = time.monotonic()
 import argparse, json, math, shlex, statistics, subprocess
+import peer_args  # beside this script
 
 BUSBW = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
          "reduce_scatter": lambda n: (n - 1) / n, "bcast": lambda n: 1.0, "barrier": lambda n: 0.0}
@@ -23,11 +24,8 @@ BUSBW = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) 
 def parse():
     ap = argparse.ArgumentParser()
     ap.add_argument("--np", type=int, default=2)
-    ap.add_argument("--sizes", default="1024,65536,1048576,16777216,67108864")
-    ap.add_argument("--colls", default="allreduce,allgather,reduce_scatter,bcast,barrier")
-    ap.add_argument("--target-s", type=float, default=1.0)
-    ap.add_argument("--max-iters", type=int, default=1_000_000)
-    ap.add_argument("--json", default="/tmp/mpi_bench.json")
+    peer_args.add_common(ap, colls="allreduce,allgather,reduce_scatter,bcast,barrier",
+                         max_iters=1_000_000, json="/tmp/mpi_bench.json")
     ap.add_argument("--mpirun-args", default="")
     return ap.parse_args()
 
@@ -40,12 +38,7 @@ def launcher(a):
     t0 = time.monotonic()
     subprocess.run(cmd, env=env, check=True)
     wall = time.monotonic() - t0
-    with open(a.json) as f:
-        d = json.load(f)
-    d["startup"]["mpirun_wall_s"] = wall
-    with open(a.json, "w") as f:
-        json.dump(d, f, indent=1)
-    print("startup:", {k: round(v, 3) for k, v in d["startup"].items()})
+    peer_args.add_startup(a.json, "mpirun_wall_s", wall)
 
 
 def rank_main(a):
