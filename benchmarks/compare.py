@@ -10,7 +10,9 @@ peer (above 1 is better for npusim: peer time / npusim time, npusim busbw / peer
 whose script or python is missing, or whose run fails, is skipped with a note. The memory
 ceiling of every bandwidth row (``benchmarks.ceiling``: the copies and adds the collective must make,
 in as many processes at once, no communication) is measured in every round too, and npusim's
-share of it printed; numpy's add bandwidth at 64 MiB on one core closes the run.
+share of it printed; numpy's add bandwidth at 64 MiB on one core closes the run. Every round
+also runs ``benchmarks.percall`` at each world: an eager 1 KiB AllReduce taken apart, and a
+step of 8 of them eager against a fused task-graph replay.
 
 With ``--json`` the run's medians, the machine (CPU model, cores, the cost of an empty Python call
 as ``runtime.bench`` measures it: how fast this machine ran Python in those minutes) and the
@@ -95,6 +97,12 @@ def _peer(kind, a, world, colls, sizes, out, timeout):
     return got, ""
 
 
+def _percall(world, out, timeout):
+    cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", str(world), "-m",
+           "benchmarks.percall", "--json", out]
+    return _run(cmd, out, timeout, env=job_env())
+
+
 def _ceilings(world, colls, sizes, notes) -> list[dict]:
     """``benchmarks.ceiling`` of every bandwidth row of ``world`` (a failure becomes a note)."""
     rows = []
@@ -169,6 +177,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-gloo", action="store_true")
     ap.add_argument("--no-mpi", action="store_true")
     ap.add_argument("--no-ceiling", action="store_true", help="skip the memory ceilings")
+    ap.add_argument("--no-percall", action="store_true", help="skip benchmarks.percall")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per benchmark run")
     ap.add_argument("--json", help="write the run (medians, machine, commit, command) here")
     ap.add_argument("--page", help="render the run as a markdown page here (benchmarks.figures)")
@@ -182,6 +191,7 @@ def main(argv=None) -> int:
     got: dict = {}          # (system, world, coll, bytes) -> [(time_us, busbw, wrong)]
     notes: list[str] = []
     versions: dict = {}
+    percall: dict = {}      # world -> {figure: [value per round]}
     with tempfile.TemporaryDirectory(prefix="npusim-compare-") as tmp:
         for rnd in range(a.rounds):
             for w in worlds:
@@ -204,6 +214,16 @@ def main(argv=None) -> int:
                         if "time_us" in r:
                             got.setdefault((system, w, r["coll"], r["bytes"]), []).append(
                                 (r["time_us"], r.get("busbw_GBps", 0.0), r.get("wrong", 0)))
+                if not a.no_percall:
+                    print(f"# round {rnd + 1}/{a.rounds}: percall, world {w}", file=sys.stderr,
+                          flush=True)
+                    pc, why = _percall(w, os.path.join(tmp, f"percall-{w}-{rnd}.json"),
+                                       a.timeout)
+                    if pc is None:
+                        notes.append(f"percall w{w}: {why}")
+                    else:
+                        for k, v in pc["results"].items():
+                            percall.setdefault(w, {}).setdefault(k, []).append(v)
                 if a.no_ceiling:
                     continue
                 print(f"# round {rnd + 1}/{a.rounds}: memory ceiling, world {w}", file=sys.stderr,
@@ -220,7 +240,10 @@ def main(argv=None) -> int:
            "worlds": worlds, "colls": colls, "sizes": sizes, "rounds": a.rounds,
            "target_s": a.target_s, "systems": systems,
            "wrong": sum(x[2] for k, v in got.items() if k[0] == "npusim" for x in v),
-           "rows": medians(got, worlds, colls, sizes, systems), "notes": list(dict.fromkeys(notes))}
+           "rows": medians(got, worlds, colls, sizes, systems),
+           "percall": {str(w): {k: (all(v) if isinstance(v[0], bool) else statistics.median(v))
+                                for k, v in figs.items()} for w, figs in percall.items()},
+           "notes": list(dict.fromkeys(notes))}
     if a.json:
         with open(a.json, "w") as f:
             json.dump(run, f, indent=1)

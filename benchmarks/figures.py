@@ -39,6 +39,35 @@ def table(run: dict) -> str:
     return "\n".join(lines)
 
 
+def percall(run: dict) -> str:
+    """The section of ``benchmarks.percall``'s figures (empty when the run has none)."""
+    pc = run.get("percall") or {}
+    if not pc:
+        return ""
+    mpi = {r["world"]: r.get("mpi") for r in run["rows"]
+           if r["coll"] == "all_reduce" and r["bytes"] == 1024}
+    lines = ["", "## Where an eager 1 KiB AllReduce's microseconds go", "",
+             "`benchmarks/percall.py`, in each round at each world, medians over rounds (us; "
+             "the parts are explained in [docs/algorithms.md](algorithms.md#where-a-small-"
+             "call-s-time-goes)):", "",
+             "| world | issue (host) | stream hand-off | exchange | eager call | "
+             "eager / Open MPI | step of 8: eager | replay | fused replay | eager / fused |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for w, f in sorted(pc.items(), key=lambda kv: int(kv[0])):
+        theirs = mpi.get(int(w))
+        ratio = f"{f['eager_us'] / theirs:.1f}x" if theirs else "—"
+        lines.append(
+            f"| {w} | {f['issue_us']:.1f} | {f['stream_us']:.1f} | {f['exchange_us']:.1f} | "
+            f"{f['eager_us']:.1f} | {ratio} | {f['step8_eager_us']:.0f} | "
+            f"{f['step8_replay_us']:.0f} | {f['step8_fused_replay_us']:.0f} | "
+            f"{f['step8_eager_us'] / f['step8_fused_replay_us']:.2f}x |")
+    ok = all(f.get("step8_ok", True) for f in pc.values())
+    lines += ["", f"The step is one kernel and 8 AllReduces of 1 KiB (`benchmarks/graph_step.py`); "
+              f"the replayed steps' results {'equal' if ok else 'DIFFER from'} the eager ones.",
+              ""]
+    return "\n".join(lines)
+
+
 def render(run: dict) -> str:
     m = run["machine"]
     call = "not measured" if m.get("empty_call_ns") is None else f"{m['empty_call_ns']:.0f} ns"
@@ -81,7 +110,7 @@ no communication: what memory allows on this machine. Ratios above 1 favour npus
 beyond the core count share cores (world 4 on 2 cores is oversubscribed for every system).
 
 {table(run)}
-
+{percall(run)}
 Notes from the run:
 
 {notes}"""

@@ -24,6 +24,44 @@ def _axpy(x, y):
     x += y
 
 
+def measure(comm, s, allreduces: int, nbytes: int, steps: int, warmup: int) -> dict:
+    """Median step times (us) of the step eager, replayed unfused and replayed fused, and
+    whether every result is right. Collective: every rank of ``comm`` calls it."""
+    n = max(1, nbytes // 4)
+    w = runtime.to_device(np.ones(n, np.float32))
+    grads = [runtime.to_device(np.full(n, 1.0 / comm.size, np.float32))
+             for _ in range(allreduces)]
+
+    def issue():
+        runtime.launch(_axpy, w, grads[0], stream=s)
+        for g in grads:
+            comm.all_reduce(g, op=hccl.ReduceOp.MAX, stream=s)
+
+    def timed(step) -> float:
+        for _ in range(warmup):
+            step()
+            s.synchronize()
+        ts = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            step()
+            s.synchronize()
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts) * 1e6
+
+    out = {"eager_us": timed(issue)}
+    for fuse, key in ((False, "replay_us"), (True, "fused_replay_us")):
+        graph = runtime.Graph("step", fuse=fuse)
+        with runtime.graph(graph, stream=s):
+            issue()
+        out[key] = timed(lambda: graph.replay(s))
+    comm.barrier(stream=s)
+    s.synchronize()
+    # a MAX of equal values keeps them: the graphs' AllReduces computed what eager's did
+    out["ok"] = all(np.allclose(g.to_host(), 1.0 / comm.size) for g in grads)
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--allreduces", type=int, default=8)
@@ -34,46 +72,13 @@ def main(argv=None) -> None:
     runtime.set_device()
     comm = hccl.init_comm()
     s = runtime.Stream()
-    n = max(1, args.bytes // 4)
-    w = runtime.to_device(np.ones(n, np.float32))
-    grads = [runtime.to_device(np.full(n, 1.0 / comm.size, np.float32))
-             for _ in range(args.allreduces)]
-
-    def issue():
-        runtime.launch(_axpy, w, grads[0], stream=s)
-        for g in grads:
-            comm.all_reduce(g, op=hccl.ReduceOp.MAX, stream=s)
-
-    def timed(step) -> list:
-        for _ in range(args.warmup):
-            step()
-            s.synchronize()
-        ts = []
-        for _ in range(args.steps):
-            t0 = time.perf_counter()
-            step()
-            s.synchronize()
-            ts.append(time.perf_counter() - t0)
-        return ts
-
-    eager = timed(issue)
-    replays = {}
-    for fuse in (False, True):
-        graph = runtime.Graph("step", fuse=fuse)
-        with runtime.graph(graph, stream=s):
-            issue()
-        replays[fuse] = timed(lambda: graph.replay(s))
-    comm.barrier(stream=s)
-    s.synchronize()
-    # a MAX of equal values keeps them: the graph's AllReduces computed what eager's did
-    ok = all(np.allclose(g.to_host(), 1.0 / comm.size) for g in grads)
+    r = measure(comm, s, args.allreduces, args.bytes, args.steps, args.warmup)
     if comm.rank == 0:
-        e = statistics.median(eager) * 1e6
-        plain, fused = (statistics.median(replays[f]) * 1e6 for f in (False, True))
+        e, plain, fused = r["eager_us"], r["replay_us"], r["fused_replay_us"]
         print(f"world {comm.size}: a step of 1 kernel + {args.allreduces} x {args.bytes} B "
               f"all_reduce, median of {args.steps}: eager {e:.0f} us, graph replay {plain:.0f} us "
               f"({e / plain:.2f}x), fused graph replay {fused:.0f} us ({e / fused:.2f}x); "
-              f"results {'equal' if ok else 'DIFFER'}")
+              f"results {'equal' if r['ok'] else 'DIFFER'}")
     comm.destroy()
 
 
