@@ -49,7 +49,7 @@ def percall(run: dict) -> str:
     lines = ["", "## Where an eager 1 KiB AllReduce's microseconds go", "",
              "`benchmarks/percall.py`, in each round at each world, medians over rounds (us; "
              "the parts are explained in [docs/algorithms.md](algorithms.md#where-a-small-"
-             "call-s-time-goes)):", "",
+             "calls-time-goes)):", "",
              "| world | issue (host) | stream hand-off | exchange | eager call | "
              "eager / Open MPI | step of 8: eager | replay | fused replay | eager / fused |",
              "|---|---|---|---|---|---|---|---|---|---|"]

@@ -82,8 +82,10 @@ def test_rank_sleeping_in_user_code(tmp_path):
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("scenario,call", [("mismatch", "ALLGATHER(count=1024, FP32)"),
-                                           ("count", "ALLREDUCE(count=512, FP32, SUM)"),
-                                           ("dtype", "ALLREDUCE(count=1024, FP16, SUM)")])
+                                           pytest.param("count", "ALLREDUCE(count=512, FP32, SUM)",
+                                                        marks=pytest.mark.slow),
+                                           pytest.param("dtype", "ALLREDUCE(count=1024, FP16, SUM)",
+                                                        marks=pytest.mark.slow)])
 def test_rank_in_a_different_collective(tmp_path, scenario, call):
     res, elapsed, rep = run_demo(tmp_path, scenario)
     assert res.returncode != 0
@@ -124,7 +126,8 @@ def test_rank_in_a_different_collective(tmp_path, scenario, call):
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("scenario,exit_code,words", [("kill", -9, "killed by SIGKILL"),
-                                                      ("exit", 7, "exited with code 7")])
+                                                      pytest.param("exit", 7, "exited with code 7",
+                                                                   marks=pytest.mark.slow)])
 def test_rank_dying_in_a_large_collective(tmp_path, scenario, exit_code, words):
     res, elapsed, rep = run_demo(tmp_path, scenario)
     assert res.returncode != 0
@@ -321,6 +324,7 @@ def test_early_notice_is_given_once_per_stall_then_a_reminder(tmp_path):
     assert "rank 2 has not called seq 2 of world" in text and "in load_batch" in text
 
 
+@pytest.mark.slow      # 1 GiB per rank at world 4; a 1 s wait bound that a crowded machine can miss
 @pytest.mark.timeout(180)
 def test_slow_but_progressing_collective_is_not_a_hang(tmp_path):
     logs = tmp_path / "logs"
@@ -393,13 +397,15 @@ def test_live_status_of_running_jobs_goes_to_the_requester_only(tmp_path):
         assert j.returncode == 128 + signal.SIGTERM
         assert "live view" not in con.text() and "culprit rank(s)" not in con.text()
 
+
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("scenario,culprit,error", [
     ("argerror", 1, "InvalidArgumentError: all_reduce: send holds 400 bytes but count=1000"),
-    ("numpy", 1, "InvalidArgumentError: send=numpy.ndarray(shape=(3, 4), dtype=float32): the "
-                 "Comm methods infer count and dtype from a DeviceArray"),
-    ("nonmember", 2, "InvalidArgumentError: create_sub_comm(rank_ids=[0, 1]): rank 2 is not a "
-                     "member"),
+    pytest.param("numpy", 1, "InvalidArgumentError: send=numpy.ndarray(shape=(3, 4), "
+                 "dtype=float32): the Comm methods infer count and dtype from a DeviceArray",
+                 marks=pytest.mark.slow),
+    pytest.param("nonmember", 2, "InvalidArgumentError: create_sub_comm(rank_ids=[0, 1]): rank 2 "
+                 "is not a member", marks=pytest.mark.slow),
     ("raise", 1, "ValueError: batch has 8 NaN values, expected none"),
     ("oom", 1, "OutOfMemoryError: NPU out of memory")])
 def test_a_rank_whose_own_code_raised_is_the_root_cause(tmp_path, scenario, culprit, error):
@@ -451,6 +457,7 @@ def test_ctrl_c_prints_one_line_per_rank_and_one_closing_line(tmp_path):
             n = len(con.lines)
             job.send_signal(signal.SIGINT)
             con.wait(lambda l: l.startswith("npurun: SIGINT received"), 60, "closing line")
+            job.wait(timeout=60)        # the closing line comes just before npurun exits
         finally:
             con.stop()
     assert job.returncode == 128 + signal.SIGINT

@@ -74,12 +74,13 @@ def assert_named(results, victim, t_fault):
 POINTS = [
     # (victim, how, at, count, delay): how=None is an external SIGKILL after `delay` seconds
     pytest.param(1, "kill", 0, BIG, 0, id="killed-before-first-collective"),
-    pytest.param(2, "kill", 3, BIG, 0, id="killed-between-collectives"),
+    pytest.param(2, "kill", 3, BIG, 0, id="killed-between-collectives", marks=pytest.mark.slow),
     pytest.param(1, None, -1, BIG, 0.7, id="sigkill-during-shm-collectives-a"),
-    pytest.param(2, None, -1, BIG, 1.9, id="sigkill-during-shm-collectives-b"),
+    pytest.param(2, None, -1, BIG, 1.9, id="sigkill-during-shm-collectives-b",
+                 marks=pytest.mark.slow),
     pytest.param(1, None, -1, 1000, 1.3, id="sigkill-during-small-collectives"),
     pytest.param(0, None, -1, BIG, 1.1, id="sigkill-rank0-store-host"),
-    pytest.param(1, "exit", 4, BIG, 0, id="exits-between-collectives"),
+    pytest.param(1, "exit", 4, BIG, 0, id="exits-between-collectives", marks=pytest.mark.slow),
 ]
 
 

@@ -17,7 +17,7 @@ def counts_for(size):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5, pytest.param(8, marks=pytest.mark.slow)])
 def test_every_collective_dtype_op_count(size, monkeypatch):
     monkeypatch.setenv("NPUSIM_SLICE_BYTES", str(SLICE))
     # the executor tests run every dtype at every size; through the API the larger worlds take a
