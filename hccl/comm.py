@@ -222,7 +222,8 @@ class Comm:
         if isinstance(e, HcclTimeoutError):
             source = (f"comm.set_exec_timeout({timeout:g})" if by_comm else
                       f"HCCL_EXEC_TIMEOUT={timeout:g}")
-            msg = (f"[rank {self.rank}] {call} timed out after {timeout:.1f} s ({source}); "
+            msg = (f"[rank {self.rank}] {call} timed out after {timeout:.1f} s "
+                   f"(the timeout set by {source}); "
                    f"last enqueued seq {last_enq}, last completed seq {last_done}\n  {e}")
             err = HcclTimeoutError(msg, peer=e.peer, world_peer=getattr(e, "world_peer", None), seq=seq,
                                    waited=e.waited, timeout=timeout, rank=self.rank,

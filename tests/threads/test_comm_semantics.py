@@ -203,7 +203,8 @@ def test_stalled_peer_times_out_with_the_watchdog_line():
     err, elapsed = outs[0]
     first = str(err).splitlines()[0]
     assert first.startswith("[rank 0] ALLREDUCE(comm=world, seq=1, count=262144, FP32, SUM) timed out "
-                            "after 0.5 s (comm.set_exec_timeout(0.5)); last enqueued seq 1, "
+                            "after 0.5 s (the timeout set by comm.set_exec_timeout(0.5)); "
+                            "last enqueued seq 1, "
                             "last completed seq 0"), first
     assert 0.45 < elapsed < 9            # the 0.5 s timeout, not rank 1's 10 s (load slack)
     assert err.result == Result.E_TIMEOUT and err.peer == 1
