@@ -17,7 +17,7 @@ import torch_cases  # noqa: E402
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, 3, 4])
 def test_every_collective_matches_gloo(world):
     with LeakCheck() as lc:
         results = launcher.spawn(torch_cases.both_backends, world, env={MARKER: lc.tag},
