@@ -2,7 +2,9 @@
 
 Run them from the repository root: ``python -m benchmarks.compare`` (npusim next to gloo and
 Open MPI; ``bash benchmarks/compare.sh`` sets the peers up first and writes docs/figures.md),
-``python -m benchmarks.stress``, ``npurun ... -m benchmarks.soak``, ``python -m benchmarks.ceiling``.
+``python -m benchmarks.stress``, ``npurun ... -m benchmarks.soak``, ``python -m benchmarks.ceiling``,
+``npurun ... -m benchmarks.percall`` (a small call taken apart), ``bash benchmarks/ab.sh OLD NEW``
+(two checkouts alternated: did a change move the speed?).
 The peers' own programs are in benchmarks/peers/.
 """
 from __future__ import annotations
