@@ -130,6 +130,14 @@ class Comm:
             self.world.comm_ids.difference_update((self.comm_id, self.comm_id | _P2P_BIT))
         self.world.release()
 
+    def take_seqs(self, n: int = 1) -> int:
+        """Take the communicator's next ``n`` collective sequence numbers; returns the first
+        (a collective's issue takes one, a fused group of a task graph one per call)."""
+        with self._lock:
+            first = self._seq + 1
+            self._seq += n
+        return first
+
     def _check_alive(self, what: str) -> None:
         if self._destroyed:
             raise InvalidArgumentError(f"{what}: communicator {self.name} was destroyed; create a new one",
@@ -350,14 +358,13 @@ def enqueue(comm: Comm, op: OpType, api: str, *, bufs: dict, count: int, dtype: 
     def issue():
         """The task of one issue of the call: now when eager, at each replay of a task graph
         (the checks and the plan above are done once, at the call or the capture)."""
-        with comm._lock:
-            if p2p:
+        if p2p:
+            with comm._lock:
                 key = ("send" if op == OpType.SEND else "recv", peer)
                 seq = comm._p2p.get(key, 0) + 1
                 comm._p2p[key] = seq
-            else:
-                comm._seq += 1
-                seq = comm._seq
+        else:
+            seq = comm.take_seqs()
         rec = recorder.enqueue(comm, seq, pl.rec_fp, stream=s.name, site=site, peer=peer,
                                nbytes=count * dtype.itemsize, names=pl.names)
         if meta is not None:

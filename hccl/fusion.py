@@ -107,9 +107,7 @@ def _fused(comm, items: list, dtype, redop, knobs, stream_name, cid, timeout, by
     staging_bytes = max(pl.nbytes["recv"], at)
 
     def make():
-        with comm._lock:
-            seq0 = comm._seq + 1
-            comm._seq += k
+        seq0 = comm.take_seqs(k)
         recs = tuple(recorder.enqueue(comm, seq0 + i, m.pl.rec_fp, stream=stream_name,
                                       site=m.site, nbytes=m.count * size, names=m.pl.names)
                      for i, m in enumerate(items))
