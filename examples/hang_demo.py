@@ -46,8 +46,9 @@ SCENARIOS = ("sleep", "mismatch", "count", "dtype", "kill", "exit", "event", "su
              "p2p", "argerror", "numpy", "nonmember", "raise", "oom", "slow")
 
 
-def load_batch(seconds: float) -> None:
-    """Stands for user code that never returns in time (a stuck data loader, a deadlock...)."""
+def load_batch(seconds: float, say: str = "") -> None:
+    """Stands for user code that never returns in time; says ``say`` from inside, first."""
+    print(say, flush=True) if say else None
     time.sleep(seconds)
 
 
@@ -94,8 +95,7 @@ def main() -> int:
         time.sleep(0.3)      # the odd rank comes last, as one on another code path often does
     if scenario == "sleep":
         if rank == 2:
-            print(f"rank {rank}: load_batch starts", flush=True)
-            load_batch(600)
+            load_batch(600, say=f"rank {rank}: load_batch starts")
         comm.all_reduce(x)
     elif scenario == "mismatch":
         if rank == 1:
