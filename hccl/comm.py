@@ -130,14 +130,6 @@ class Comm:
             self.world.comm_ids.difference_update((self.comm_id, self.comm_id | _P2P_BIT))
         self.world.release()
 
-    def take_seqs(self, n: int = 1) -> int:
-        """Take the communicator's next ``n`` collective sequence numbers; returns the first
-        (a collective's issue takes one, a fused group of a task graph one per call)."""
-        with self._lock:
-            first = self._seq + 1
-            self._seq += n
-        return first
-
     def _check_alive(self, what: str) -> None:
         if self._destroyed:
             raise InvalidArgumentError(f"{what}: communicator {self.name} was destroyed; create a new one",
@@ -332,6 +324,15 @@ def live(comm, api: str) -> Comm:
     return comm
 
 
+def take_seqs(comm: Comm, n: int = 1) -> int:
+    """Take ``comm``'s next ``n`` collective sequence numbers; returns the first (an issue of a
+    collective takes one, a fused group of a task graph one per call: hccl.fusion)."""
+    with comm._lock:
+        first = comm._seq + 1
+        comm._seq += n
+    return first
+
+
 def enqueue(comm: Comm, op: OpType, api: str, *, bufs: dict, count: int, dtype: DataType,
              redop=None, root=None, peer=None, stream=None, site=None) -> None:
     s = _resolve_stream(api, stream)
@@ -364,7 +365,7 @@ def enqueue(comm: Comm, op: OpType, api: str, *, bufs: dict, count: int, dtype: 
                 seq = comm._p2p.get(key, 0) + 1
                 comm._p2p[key] = seq
         else:
-            seq = comm.take_seqs()
+            seq = take_seqs(comm)
         rec = recorder.enqueue(comm, seq, pl.rec_fp, stream=s.name, site=site, peer=peer,
                                nbytes=count * dtype.itemsize, names=pl.names)
         if meta is not None:
@@ -387,7 +388,7 @@ def enqueue(comm: Comm, op: OpType, api: str, *, bufs: dict, count: int, dtype: 
     fuse = None
     if s.capture is not None and op == OpType.ALLREDUCE:
         fuse = fusion.fusable(comm, bufs, pl, count, dtype, redop, knobs, site, s.name, cid,
-                              timeout, by_comm, execute)
+                              timeout, by_comm, execute, take_seqs)
     s.enqueue_deferred(issue, name=name, category="collective", meta=meta, site=site, fuse=fuse)
 
 

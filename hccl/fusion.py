@@ -52,7 +52,8 @@ class Member(NamedTuple):
 
 
 def fusable(comm, bufs: dict, pl, count: int, dtype, redop, knobs: tuple, site: str,
-            stream_name: str, cid: int, timeout, by_comm: bool, execute) -> Fusable | None:
+            stream_name: str, cid: int, timeout, by_comm: bool, execute,
+            take_seqs) -> Fusable | None:
     """The ``Fusable`` of a captured AllReduce, or None when it runs on its own."""
     algo, slice_bytes = knobs
     nbytes = count * dtype.itemsize
@@ -78,7 +79,7 @@ def fusable(comm, bufs: dict, pl, count: int, dtype, redop, knobs: tuple, site: 
 
     def combine(items: list):
         return _fused(comm, items, dtype, redop, knobs, stream_name, cid, timeout, by_comm,
-                      execute)
+                      execute, take_seqs)
 
     return Fusable(key, member, fits, combine)
 
@@ -92,7 +93,8 @@ def _conflict(a, b) -> bool:
     return a[0] == b[0] and (a[3] or b[3]) and a[1] < b[2] and b[1] < a[2]
 
 
-def _fused(comm, items: list, dtype, redop, knobs, stream_name, cid, timeout, by_comm, execute):
+def _fused(comm, items: list, dtype, redop, knobs, stream_name, cid, timeout, by_comm, execute,
+           take_seqs):
     """The ``make()`` of a fused group: planned once here, built at every replay."""
     k = len(items)
     total = sum(m.count for m in items)
@@ -107,7 +109,7 @@ def _fused(comm, items: list, dtype, redop, knobs, stream_name, cid, timeout, by
     staging_bytes = max(pl.nbytes["recv"], at)
 
     def make():
-        seq0 = comm.take_seqs(k)
+        seq0 = take_seqs(comm, k)
         recs = tuple(recorder.enqueue(comm, seq0 + i, m.pl.rec_fp, stream=stream_name,
                                       site=m.site, nbytes=m.count * size, names=m.pl.names)
                      for i, m in enumerate(items))
