@@ -24,6 +24,18 @@ def _axpy(x, y):
     x += y
 
 
+def median_us(fn, calls: int, warmup: int) -> float:
+    """The median time of ``fn()`` in microseconds over ``calls`` calls after ``warmup``."""
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e6
+
+
 def measure(comm, s, allreduces: int, nbytes: int, steps: int, warmup: int) -> dict:
     """Median step times (us) of the step eager, replayed unfused and replayed fused, and
     whether every result is right. Collective: every rank of ``comm`` calls it."""
@@ -38,16 +50,10 @@ def measure(comm, s, allreduces: int, nbytes: int, steps: int, warmup: int) -> d
             comm.all_reduce(g, op=hccl.ReduceOp.MAX, stream=s)
 
     def timed(step) -> float:
-        for _ in range(warmup):
+        def step_and_wait():
             step()
             s.synchronize()
-        ts = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            step()
-            s.synchronize()
-            ts.append(time.perf_counter() - t0)
-        return statistics.median(ts) * 1e6
+        return median_us(step_and_wait, steps, warmup)
 
     out = {"eager_us": timed(issue)}
     for fuse, key in ((False, "replay_us"), (True, "fused_replay_us")):

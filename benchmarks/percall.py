@@ -36,17 +36,6 @@ def _noop():
     pass
 
 
-def _median_us(fn, calls: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e6
-
-
 def measure(comm, nbytes: int, calls: int, warmup: int) -> dict:
     """The figures of the module's docstring (us), on every rank."""
     s = runtime.Stream()
@@ -69,9 +58,9 @@ def measure(comm, nbytes: int, calls: int, warmup: int) -> dict:
         g.replay(s)
         s.synchronize()
 
-    out = {"stream_us": _median_us(stream, calls, warmup),
-           "eager_us": _median_us(eager, calls, warmup),
-           "replay_us": _median_us(replay, calls, warmup)}
+    out = {"stream_us": graph_step.median_us(stream, calls, warmup),
+           "eager_us": graph_step.median_us(eager, calls, warmup),
+           "replay_us": graph_step.median_us(replay, calls, warmup)}
     out["exchange_us"] = out["replay_us"] - out["stream_us"]
     gate = threading.Event()                # issue: the stream waits behind the gate
     issue_ts = []

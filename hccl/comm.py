@@ -388,7 +388,7 @@ def enqueue(comm: Comm, op: OpType, api: str, *, bufs: dict, count: int, dtype: 
     fuse = None
     if s.capture is not None and op == OpType.ALLREDUCE:
         fuse = fusion.fusable(comm, bufs, pl, count, dtype, redop, knobs, site, s.name, cid,
-                              timeout, by_comm, execute, take_seqs)
+                              timeout, by_comm)
     s.enqueue_deferred(issue, name=name, category="collective", meta=meta, site=site, fuse=fuse)
 
 

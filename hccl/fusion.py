@@ -34,7 +34,7 @@ import numpy as np
 import runtime
 from runtime.graph import Fusable
 
-from . import plan, schedule
+from . import comm as comms, plan, schedule   # comm imports this module too: use at call time
 from .flight import recorder
 from .types import OpType
 
@@ -52,8 +52,7 @@ class Member(NamedTuple):
 
 
 def fusable(comm, bufs: dict, pl, count: int, dtype, redop, knobs: tuple, site: str,
-            stream_name: str, cid: int, timeout, by_comm: bool, execute,
-            take_seqs) -> Fusable | None:
+            stream_name: str, cid: int, timeout, by_comm: bool) -> Fusable | None:
     """The ``Fusable`` of a captured AllReduce, or None when it runs on its own."""
     algo, slice_bytes = knobs
     nbytes = count * dtype.itemsize
@@ -78,8 +77,7 @@ def fusable(comm, bufs: dict, pl, count: int, dtype, redop, knobs: tuple, site: 
         return not any(_conflict(a, b) for m in items for a in m.regions for b in item.regions)
 
     def combine(items: list):
-        return _fused(comm, items, dtype, redop, knobs, stream_name, cid, timeout, by_comm,
-                      execute, take_seqs)
+        return _fused(comm, items, dtype, redop, knobs, stream_name, cid, timeout, by_comm)
 
     return Fusable(key, member, fits, combine)
 
@@ -93,8 +91,7 @@ def _conflict(a, b) -> bool:
     return a[0] == b[0] and (a[3] or b[3]) and a[1] < b[2] and b[1] < a[2]
 
 
-def _fused(comm, items: list, dtype, redop, knobs, stream_name, cid, timeout, by_comm, execute,
-           take_seqs):
+def _fused(comm, items: list, dtype, redop, knobs, stream_name, cid, timeout, by_comm):
     """The ``make()`` of a fused group: planned once here, built at every replay."""
     k = len(items)
     total = sum(m.count for m in items)
@@ -109,7 +106,7 @@ def _fused(comm, items: list, dtype, redop, knobs, stream_name, cid, timeout, by
     staging_bytes = max(pl.nbytes["recv"], at)
 
     def make():
-        seq0 = take_seqs(comm, k)
+        seq0 = comms.take_seqs(comm, k)
         recs = tuple(recorder.enqueue(comm, seq0 + i, m.pl.rec_fp, stream=stream_name,
                                       site=m.site, nbytes=m.count * size, names=m.pl.names)
                      for i, m in enumerate(items))
@@ -123,8 +120,8 @@ def _fused(comm, items: list, dtype, redop, knobs, stream_name, cid, timeout, by
                 staging[off:off + n] = src
                 recv = m.bufs.get("recv")
                 outs.append(src if recv is None else runtime.host_view(recv, n, name="recv"))
-            execute(comm, OpType.ALLREDUCE, pl.steps, {"send": staging, "recv": staging}, redop,
-                    dtype, cid, seq0, fp, timeout, by_comm, recs)
+            comms.execute(comm, OpType.ALLREDUCE, pl.steps, {"send": staging, "recv": staging},
+                          redop, dtype, cid, seq0, fp, timeout, by_comm, recs)
             for out, off in zip(outs, offsets):
                 out[:] = staging[off:off + out.size]
         return task
