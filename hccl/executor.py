@@ -17,7 +17,6 @@ from typing import Callable, Sequence
 import numpy as np
 
 from hccl import abortrec
-from runtime import sched
 from hccl.errors import (CollectiveMismatchError, HcclError, HcclTimeoutError,
                          InvalidArgumentError, RemoteRankError)
 from hccl.reduction import reduce3, reduce_into
@@ -180,7 +179,6 @@ def run(steps: Sequence, buffers: dict, op: ReduceOp | None, dtype, transport, c
     pending = _Pending(timeout, on_wait)
     world = peers if type(peers) is list else list(peers)
     step = None
-    batched = sched.enter(transport.sched_batch)
     try:
         for step in steps:
             kind = type(step)
@@ -224,8 +222,6 @@ def run(steps: Sequence, buffers: dict, op: ReduceOp | None, dtype, transport, c
         pending.drain()
     except TransportError as e:
         raise _translate(e, world, seq, fp, timeout, rank, step) from e
-    finally:
-        sched.leave(batched)
 
 
 def _consumer(step: Recv, views: dict, np_dtype, op, seq: int):

@@ -53,6 +53,7 @@ from launcher.output import OutputPump, Std, std_for
 from launcher.proc import LogFiles, WorkerProcess
 from launcher.summary import (Culprit, ProcessFailure, format_story, format_summary, root_cause,
                               story_exit_code)
+from runtime import sched
 
 log = logging.getLogger("launcher")
 
@@ -299,9 +300,14 @@ class Agent:
                                console=spec.console_ranks is None
                                or local_rank in spec.console_ranks)
             self.workers.append(Worker(local_rank, wp.rank, wp))
-        for w in self.workers:  # all forks first, then the interpreters start in parallel
-            w.proc.start(self._pump, self._janitor)
-            w.state = WorkerState.HEALTHY
+        batch = sched.wanted(spec.nproc_per_node)
+        if batch and self.attempt == 0:
+            say(f"npurun: {spec.nproc_per_node} ranks on {sched.cores()} cores: the ranks run in "
+                "Linux's SCHED_BATCH class (NPUSIM_SCHED_BATCH=0 keeps the default class)")
+        with sched.spawning(batch):   # Linux children inherit the class (runtime/sched.py)
+            for w in self.workers:  # all forks first, then the interpreters start in parallel
+                w.proc.start(self._pump, self._janitor)
+                w.state = WorkerState.HEALTHY
         log.info("npurun: attempt %d: started ranks %s (pids %s)", self.attempt,
                  [w.rank for w in self.workers], [w.proc.pid for w in self.workers])
 

@@ -140,9 +140,9 @@ def stream_check() -> str:
 
 
 def sched_batch() -> bool | None:
-    """NPUSIM_SCHED_BATCH: 1 runs npusim's work in Linux's SCHED_BATCH class (a thread that wakes
-    another keeps its core until it waits itself), 0 never changes a scheduling class; unset
-    (None): collectives run in SCHED_BATCH when the node's ranks outnumber its cores, and stream
+    """NPUSIM_SCHED_BATCH: 1 makes npurun start its ranks in Linux's SCHED_BATCH class (a thread
+    that wakes another keeps its core until it waits itself), 0 never changes a scheduling
+    class; unset (None): npurun does it when the node's ranks outnumber its cores, and stream
     workers move themselves when their wake-ups find their work taken (see runtime/sched.py).
     Raises ValueError for anything but 1/0 (on/off, true/false, yes/no)."""
     raw = os.environ.get("NPUSIM_SCHED_BATCH", "").strip().lower()
@@ -153,4 +153,4 @@ def sched_batch() -> bool | None:
     if raw in ("0", "off", "false", "no"):
         return False
     raise ValueError(f"NPUSIM_SCHED_BATCH={raw!r} must be 1 or 0; unset it for the default "
-                     "(SCHED_BATCH when the node's ranks outnumber its cores)")
+                     "(npurun starts ranks in SCHED_BATCH when they outnumber the node's cores)")

@@ -1,28 +1,32 @@
-"""Linux scheduling classes of npusim's threads: the one place that changes them.
+"""Linux scheduling classes: the one place npusim changes them, only for threads it created.
 
-Design note. In Linux's default class (SCHED_OTHER) a thread that wakes another on a busy machine
-often loses its core to it at once; in SCHED_BATCH the woken thread waits for a free core or the
-next scheduling tick. With more ranks than cores that matters to npusim twice:
+Design note. In Linux's default class (SCHED_OTHER) a thread woken on a busy core often takes
+that core from the thread that woke it at once; a thread in SCHED_BATCH, once woken, waits for
+a free core or the next scheduling tick. With more ranks than cores that matters twice:
 
+- a rank that sends to a peer would lose its core to that peer before it has posted its other
+  messages and reached its own wait. So npurun starts its rank processes in SCHED_BATCH when
+  the node's ranks outnumber the cores it may use (``spawning``: the launcher's own thread
+  takes the class around the fork and gives it back; Linux children inherit their creator's
+  class). It is the launch's policy, as torchrun sets OMP_NUM_THREADS=1 for the same reason,
+  and npurun says so when it does it. The library never changes a thread of the user's: a
+  rank started otherwise (plain python, torchrun, ``mp.spawn``) keeps the class it was given
+  (``chrt --batch 0 torchrun ...`` does what npurun does);
 - a stream worker woken for work a synchronizing caller already runs would take the caller's
   core for nothing (``runtime.stream``: such a worker moves itself to SCHED_BATCH with ``move``
-  and back when it finds work nobody else runs);
-- a rank that sends to a peer would lose its core to that peer before it has posted its other
-  messages and reached its own wait (``hccl``: the thread that runs a collective is in
-  SCHED_BATCH for the collective's duration, ``enter`` / ``leave``).
+  and back when it finds work nobody else runs).
 
-Only npusim changes what npusim changed: ``move`` is called by npusim's own threads on
-themselves, and ``leave`` puts back the class ``enter`` found when the collective ends, whichever
-thread ran it (the user's main thread runs a collective when it synchronizes). A user's thread is
-therefore in its own class whenever the user's code runs. The cost is two class changes per
-collective: 16 us for the pair at best, 30-200 us on this 2-core VM under a load of 20
-(a change back to the default class may hand the core to another runnable thread at once):
-``python -m timeit -s "from runtime import sched" "sched.leave(sched.enter(True))"``. Nothing
-needs privilege; where the classes are missing or a sandbox forbids them every call does
-nothing. NPUSIM_SCHED_BATCH (``runtime.config.sched_batch``) decides.
+The earlier design moved the thread that ran each collective into SCHED_BATCH and back: two
+class changes per collective, and a change back to the default class may hand the core to
+another runnable thread at once. 4 ranks on 2 cores, 1 KiB all_reduce, medians of 10
+alternating jobs: 490 us per call with the moves, 421 us with the ranks started in SCHED_BATCH
+(``benchmarks/ab.sh``). Nothing needs privilege; where the classes are missing or a sandbox
+forbids them every call does nothing. NPUSIM_SCHED_BATCH (``runtime.config.sched_batch``)
+decides: unset, the rule above; 1, always; 0, never (stream workers stay put too).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 from . import config
@@ -31,11 +35,19 @@ _OTHER = getattr(os, "SCHED_OTHER", 0)
 _BATCH = getattr(os, "SCHED_BATCH", None)
 
 
-def wanted(crowded: bool) -> bool:
-    """Whether collectives run in SCHED_BATCH: NPUSIM_SCHED_BATCH if set, else ``crowded`` (the
-    node runs more ranks than this process may use cores)."""
+def cores() -> int:
+    """The cores this process may run on (its affinity mask; the CPU count where unknown)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def wanted(ranks_here: int) -> bool:
+    """Whether a launcher starts ``ranks_here`` ranks of this node in SCHED_BATCH:
+    NPUSIM_SCHED_BATCH if set, else whether they outnumber ``cores()``."""
     knob = config.sched_batch()
-    return crowded if knob is None else knob
+    return ranks_here > cores() if knob is None else knob
 
 
 def adaptive_workers() -> bool:
@@ -59,16 +71,16 @@ def move(to_batch: bool) -> bool:
     return False
 
 
-def enter(want: bool) -> bool:
-    """Start a collective in the calling thread: SCHED_BATCH if ``want`` and the thread is in the
-    default class. Returns what ``leave`` needs (True: the thread was moved)."""
-    return want and move(True)
-
-
-def leave(moved: bool) -> None:
-    """End what ``enter`` started: the thread goes back to the class it was in."""
-    if moved:
-        move(False)
+@contextlib.contextmanager
+def spawning(batch: bool):
+    """Processes the calling thread (a launcher's) starts inside begin in SCHED_BATCH when
+    ``batch``; the thread gets its class back at the exit."""
+    moved = batch and move(True)
+    try:
+        yield
+    finally:
+        if moved:
+            move(False)
 
 
 def current() -> int:
@@ -77,4 +89,3 @@ def current() -> int:
         return os.sched_getscheduler(0)
     except (AttributeError, OSError):
         return 0
-

@@ -168,8 +168,6 @@ class Transport:
     sleep (default ``CondBell``); any object with ``value()``, ``ring()`` and ``wait(seen, s)``.
     """
 
-    sched_batch = False     # run collectives in SCHED_BATCH (runtime.sched): set by the transport
-
     def __init__(self, rank: int, size: int, bell=None):
         if not (isinstance(size, int) and size >= 1 and isinstance(rank, int)
                 and 0 <= rank < size):

@@ -46,13 +46,6 @@ log = logging.getLogger("hccl.transport")
 SPIN_US = 200.0           # a waiter's spin when the node's ranks fit its cores
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 class ProcessTransport(Transport):
     """Endpoint ``rank`` of ``size`` processes; binds at construction (``.address``), then
     ``connect`` makes the pairs. ``shm``: reach the peers of this node through shared-memory
@@ -123,7 +116,7 @@ class ProcessTransport(Transport):
             else:
                 self._pairs.setdefault(p, pair)
         n_local = sum(isinstance(p, LocalPair) for p in self._pairs.values())
-        crowded = n_local + 1 > _cores()
+        crowded = n_local + 1 > sched.cores()
         if self.channel is not None:
             spin = config.shm_spin_us()
             if spin is None:  # more ranks than cores here: a spinning waiter starves its peer
@@ -132,10 +125,6 @@ class ProcessTransport(Transport):
                 # ranks, median: 460-540 us with 20 us of spin, 325-405 us with 100-300 us)
                 spin = 0.0 if crowded else SPIN_US
             self.channel.spin = spin * 1e-6
-        # more ranks than cores: in the default class the peer a send wakes takes the sender's
-        # core at once, before the sender has posted its other messages and reached its own
-        # wait; collectives run in SCHED_BATCH then (runtime.sched, which restores the class)
-        self.sched_batch = sched.wanted(crowded and n_local > 0)
 
     @property
     def local_peers(self) -> list[int]:

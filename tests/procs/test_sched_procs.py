@@ -1,8 +1,10 @@
-"""npusim leaves the scheduling class of the user's threads alone (4 ranks on 2 cores).
+"""npusim's library leaves the scheduling class of the user's threads alone (4 ranks on 2 cores).
 
-With more ranks than cores collectives run in SCHED_BATCH (runtime/sched.py), but only for their
-duration: the user's main thread (which runs a collective when it synchronizes) and a thread of
-the user's own keep their class after init, after collectives and after ``comm.destroy()``.
+With more ranks than cores npurun starts its ranks in SCHED_BATCH and says so (the launch's
+policy, runtime/sched.py); NPUSIM_SCHED_BATCH=0 keeps the default class. Either way the main
+thread (which runs a collective when it synchronizes) and a thread of the user's own keep the
+class they started with through init, collectives (checked while one runs) and
+``comm.destroy()``.
 """
 import json
 import os
@@ -18,15 +20,14 @@ SCRIPT = """
 import json, os, threading
 import numpy as np
 import hccl, runtime
-from runtime import sched
+from hccl import executor
 
 inside = []                                    # the class while a collective runs
-real_enter = sched.enter
-def enter(want):
-    moved = real_enter(want)
-    inside.append(sched.current())
-    return moved
-sched.enter = enter
+real_run = executor.run
+def run(*args, **kwargs):
+    inside.append(os.sched_getscheduler(0))
+    return real_run(*args, **kwargs)
+executor.run = run
 
 hold, ready = threading.Event(), threading.Event()
 user_tid = []
@@ -52,7 +53,6 @@ s = runtime.Stream()
 comm.all_reduce(x, stream=s)
 s.synchronize()
 seen["collectives"] = classes()
-seen["batched"] = comm.world.transport.sched_batch
 seen["inside"] = sorted(set(inside))
 comm.destroy()
 seen["destroy"] = classes()
@@ -64,23 +64,36 @@ with open(os.path.join({out!r}, f"rank{comm.rank}.json"), "w") as f:
 
 
 @pytest.mark.timeout(300)
-def test_user_threads_keep_their_scheduling_class(tmp_path):
+@pytest.mark.parametrize("knob", [None, "0"])
+def test_user_threads_keep_their_scheduling_class(tmp_path, knob):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(SCRIPT.replace("{out!r}", repr(str(tmp_path)))))
     crowded = 4 > len(os.sched_getaffinity(0))
     with LeakCheck() as lc:
-        # the default turns SCHED_BATCH on when the ranks outnumber the cores (here: 2); on a
-        # bigger machine the knob turns it on, so the mechanism runs either way
         lc.env.pop("NPUSIM_SCHED_BATCH", None)
-        if not crowded:
+        if knob is not None:
+            lc.env["NPUSIM_SCHED_BATCH"] = knob
+        elif not crowded:            # a bigger machine: the knob turns the policy on
             lc.env["NPUSIM_SCHED_BATCH"] = "1"
         res = run_npurun("--nproc-per-node", "4", str(script), env=lc.env, cwd=str(tmp_path),
                          timeout=280)
     assert res.returncode == 0, res.stderr[-3000:]
+    batch = knob is None
+    assert ("the ranks run in Linux's SCHED_BATCH class" in res.stderr) is batch, res.stderr
+    launched = os.SCHED_BATCH if batch else os.SCHED_OTHER
     for r in range(4):
         seen = json.loads((tmp_path / f"rank{r}.json").read_text())
-        start = seen["start"]
+        assert seen["start"] == [launched, launched], (r, seen)
         for phase in ("init", "collectives", "destroy"):
-            assert seen[phase] == start, (r, phase, seen)
-        assert seen["batched"] is True, seen
-        assert seen["inside"] == [os.SCHED_BATCH], seen   # so the test above could fail
+            assert seen[phase] == seen["start"], (r, phase, seen)
+        assert seen["inside"] == [launched], (r, seen)
+
+
+def test_npurun_gives_its_own_thread_its_class_back():
+    from runtime import sched
+    before = sched.current()
+    with sched.spawning(True):
+        during = sched.current()
+    assert sched.current() == before
+    if before == os.SCHED_OTHER:
+        assert during == os.SCHED_BATCH

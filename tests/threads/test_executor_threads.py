@@ -416,8 +416,6 @@ class _ZeroCopyHandle:
 class _LoopbackTransport:
     """Zero-copy single-rank stand-in: send keeps a view, recv hands back the bytes sent."""
 
-    sched_batch = False
-
     def __init__(self):
         self.log, self.box = [], {}
 

@@ -205,20 +205,14 @@ def test_attach_checks_the_name_and_the_segment():
     assert _segments() == []
 
 
-@pytest.mark.parametrize("cores, knob, batched", [(1, None, True), (1, "0", False),
-                                                   (64, None, False), (64, "1", True)])
-def test_ranks_that_outnumber_cores_sleep_at_once_and_run_collectives_batched(
-        monkeypatch, cores, knob, batched):
-    # (the class itself is changed per collective by runtime.sched, tested in tests/procs)
-    monkeypatch.setattr("hccl.transport.process._cores", lambda: cores)
-    if knob is None:
-        monkeypatch.delenv("NPUSIM_SCHED_BATCH", raising=False)
-    else:
-        monkeypatch.setenv("NPUSIM_SCHED_BATCH", knob)
+@pytest.mark.parametrize("cores", [1, 64])
+def test_ranks_that_outnumber_cores_sleep_at_once(monkeypatch, cores):
+    # (the scheduling class is npurun's launch policy: runtime.sched, tested in tests/procs)
+    monkeypatch.setattr("runtime.sched.cores", lambda: cores)
+    monkeypatch.delenv("NPUSIM_SHM_SPIN_US", raising=False)
     a, b = _pair()
     try:
         assert (a.channel.spin == 0) == (cores == 1) and (b.channel.spin == 0) == (cores == 1)
-        assert a.sched_batch is batched and b.sched_batch is batched
     finally:
         a.close()
         b.close()
