@@ -372,8 +372,8 @@ def enqueue(comm: Comm, op: OpType, api: str, *, bufs: dict, count: int, dtype: 
             meta["seq"] = seq
 
         def task():
-            views = {k: runtime.host_view(b, nbytes[k], name=k)
-                     for k, b in bufs.items() if b is not None}
+            views = {k: runtime.host_view(b, nbytes[k], name=k) for k, b in bufs.items()
+                     if b is not None and not (inplace and k == "recv")}
             if inplace:
                 views["recv"] = views["send"]
             execute(comm, op, steps, views, redop, dtype, cid, seq, fp, timeout, by_comm, (rec,))
@@ -388,7 +388,7 @@ def enqueue(comm: Comm, op: OpType, api: str, *, bufs: dict, count: int, dtype: 
     fuse = None
     if s.capture is not None and op == OpType.ALLREDUCE:
         fuse = fusion.fusable(comm, bufs, pl, count, dtype, redop, knobs, site, s.name, cid,
-                              timeout, by_comm)
+                              timeout, by_comm, inplace)
     s.enqueue_deferred(issue, name=name, category="collective", meta=meta, site=site, fuse=fuse)
 
 

@@ -49,10 +49,12 @@ class Member(NamedTuple):
     count: int
     site: str
     regions: tuple          # ((device, start, end, writes), ...): its bytes in device memory
+    inplace: bool           # send and recv are one buffer
 
 
 def fusable(comm, bufs: dict, pl, count: int, dtype, redop, knobs: tuple, site: str,
-            stream_name: str, cid: int, timeout, by_comm: bool) -> Fusable | None:
+            stream_name: str, cid: int, timeout, by_comm: bool,
+            inplace: bool = False) -> Fusable | None:
     """The ``Fusable`` of a captured AllReduce, or None when it runs on its own."""
     algo, slice_bytes = knobs
     nbytes = count * dtype.itemsize
@@ -67,7 +69,7 @@ def fusable(comm, bufs: dict, pl, count: int, dtype, redop, knobs: tuple, site: 
             start = _address(b)
             regions.append((b.device_id if not isinstance(b, runtime.DeviceArray)
                             else b.ptr.device_id, start, start + pl.nbytes[k], k == "recv"))
-    member = Member(bufs, pl, count, site, tuple(regions))
+    member = Member(bufs, pl, count, site, tuple(regions), inplace)
     key = ("allreduce", cid, int(dtype), int(redop), chosen)
 
     def fits(items: list, item: Member) -> bool:
@@ -119,7 +121,8 @@ def _fused(comm, items: list, dtype, redop, knobs, stream_name, cid, timeout, by
                 src = runtime.host_view(m.bufs["send"], n, name="send")
                 staging[off:off + n] = src
                 recv = m.bufs.get("recv")
-                outs.append(src if recv is None else runtime.host_view(recv, n, name="recv"))
+                outs.append(src if recv is None or m.inplace else
+                            runtime.host_view(recv, n, name="recv"))
             comms.execute(comm, OpType.ALLREDUCE, pl.steps, {"send": staging, "recv": staging},
                           redop, dtype, cid, seq0, fp, timeout, by_comm, recs)
             for out, off in zip(outs, offsets):
