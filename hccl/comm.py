@@ -16,6 +16,7 @@ communicator stays aborted: create a new one.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import threading
@@ -401,7 +402,7 @@ def execute(comm: Comm, op, steps, views: dict, redop, dtype, cid: int, seq: int
     first = recs[0]
     try:
         executor.run(steps, views, redop, dtype, comm.world.transport, cid, seq, fp, comm.ranks,
-                     timeout, on_wait=lambda p, sending: recorder.waiting(first, p, sending),
+                     timeout, on_wait=functools.partial(recorder.waiting, first),
                      rank=comm.rank)
     except HcclError as e:
         for rec in recs:

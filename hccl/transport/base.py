@@ -239,7 +239,7 @@ class Transport:
         may be in flight); then ``comm_id`` is aborted on every rank with a reason naming ``peer``
         and this wait raises ``PeerGone``.
         """
-        wait = PeerWait(self, peer, timeout)
+        wait = None             # made at the first miss: most waits find their message at once
         bell, lock = self.bell, self._lock
         while True:
             seen = bell.value()
@@ -251,6 +251,8 @@ class Transport:
                 value = self._take(ready, comm_id)
             if value is not None:
                 return value
+            if wait is None:
+                wait = PeerWait(self, peer, timeout)
             pause = wait.pause()
             if pause is None:
                 raise self._peer_gone(comm_id, peer, wait.gone)

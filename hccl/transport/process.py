@@ -149,7 +149,7 @@ class ProcessTransport(Transport):
         if peer == self.rank:
             self.deliver(peer, comm_id, seq, step, fp, memoryview(bytearray(mv)))
             return DONE
-        return self._pair(peer).send(comm_id, seq, step, fp, mv)
+        return (self._pairs.get(peer) or self._pair(peer)).send(comm_id, seq, step, fp, mv)
 
     def recv(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
              timeout: float | None) -> memoryview:
