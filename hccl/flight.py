@@ -76,10 +76,8 @@ class FlightRecorder:
         """``r`` waits for ``peer`` from now: for a message from it, or (``sending``) for the
         delivery of a message to it."""
         now = time.time()
-        if r.waiting_for is not None:     # _longest_wait, inline: once per message waited for
-            waited = now - r.waiting_since
-            if waited > r.wait_max:
-                r.wait_max, r.wait_peer = waited, r.rank if r.wait_send else r.waiting_for
+        if r.waiting_for is not None:
+            _longest_wait(r, now)
         r.waiting_for, r.waiting_since, r.wait_send = peer, now, sending
 
     def complete(self, r: Record) -> None:

@@ -53,8 +53,7 @@ class Member(NamedTuple):
 
 
 def fusable(comm, bufs: dict, pl, count: int, dtype, redop, knobs: tuple, site: str,
-            stream_name: str, cid: int, timeout, by_comm: bool,
-            inplace: bool = False) -> Fusable | None:
+            stream_name: str, cid: int, timeout, by_comm: bool, inplace: bool) -> Fusable | None:
     """The ``Fusable`` of a captured AllReduce, or None when it runs on its own."""
     algo, slice_bytes = knobs
     nbytes = count * dtype.itemsize

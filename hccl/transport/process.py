@@ -29,7 +29,6 @@ waits until every rank has called ``connect``), so a correct peer never posts to
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from hccl import config
