@@ -117,18 +117,27 @@ def _no_overlap(api: str, send, send_bytes: int, recv, recv_bytes: int, in_place
 
 def all_reduce(send, recv, count, dtype, op, comm, stream=None, *, site=None):
     """HcclAllReduce: every rank receives the reduction of all ranks' ``count`` elements."""
+    bufs = {"send": send, "recv": recv}
+    call, key = communicator.lookup(comm, OpType.ALLREDUCE, bufs, count, dtype, op, None, stream)
+    if call is not None:
+        return communicator.issue(call, bufs, site or callsite(2))
     api = "all_reduce"
     comm, dt, n, rop = communicator.live(comm, api), _dtype(dtype, api), _count(count, api), _redop(op, api)
     need = n * dt.itemsize
     _buf(send, need, api, "send", dt, f"count={n} elements")
     _buf(recv, need, api, "recv", dt, f"count={n} elements")
     _no_overlap(api, send, need, recv, need)
-    communicator.enqueue(comm, OpType.ALLREDUCE, api, bufs={"send": send, "recv": recv}, count=n, dtype=dt,
-                         redop=rop, stream=stream, site=site or callsite(2))
+    communicator.enqueue(comm, OpType.ALLREDUCE, api, bufs=bufs, count=n, dtype=dt,
+                         redop=rop, stream=stream, site=site or callsite(2), key=key)
 
 
 def all_gather(send, recv, send_count, dtype, comm, stream=None, *, site=None):
     """HcclAllGather: recv holds every rank's ``send_count`` elements, in rank order."""
+    bufs = {"send": send, "recv": recv}
+    call, key = communicator.lookup(comm, OpType.ALLGATHER, bufs, send_count, dtype, None, None,
+                                    stream)
+    if call is not None:
+        return communicator.issue(call, bufs, site or callsite(2))
     api = "all_gather"
     comm, dt, n = communicator.live(comm, api), _dtype(dtype, api), _count(send_count, api, "send_count")
     _buf(send, n * dt.itemsize, api, "send", dt, f"send_count={n} elements")
@@ -136,12 +145,17 @@ def all_gather(send, recv, send_count, dtype, comm, stream=None, *, site=None):
          f"send_count={n} x {comm.size} ranks = {n * comm.size} elements")
     cb = n * dt.itemsize
     _no_overlap(api, send, cb, recv, cb * comm.size, (0, -comm.rank * cb))
-    communicator.enqueue(comm, OpType.ALLGATHER, api, bufs={"send": send, "recv": recv}, count=n, dtype=dt,
-                         stream=stream, site=site or callsite(2))
+    communicator.enqueue(comm, OpType.ALLGATHER, api, bufs=bufs, count=n, dtype=dt,
+                         stream=stream, site=site or callsite(2), key=key)
 
 
 def reduce_scatter(send, recv, recv_count, dtype, op, comm, stream=None, *, site=None):
     """HcclReduceScatter: rank r receives block r (``recv_count`` elements) of the reduction."""
+    bufs = {"send": send, "recv": recv}
+    call, key = communicator.lookup(comm, OpType.REDUCE_SCATTER, bufs, recv_count, dtype, op, None,
+                                    stream)
+    if call is not None:
+        return communicator.issue(call, bufs, site or callsite(2))
     api = "reduce_scatter"
     comm, dt = communicator.live(comm, api), _dtype(dtype, api)
     n, rop = _count(recv_count, api, "recv_count"), _redop(op, api)
@@ -150,18 +164,22 @@ def reduce_scatter(send, recv, recv_count, dtype, op, comm, stream=None, *, site
     _buf(recv, n * dt.itemsize, api, "recv", dt, f"recv_count={n} elements")
     cb = n * dt.itemsize
     _no_overlap(api, send, cb * comm.size, recv, cb, (0, comm.rank * cb))
-    communicator.enqueue(comm, OpType.REDUCE_SCATTER, api, bufs={"send": send, "recv": recv}, count=n, dtype=dt,
-                         redop=rop, stream=stream, site=site or callsite(2))
+    communicator.enqueue(comm, OpType.REDUCE_SCATTER, api, bufs=bufs, count=n, dtype=dt,
+                         redop=rop, stream=stream, site=site or callsite(2), key=key)
 
 
 def broadcast(buf, count, dtype, root, comm, stream=None, *, site=None):
     """HcclBroadcast: every rank's ``buf`` receives root's ``count`` elements."""
+    bufs = {"send": buf, "recv": buf}
+    call, key = communicator.lookup(comm, OpType.BROADCAST, bufs, count, dtype, None, root, stream)
+    if call is not None:
+        return communicator.issue(call, bufs, site or callsite(2))
     api = "broadcast"
     comm, dt, n = communicator.live(comm, api), _dtype(dtype, api), _count(count, api)
     r = _rank(root, comm.size, api, "root")
     _buf(buf, n * dt.itemsize, api, "buf", dt, f"count={n} elements")
-    communicator.enqueue(comm, OpType.BROADCAST, api, bufs={"send": buf, "recv": buf}, count=n, dtype=dt, root=r,
-                         stream=stream, site=site or callsite(2))
+    communicator.enqueue(comm, OpType.BROADCAST, api, bufs=bufs, count=n, dtype=dt, root=r,
+                         stream=stream, site=site or callsite(2), key=key)
 
 
 def reduce(send, recv, count, dtype, op, root, comm, stream=None, *, site=None):

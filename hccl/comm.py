@@ -30,7 +30,7 @@ from runtime.log import setup as setup_log
 from runtime.context import resolve_stream
 from runtime.errors import NpuError, describe
 
-from . import abortrec, collectives, config, diag, executor, fusion, plan
+from . import abortrec, calls, collectives, config, diag, executor, fusion, plan
 from .errors import (CollectiveMismatchError, HcclError, HcclTimeoutError, InvalidArgumentError,
                      RemoteRankError)
 from .failure import Failure
@@ -94,6 +94,7 @@ class Comm:
         self._subs: dict[tuple, int] = {}
         self._lock = threading.Lock()
         self._destroyed = False
+        self.calls = calls.Memo()           # the validated calls an eager call may repeat
         with world._lock:
             world.comms += 1
             world.comm_ids.update((comm_id, comm_id | _P2P_BIT))
@@ -122,6 +123,7 @@ class Comm:
         if self._destroyed:
             return
         self._destroyed = True
+        self.calls.clear()
         try:
             self.world.transport.forget(self.comm_id)
             self.world.transport.forget(self.comm_id | _P2P_BIT)
@@ -334,33 +336,55 @@ def take_seqs(comm: Comm, n: int = 1) -> int:
     return first
 
 
+def lookup(comm, op: OpType, bufs: dict, count, dtype, redop=None, root=None, stream=None):
+    """(the Call remembered for these arguments, exactly as passed, or None; the key to remember
+    a new one under, or None). See ``hccl.calls``; a miss is always safe: the caller checks."""
+    if type(comm) is not Comm or comm._destroyed:
+        return None, None
+    try:
+        s = resolve_stream(stream)
+    except NpuError:
+        return None, None
+    key = calls.key(op, bufs, count, dtype, redop, root, s)
+    return comm.calls.find(key, bufs, s), key
+
+
 def enqueue(comm: Comm, op: OpType, api: str, *, bufs: dict, count: int, dtype: DataType,
-             redop=None, root=None, peer=None, stream=None, site=None) -> None:
+            redop=None, root=None, peer=None, stream=None, site=None, key=None) -> None:
+    """Plan the validated call and issue it; remember it under ``key`` (``lookup``'s) if given."""
     s = _resolve_stream(api, stream)
     for name, b in bufs.items():
         if b is not None and _device_of(b) not in (s.device_id, -1):
             raise InvalidArgumentError(
                 f"{api}: {name} is on device {_device_of(b)} but the stream is on device {s.device_id}")
-    p2p = op in (OpType.SEND, OpType.RECV)
     inplace = bufs.get("send") is not None and _same(bufs.get("send"), bufs.get("recv"))
     knobs = comm._knobs or _read_knobs()
     pl = plan.collective(op, comm.rank, comm.size, count, dtype, redop, root, peer, inplace,
                          *knobs)
-    steps, nbytes, fp = pl.steps, pl.nbytes, pl.fp
     comm._knobs = knobs     # kept once a call was planned with them (a bad one is not kept)
-    site = site or callsite(2)
-    name = f"Hccl{_API_NAMES[op]}"
+    cid = comm.comm_id | _P2P_BIT if op in (OpType.SEND, OpType.RECV) else comm.comm_id
+    call = calls.Call(comm, op, s, pl, bufs, inplace, cid, count, dtype, redop, root, peer, knobs,
+                      f"Hccl{_API_NAMES[op]}")
+    if key is not None:
+        comm.calls.put(key, call)
+    issue(call, bufs, site or callsite(2))
+
+
+def issue(call: calls.Call, bufs: dict, site: str) -> None:
+    """Enqueue one issue of a validated call (``bufs``: the buffers it was validated with)."""
+    comm, op, s, pl = call.comm, call.op, call.stream, call.plan
     if runtime.stream_check_enabled():     # before the seq is taken: a race leaves no trace
-        runtime.declare_access(s, name, site=site, reads=[
+        nbytes = pl.nbytes
+        runtime.declare_access(s, call.name, site=site, reads=[
             (b, nbytes[k]) for k, b in bufs.items() if k == "send" and b is not None], writes=[
             (b, nbytes[k]) for k, b in bufs.items() if k == "recv" and b is not None])
-    cid = comm.comm_id | _P2P_BIT if p2p else comm.comm_id
     timeout, by_comm = comm._timeout()
+    peer, count, dtype = call.peer, call.count, call.dtype
 
-    def issue():
+    def make():
         """The task of one issue of the call: now when eager, at each replay of a task graph
-        (the checks and the plan above are done once, at the call or the capture)."""
-        if p2p:
+        (the checks and the plan are done once, at the call or the capture)."""
+        if op == OpType.SEND or op == OpType.RECV:
             with comm._lock:
                 key = ("send" if op == OpType.SEND else "recv", peer)
                 seq = comm._p2p.get(key, 0) + 1
@@ -373,11 +397,8 @@ def enqueue(comm: Comm, op: OpType, api: str, *, bufs: dict, count: int, dtype: 
             meta["seq"] = seq
 
         def task():
-            views = {k: runtime.host_view(b, nbytes[k], name=k) for k, b in bufs.items()
-                     if b is not None and not (inplace and k == "recv")}
-            if inplace:
-                views["recv"] = views["send"]
-            execute(comm, op, steps, views, redop, dtype, cid, seq, fp, timeout, by_comm, (rec,))
+            execute(comm, op, pl.steps, call.current_views(bufs), call.redop, dtype, call.cid,
+                    seq, pl.fp, timeout, by_comm, (rec,))
         return task
 
     meta = None
@@ -388,9 +409,10 @@ def enqueue(comm: Comm, op: OpType, api: str, *, bufs: dict, count: int, dtype: 
             meta["peer"] = peer
     fuse = None
     if s.capture is not None and op == OpType.ALLREDUCE:
-        fuse = fusion.fusable(comm, bufs, pl, count, dtype, redop, knobs, site, s.name, cid,
-                              timeout, by_comm, inplace)
-    s.enqueue_deferred(issue, name=name, category="collective", meta=meta, site=site, fuse=fuse)
+        fuse = fusion.fusable(comm, bufs, pl, count, dtype, call.redop, call.knobs, site, s.name,
+                              call.cid, timeout, by_comm, call.inplace)
+    s.enqueue_deferred(make, name=call.name, category="collective", meta=meta, site=site,
+                       fuse=fuse)
 
 
 def execute(comm: Comm, op, steps, views: dict, redop, dtype, cid: int, seq: int, fp,

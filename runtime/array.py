@@ -74,6 +74,11 @@ class DeviceArray(DeviceBuffer):
         return self.ptr
 
     @property
+    def freed(self) -> bool:
+        """True once ``free()`` was called (or the array was collected)."""
+        return self._freed
+
+    @property
     def size(self) -> int:
         return self.nbytes // self.dtype.itemsize if self.dtype.itemsize else 0
 

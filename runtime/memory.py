@@ -95,6 +95,7 @@ class DeviceBuffer:
     """
 
     __slots__ = ()
+    freed = False       # a subclass whose memory can be freed says when it was
 
     def device_ptr(self, name: str) -> DevicePtr | None:
         """The pointer to the object's first byte, None when it has no bytes.
@@ -153,6 +154,30 @@ def host_view(buf, nbytes: int | None = None, *, name: str = "buf") -> np.ndarra
 def buffer_nbytes(buf) -> int:
     """Bytes available from ``buf`` (DevicePtr/DeviceArray) to the end of its allocation."""
     return _device_region(buf, "buf")[2]
+
+
+def allocation_marks(bufs) -> tuple:
+    """What ``same_allocations`` compares later, one mark per buffer of ``bufs`` (DevicePtr /
+    DeviceBuffer, validated live by the caller; None for None or an empty array): the allocation
+    it lies in now. A free, a new allocation at the same address or a reset of the device
+    changes it, so a caller that validated buffers once can skip the checks while none did."""
+    marks = []
+    for b in bufs:
+        p = b if b is None or type(b) is DevicePtr else b.device_ptr("buf")
+        marks.append(None if p is None else (p._block, p._gen, p._ctx))
+    return tuple(marks)
+
+
+def same_allocations(marks: tuple, bufs) -> bool:
+    """True while each of ``bufs`` lies in the allocation ``allocation_marks(bufs)`` saw, that
+    allocation is live, and no DeviceBuffer among them was freed."""
+    for m, b in zip(marks, bufs):
+        if m is not None:
+            block, gen, ctx = m
+            if block.gen != gen or contexts_by_device.get(ctx.device_id) is not ctx or \
+                    (type(b) is not DevicePtr and b.freed):
+                return False
+    return True
 
 
 def _host_region(obj, name: str, writable: bool) -> np.ndarray:
