@@ -240,7 +240,10 @@ def _consumer(step: Recv, views: dict, np_dtype, op, seq: int):
             dst = views[step.buf][step.offset:step.offset + nb]
             if step.reduce:
                 src = views[step.src] if step.src else None
-                if src is None or src is views[step.buf]:
+                if step.payload_first:          # dst = payload op src, dst's first write
+                    reduce3(dst.view(np_dtype), np.frombuffer(data, np_dtype),
+                            src[step.offset:step.offset + nb].view(np_dtype), op)
+                elif src is None or src is views[step.buf]:
                     reduce_into(dst.view(np_dtype), np.frombuffer(data, np_dtype), op)
                 else:                           # dst = src op payload, dst's first write
                     reduce3(dst.view(np_dtype), src[step.offset:step.offset + nb].view(np_dtype),

@@ -77,12 +77,14 @@ def one_shot_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, 
     for k in range(1, size):                     # stagger the peers so no rank is hit first by all
         steps.append(Send((rank + k) % size, own, 0, nb, 0))
     for p in range(size):                        # recv = r0 op r1 op ... in rank order
-        if p == rank == 0:
-            continue                             # the next step reads it from ``own``
+        if p == rank == 0 or (p == 1 and rank == 1):
+            continue                             # the step before or after reads it from ``own``
         if p == rank:
             steps.append(LocalReduce(own, 0, RECV, 0, nb))
         elif p == 1 and rank == 0:
             steps.append(Recv(p, RECV, 0, nb, 0, True, own))
+        elif p == 0 and rank == 1:               # r0 op r1 in one pass, as rank 0 computes it
+            steps.append(Recv(p, RECV, 0, nb, 0, True, own, payload_first=True))
         else:
             steps.append(Recv(p, RECV, 0, nb, 0, p != 0))
     return steps

@@ -42,7 +42,9 @@ class Recv:
     With ``src`` (a buffer name), a reducing Recv writes ``src``'s bytes at the same offset,
     reduced with the payload, into the region (``region = src op payload``): the region's first
     write, so AllReduce needs no copy of send into recv first. When ``src`` is the same memory as
-    ``buf`` (in place) that is the plain reduce.
+    ``buf`` (in place) that is the plain reduce. ``payload_first`` swaps the operands
+    (``region = payload op src``): a rank after the sender in the reduction order writes the
+    same bytes as the sender's ``src op payload`` in one pass.
     """
 
     peer: int
@@ -52,6 +54,7 @@ class Recv:
     step: int
     reduce: bool = False
     src: str = ""
+    payload_first: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -369,15 +369,19 @@ def test_one_shot_all_reduce_structure_and_fallback():
         assert all(s.buf == own and s.nbytes == 400 and s.step == 0 for s in sends)
         assert [type(s) for s in steps if isinstance(s, sch.Copy)] == \
             ([sch.Copy] if inplace else [])                      # only the staging copy
-        # what goes into recv, in order: rank 0 reads its own data with rank 1's message
+        # what goes into recv, in order: rank 0 reads its own data with rank 1's message, rank
+        # 1 rank 0's message with its own data (payload first)
         order = [p for s in steps for p in
                  ([s.peer] if isinstance(s, sch.Recv) and not s.src else
+                  [s.peer, rank] if isinstance(s, sch.Recv) and s.payload_first else
                   [rank, s.peer] if isinstance(s, sch.Recv) else
                   [rank] if isinstance(s, sch.LocalReduce) else [])]
         assert order == list(range(n))                           # the same order on every rank
-        assert [r.reduce for r in recvs] == [p != 0 for p in range(n) if p != rank]
-        assert [r.src for r in recvs] == [own if rank == 0 and p == 1 else ""
+        assert [r.reduce for r in recvs] == [p != 0 or rank == 1 for p in range(n) if p != rank]
+        assert [r.src for r in recvs] == [own if (rank, p) in ((0, 1), (1, 0)) else ""
                                           for p in range(n) if p != rank]
+        assert [r.payload_first for r in recvs] == [rank == 1 and p == 0
+                                                    for p in range(n) if p != rank]
     ring = sch.one_shot_all_reduce(1, n, count, 4, 256)           # 400 B > 256 B slices: ring
     assert not any(isinstance(s, sch.LocalReduce) for s in ring)
     assert sch.algorithms("oneshot")[OpType.ALLREDUCE] is sch.one_shot_all_reduce
