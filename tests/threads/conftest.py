@@ -1,6 +1,7 @@
 """Ranks as threads: one simulated device and one hccl world communicator per thread."""
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
@@ -9,6 +10,9 @@ import hccl
 import runtime
 from hccl.comm import Comm, World, comm_id_of
 from hccl.transport.inproc import InprocFabric
+
+
+_worlds = itertools.count(1)
 
 
 def run_ranks(size: int, fn, *args, timeout: float = 60.0):
@@ -20,7 +24,9 @@ def run_ranks(size: int, fn, *args, timeout: float = 60.0):
     fabric = InprocFabric(size)
     results: list = [None] * size
     errors: list = [None] * size
-    uid = f"threads-{id(fabric)}"
+    # unique per call: the flight recorder's progress is per (comm id, rank) and process-wide,
+    # and an id() may be reused by the next test's fabric
+    uid = f"threads-{next(_worlds)}"
 
     def body(rank):
         runtime.set_device(rank)
