@@ -94,7 +94,7 @@ class Comm:
         self._subs: dict[tuple, int] = {}
         self._lock = threading.Lock()
         self._destroyed = False
-        self.calls = calls.Memo()           # the validated calls an eager call may repeat
+        self._calls = calls.Memo()          # the validated calls an eager call may repeat
         with world._lock:
             world.comms += 1
             world.comm_ids.update((comm_id, comm_id | _P2P_BIT))
@@ -123,7 +123,7 @@ class Comm:
         if self._destroyed:
             return
         self._destroyed = True
-        self.calls.clear()
+        self._calls.clear()
         try:
             self.world.transport.forget(self.comm_id)
             self.world.transport.forget(self.comm_id | _P2P_BIT)
@@ -346,7 +346,7 @@ def lookup(comm, op: OpType, bufs: dict, count, dtype, redop=None, root=None, st
     except NpuError:
         return None, None
     key = calls.key(op, bufs, count, dtype, redop, root, s)
-    return comm.calls.find(key, bufs, s), key
+    return comm._calls.find(key, bufs, s), key
 
 
 def enqueue(comm: Comm, op: OpType, api: str, *, bufs: dict, count: int, dtype: DataType,
@@ -366,7 +366,7 @@ def enqueue(comm: Comm, op: OpType, api: str, *, bufs: dict, count: int, dtype: 
     call = calls.Call(comm, op, s, pl, bufs, inplace, cid, count, dtype, redop, root, peer, knobs,
                       f"Hccl{_API_NAMES[op]}")
     if key is not None:
-        comm.calls.put(key, call)
+        comm._calls.put(key, call)
     issue(call, bufs, site or callsite(2))
 
 
