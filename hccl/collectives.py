@@ -7,7 +7,8 @@ the call's dtype and bounds the call by its own extent. ``recv`` may be ``send``
 as in HCCL, ``send`` may be block ``rank`` of AllGather's ``recv`` and ``recv`` block ``rank`` of
 ReduceScatter's ``send``; any other overlap is refused. ``stream=None`` means the current
 stream. Bad arguments raise ``InvalidArgumentError`` (E_PARA) naming the argument and the
-sizes, before anything is enqueued, so the communicator still works afterwards. ``site``
+sizes, before anything is enqueued, so the communicator still works afterwards (a call that
+repeats one already checked, on the very same buffers, skips the checks: ``hccl.calls``). ``site``
 (keyword only) is the call site the flight recorder shows; by default the first frame outside
 npusim, and a wrapper whose own caller is the user's (the torch backend) passes it.
 """
@@ -117,99 +118,115 @@ def _no_overlap(api: str, send, send_bytes: int, recv, recv_bytes: int, in_place
 
 def all_reduce(send, recv, count, dtype, op, comm, stream=None, *, site=None):
     """HcclAllReduce: every rank receives the reduction of all ranks' ``count`` elements."""
-    bufs = {"send": send, "recv": recv}
-    call, key = communicator.lookup(comm, OpType.ALLREDUCE, bufs, count, dtype, op, None, stream)
-    if call is not None:
-        return communicator.issue(call, bufs, site or callsite(2))
-    api = "all_reduce"
-    comm, dt, n, rop = communicator.live(comm, api), _dtype(dtype, api), _count(count, api), _redop(op, api)
-    need = n * dt.itemsize
-    _buf(send, need, api, "send", dt, f"count={n} elements")
-    _buf(recv, need, api, "recv", dt, f"count={n} elements")
-    _no_overlap(api, send, need, recv, need)
-    communicator.enqueue(comm, OpType.ALLREDUCE, api, bufs=bufs, count=n, dtype=dt,
-                         redop=rop, stream=stream, site=site or callsite(2), key=key)
+    communicator.collective(OpType.ALLREDUCE, _all_reduce_args, comm,
+                            {"send": send, "recv": recv}, count, dtype, op, None, stream, site)
 
 
 def all_gather(send, recv, send_count, dtype, comm, stream=None, *, site=None):
     """HcclAllGather: recv holds every rank's ``send_count`` elements, in rank order."""
-    bufs = {"send": send, "recv": recv}
-    call, key = communicator.lookup(comm, OpType.ALLGATHER, bufs, send_count, dtype, None, None,
-                                    stream)
-    if call is not None:
-        return communicator.issue(call, bufs, site or callsite(2))
+    communicator.collective(OpType.ALLGATHER, _all_gather_args, comm,
+                            {"send": send, "recv": recv}, send_count, dtype, None, None,
+                            stream, site)
+
+
+def reduce_scatter(send, recv, recv_count, dtype, op, comm, stream=None, *, site=None):
+    """HcclReduceScatter: rank r receives block r (``recv_count`` elements) of the reduction."""
+    communicator.collective(OpType.REDUCE_SCATTER, _reduce_scatter_args, comm,
+                            {"send": send, "recv": recv}, recv_count, dtype, op, None,
+                            stream, site)
+
+
+def broadcast(buf, count, dtype, root, comm, stream=None, *, site=None):
+    """HcclBroadcast: every rank's ``buf`` receives root's ``count`` elements."""
+    communicator.collective(OpType.BROADCAST, _broadcast_args, comm,
+                            {"send": buf, "recv": buf}, count, dtype, None, root, stream, site)
+
+
+def reduce(send, recv, count, dtype, op, root, comm, stream=None, *, site=None):
+    """HcclReduce: root's ``recv`` receives the reduction; ``recv`` may be None elsewhere."""
+    communicator.collective(OpType.REDUCE, _reduce_args, comm,
+                            {"send": send, "recv": recv}, count, dtype, op, root, stream, site)
+
+
+def all_to_all(send, send_count, recv, recv_count, dtype, comm, stream=None, *, site=None):
+    """HcclAlltoAll: block j of rank i's send goes to block i of rank j's recv."""
+    communicator.collective(OpType.ALLTOALL, _all_to_all_args, comm,
+                            {"send": send, "recv": recv}, (send_count, recv_count), dtype,
+                            None, None, stream, site)
+
+
+# -- the checks of a call met for the first time (see comm.collective) ---------------------
+
+def _all_reduce_args(comm, bufs, count, dtype, op, root):
+    api = "all_reduce"
+    comm, dt, n, rop = communicator.live(comm, api), _dtype(dtype, api), _count(count, api), \
+        _redop(op, api)
+    send, recv, need = bufs["send"], bufs["recv"], n * dt.itemsize
+    _buf(send, need, api, "send", dt, f"count={n} elements")
+    _buf(recv, need, api, "recv", dt, f"count={n} elements")
+    _no_overlap(api, send, need, recv, need)
+    return comm, api, {"count": n, "dtype": dt, "redop": rop}
+
+
+def _all_gather_args(comm, bufs, send_count, dtype, op, root):
     api = "all_gather"
-    comm, dt, n = communicator.live(comm, api), _dtype(dtype, api), _count(send_count, api, "send_count")
+    comm, dt = communicator.live(comm, api), _dtype(dtype, api)
+    n, send, recv = _count(send_count, api, "send_count"), bufs["send"], bufs["recv"]
     _buf(send, n * dt.itemsize, api, "send", dt, f"send_count={n} elements")
     _buf(recv, n * comm.size * dt.itemsize, api, "recv", dt,
          f"send_count={n} x {comm.size} ranks = {n * comm.size} elements")
     cb = n * dt.itemsize
     _no_overlap(api, send, cb, recv, cb * comm.size, (0, -comm.rank * cb))
-    communicator.enqueue(comm, OpType.ALLGATHER, api, bufs=bufs, count=n, dtype=dt,
-                         stream=stream, site=site or callsite(2), key=key)
+    return comm, api, {"count": n, "dtype": dt}
 
 
-def reduce_scatter(send, recv, recv_count, dtype, op, comm, stream=None, *, site=None):
-    """HcclReduceScatter: rank r receives block r (``recv_count`` elements) of the reduction."""
-    bufs = {"send": send, "recv": recv}
-    call, key = communicator.lookup(comm, OpType.REDUCE_SCATTER, bufs, recv_count, dtype, op, None,
-                                    stream)
-    if call is not None:
-        return communicator.issue(call, bufs, site or callsite(2))
+def _reduce_scatter_args(comm, bufs, recv_count, dtype, op, root):
     api = "reduce_scatter"
     comm, dt = communicator.live(comm, api), _dtype(dtype, api)
     n, rop = _count(recv_count, api, "recv_count"), _redop(op, api)
+    send, recv = bufs["send"], bufs["recv"]
     _buf(send, n * comm.size * dt.itemsize, api, "send", dt,
          f"recv_count={n} x {comm.size} ranks = {n * comm.size} elements")
     _buf(recv, n * dt.itemsize, api, "recv", dt, f"recv_count={n} elements")
     cb = n * dt.itemsize
     _no_overlap(api, send, cb * comm.size, recv, cb, (0, comm.rank * cb))
-    communicator.enqueue(comm, OpType.REDUCE_SCATTER, api, bufs=bufs, count=n, dtype=dt,
-                         redop=rop, stream=stream, site=site or callsite(2), key=key)
+    return comm, api, {"count": n, "dtype": dt, "redop": rop}
 
 
-def broadcast(buf, count, dtype, root, comm, stream=None, *, site=None):
-    """HcclBroadcast: every rank's ``buf`` receives root's ``count`` elements."""
-    bufs = {"send": buf, "recv": buf}
-    call, key = communicator.lookup(comm, OpType.BROADCAST, bufs, count, dtype, None, root, stream)
-    if call is not None:
-        return communicator.issue(call, bufs, site or callsite(2))
+def _broadcast_args(comm, bufs, count, dtype, op, root):
     api = "broadcast"
     comm, dt, n = communicator.live(comm, api), _dtype(dtype, api), _count(count, api)
     r = _rank(root, comm.size, api, "root")
-    _buf(buf, n * dt.itemsize, api, "buf", dt, f"count={n} elements")
-    communicator.enqueue(comm, OpType.BROADCAST, api, bufs=bufs, count=n, dtype=dt, root=r,
-                         stream=stream, site=site or callsite(2), key=key)
+    _buf(bufs["send"], n * dt.itemsize, api, "buf", dt, f"count={n} elements")
+    return comm, api, {"count": n, "dtype": dt, "root": r}
 
 
-def reduce(send, recv, count, dtype, op, root, comm, stream=None, *, site=None):
-    """HcclReduce: root's ``recv`` receives the reduction; ``recv`` may be None elsewhere."""
+def _reduce_args(comm, bufs, count, dtype, op, root):
     api = "reduce"
-    comm, dt, n, rop = communicator.live(comm, api), _dtype(dtype, api), _count(count, api), _redop(op, api)
-    r = _rank(root, comm.size, api, "root")
+    comm, dt, n, rop = communicator.live(comm, api), _dtype(dtype, api), _count(count, api), \
+        _redop(op, api)
+    r, send, recv = _rank(root, comm.size, api, "root"), bufs["send"], bufs["recv"]
     _buf(send, n * dt.itemsize, api, "send", dt, f"count={n} elements")
     if comm.rank == r or recv is not None:
         _buf(recv, n * dt.itemsize, api, "recv", dt, f"count={n} elements")
         _no_overlap(api, send, n * dt.itemsize, recv, n * dt.itemsize)
-    communicator.enqueue(comm, OpType.REDUCE, api, bufs={"send": send, "recv": recv}, count=n, dtype=dt,
-                         redop=rop, root=r, stream=stream, site=site or callsite(2))
+    return comm, api, {"count": n, "dtype": dt, "redop": rop, "root": r}
 
 
-def all_to_all(send, send_count, recv, recv_count, dtype, comm, stream=None, *, site=None):
-    """HcclAlltoAll: block j of rank i's send goes to block i of rank j's recv."""
+def _all_to_all_args(comm, bufs, counts, dtype, op, root):
     api = "all_to_all"
     comm, dt = communicator.live(comm, api), _dtype(dtype, api)
-    sc, rc = _count(send_count, api, "send_count"), _count(recv_count, api, "recv_count")
+    sc, rc = _count(counts[0], api, "send_count"), _count(counts[1], api, "recv_count")
     if sc != rc:
         raise InvalidArgumentError(f"{api}: send_count={sc} and recv_count={rc} differ; npusim's "
                                    "all_to_all exchanges equal blocks")
+    send, recv = bufs["send"], bufs["recv"]
     _buf(send, sc * comm.size * dt.itemsize, api, "send", dt,
          f"send_count={sc} x {comm.size} ranks = {sc * comm.size} elements")
     _buf(recv, rc * comm.size * dt.itemsize, api, "recv", dt,
          f"recv_count={rc} x {comm.size} ranks = {rc * comm.size} elements")
     _no_overlap(api, send, sc * comm.size * dt.itemsize, recv, rc * comm.size * dt.itemsize)
-    communicator.enqueue(comm, OpType.ALLTOALL, api, bufs={"send": send, "recv": recv}, count=sc, dtype=dt,
-                         stream=stream, site=site or callsite(2))
+    return comm, api, {"count": sc, "dtype": dt}
 
 
 def send(buf, count, dtype, dest, comm, stream=None, *, site=None):

@@ -336,22 +336,33 @@ def take_seqs(comm: Comm, n: int = 1) -> int:
     return first
 
 
-def lookup(comm, op: OpType, bufs: dict, count, dtype, redop=None, root=None, stream=None):
-    """(the Call remembered for these arguments, exactly as passed, or None; the key to remember
-    a new one under, or None). See ``hccl.calls``; a miss is always safe: the caller checks."""
-    if type(comm) is not Comm or comm._destroyed:
-        return None, None
-    try:
-        s = resolve_stream(stream)
-    except NpuError:
-        return None, None
-    key = calls.key(op, bufs, count, dtype, redop, root, s)
-    return comm._calls.find(key, bufs, s), key
+def collective(op: OpType, check, comm, bufs: dict, count, dtype, redop, root, stream,
+               site) -> None:
+    """Enqueue collective ``op`` (``hccl.collectives``' front): at once when the call repeats
+    one validated before with the very same arguments (``hccl.calls``), else once
+    ``check(comm, bufs, count, dtype, redop, root)`` passed. A check raises InvalidArgumentError
+    for a bad argument, else returns (the live comm, the API's name, ``enqueue``'s keyword
+    arguments); ``enqueue`` then remembers the call. Checks are module-level functions, not
+    closures: a closure would cost every call its cells, hit or miss."""
+    key = None
+    if type(comm) is Comm and not comm._destroyed:
+        try:
+            s = resolve_stream(stream)
+        except NpuError:        # the check says what is wrong with it
+            s = None
+        if s is not None:
+            key = calls.key(op, bufs, count, dtype, redop, root, s)
+            call = comm._calls.find(key, bufs, s)
+            if call is not None:
+                issue(call, bufs, site or callsite(2))
+                return
+    comm, api, args = check(comm, bufs, count, dtype, redop, root)
+    enqueue(comm, op, api, bufs=bufs, stream=stream, site=site or callsite(2), key=key, **args)
 
 
 def enqueue(comm: Comm, op: OpType, api: str, *, bufs: dict, count: int, dtype: DataType,
             redop=None, root=None, peer=None, stream=None, site=None, key=None) -> None:
-    """Plan the validated call and issue it; remember it under ``key`` (``lookup``'s) if given."""
+    """Plan the validated call and issue it; remember it under ``key`` (``collective``'s) if given."""
     s = _resolve_stream(api, stream)
     for name, b in bufs.items():
         if b is not None and _device_of(b) not in (s.device_id, -1):
