@@ -300,13 +300,21 @@ class Agent:
                                console=spec.console_ranks is None
                                or local_rank in spec.console_ranks)
             self.workers.append(Worker(local_rank, wp.rank, wp))
-        batch = sched.wanted(spec.nproc_per_node)
-        if batch and self.attempt == 0:
-            say(f"npurun: {spec.nproc_per_node} ranks on {sched.cores()} cores: the ranks run in "
-                "Linux's SCHED_BATCH class (NPUSIM_SCHED_BATCH=0 keeps the default class)")
-        with sched.spawning(batch):   # Linux children inherit the class (runtime/sched.py)
+        n = spec.nproc_per_node
+        batch, bind = sched.wanted(n), sched.binds(n)
+        if (batch or bind) and self.attempt == 0:
+            policy = []
+            if batch:
+                policy.append("the ranks run in Linux's SCHED_BATCH class (NPUSIM_SCHED_BATCH=0 "
+                              "keeps the default class)")
+            if bind:
+                policy.append("each rank is bound to one core, consecutive local ranks sharing "
+                              "one (NPUSIM_BIND=0 leaves them free)")
+            say(f"npurun: {n} ranks on {sched.cores()} cores: {'; '.join(policy)}")
+        with sched.spawning(batch):   # Linux children inherit class and affinity (runtime/sched.py)
             for w in self.workers:  # all forks first, then the interpreters start in parallel
-                w.proc.start(self._pump, self._janitor)
+                with sched.pinned(sched.core_of(w.local_rank, n) if bind else None):
+                    w.proc.start(self._pump, self._janitor)
                 w.state = WorkerState.HEALTHY
         log.info("npurun: attempt %d: started ranks %s (pids %s)", self.attempt,
                  [w.rank for w in self.workers], [w.proc.pid for w in self.workers])

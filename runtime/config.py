@@ -139,18 +139,31 @@ def stream_check() -> str:
     raise ValueError(f"NPUSIM_STREAM_CHECK={raw!r}: expected 1 (raise), warn or 0 (off)")
 
 
-def sched_batch() -> bool | None:
-    """NPUSIM_SCHED_BATCH: 1 makes npurun start its ranks in Linux's SCHED_BATCH class (a thread
-    that wakes another keeps its core until it waits itself), 0 never changes a scheduling
-    class; unset (None): npurun does it when the node's ranks outnumber its cores, and stream
-    workers move themselves when their wake-ups find their work taken (see runtime/sched.py).
+def bind() -> bool | None:
+    """NPUSIM_BIND: 1 makes npurun bind each rank of a node to one core of those it may use
+    (consecutive local ranks share a core, as evenly as the counts allow), 0 never binds; unset
+    (None): npurun binds when the node's ranks outnumber its cores (see runtime/sched.py).
     Raises ValueError for anything but 1/0 (on/off, true/false, yes/no)."""
-    raw = os.environ.get("NPUSIM_SCHED_BATCH", "").strip().lower()
+    return _switch01("NPUSIM_BIND", "npurun binds its ranks to cores when they outnumber the "
+                     "node's cores")
+
+
+def _switch01(name: str, default: str) -> bool | None:
+    raw = os.environ.get(name, "").strip().lower()
     if raw == "":
         return None
     if raw in ("1", "on", "true", "yes"):
         return True
     if raw in ("0", "off", "false", "no"):
         return False
-    raise ValueError(f"NPUSIM_SCHED_BATCH={raw!r} must be 1 or 0; unset it for the default "
-                     "(npurun starts ranks in SCHED_BATCH when they outnumber the node's cores)")
+    raise ValueError(f"{name}={raw!r} must be 1 or 0; unset it for the default ({default})")
+
+
+def sched_batch() -> bool | None:
+    """NPUSIM_SCHED_BATCH: 1 makes npurun start its ranks in Linux's SCHED_BATCH class (a thread
+    that wakes another keeps its core until it waits itself), 0 never changes a scheduling
+    class; unset (None): npurun does it when the node's ranks outnumber its cores, and stream
+    workers move themselves when their wake-ups find their work taken (see runtime/sched.py).
+    Raises ValueError for anything but 1/0 (on/off, true/false, yes/no)."""
+    return _switch01("NPUSIM_SCHED_BATCH", "npurun starts ranks in SCHED_BATCH when they "
+                     "outnumber the node's cores")

@@ -97,3 +97,52 @@ def test_npurun_gives_its_own_thread_its_class_back():
     assert sched.current() == before
     if before == os.SCHED_OTHER:
         assert during == os.SCHED_BATCH
+
+
+AFFINITY = """
+import json, os
+import hccl, runtime
+runtime.set_device(int(os.environ["LOCAL_RANK"]))
+comm = hccl.init_comm()
+comm.barrier()
+runtime.synchronize()
+with open(os.path.join({out!r}, f"rank{comm.rank}.json"), "w") as f:
+    json.dump(sorted(os.sched_getaffinity(0)), f)
+comm.destroy()
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("knob", [None, "0", "1"])
+def test_crowded_ranks_are_bound_to_cores(tmp_path, knob):
+    """4 ranks on 2 cores: npurun binds local ranks 0, 1 to the first core and 2, 3 to the
+    second and says so; NPUSIM_BIND=0 leaves every rank the launcher's cores, =1 binds on any
+    machine."""
+    mask = sorted(os.sched_getaffinity(0))
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(AFFINITY.replace("{out!r}", repr(str(tmp_path)))))
+    with LeakCheck() as lc:
+        lc.env.pop("NPUSIM_BIND", None)
+        if knob is not None:
+            lc.env["NPUSIM_BIND"] = knob
+        res = run_npurun("--nproc-per-node", "4", str(script), env=lc.env, cwd=str(tmp_path),
+                         timeout=280)
+    assert res.returncode == 0, res.stderr[-3000:]
+    bound = knob == "1" or (knob is None and 4 > len(mask))
+    assert ("each rank is bound to one core" in res.stderr) is bound, res.stderr
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    if bound:
+        assert got == [[mask[r * len(mask) // 4]] for r in range(4)], got
+    else:
+        assert got == [mask] * 4, got
+
+
+def test_npurun_gives_its_own_thread_its_cores_back():
+    from runtime import sched
+    before = os.sched_getaffinity(0)
+    with sched.pinned(sorted(before)[-1]):
+        during = os.sched_getaffinity(0)
+    assert os.sched_getaffinity(0) == before
+    assert during == {sorted(before)[-1]}
+    with sched.pinned(None):
+        assert os.sched_getaffinity(0) == before
