@@ -33,7 +33,9 @@ unchanged (docs/algorithms.md). An idle stream burns no core.
 A task that raises puts the stream in an error state: tasks already enqueued behind it are
 skipped; the error is raised once, by the first synchronize that observes it, as TaskError
 chained to the original exception and naming the task and the line that enqueued it. Work
-enqueued afterwards runs normally.
+enqueued afterwards runs normally. A stream waiting on an event at or after the failed task,
+while the error is still pending, fails its waiting task with the same error (``_block_until``):
+its work behind the wait depends on the failed task's output.
 """
 from __future__ import annotations
 
@@ -376,13 +378,18 @@ class Stream:
             sanitizer.stream_waits_stream(self, other, value)
 
     def _block_until(self, value: int) -> None:
-        """Wait (from another stream's worker) for the timeline; no error is consumed here."""
-        if self._done >= value:
-            return
-        with self._cv:
-            while self._done < value:
-                self._wake_at = min(self._wake_at, value)
-                self._cv.wait(1.0)
+        """Wait (from another stream's worker) for the timeline. A task failure up to ``value``
+        that no synchronize has raised yet fails the waiting task too, with the same error (so
+        the waiting stream's later work is skipped, as work behind a failed task on one stream
+        is); it stays pending here as well."""
+        if self._done < value:
+            with self._cv:
+                while self._done < value:
+                    self._wake_at = min(self._wake_at, value)
+                    self._cv.wait(1.0)
+        err = self._error
+        if err is not None and self._error_seq <= value:
+            raise err.__cause__ if err.__cause__ is not None else err
 
     def record_event(self, event=None):
         """Record ``event`` (a new one when None) on this stream and return it."""

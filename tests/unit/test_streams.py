@@ -113,6 +113,40 @@ def test_error_surfaces_through_event_and_device(device):
         runtime.synchronize()
 
 
+def test_a_stream_waiting_on_a_failed_streams_event_fails_too(device):
+    """The waiter's work depends on the failed task: it is skipped, and both streams raise the
+    failure (with its own type) until it was raised once on the failed stream."""
+    comm, compute = runtime.Stream(), runtime.Stream()
+    ran = []
+
+    def bad():
+        raise ValueError("boom 7")
+
+    runtime.launch(bad, stream=comm, name="reduce")
+    ev = comm.record_event()
+    compute.wait_event(ev)
+    runtime.launch(ran.append, "used the result", stream=compute)
+    with pytest.raises(errors.TaskError) as ei:
+        compute.synchronize()
+    assert isinstance(ei.value.__cause__, ValueError) and "boom 7" in str(ei.value)
+    assert "wait_event" in str(ei.value) and ran == []
+    with pytest.raises(errors.TaskError, match="reduce"):
+        comm.synchronize()                              # still pending on the failed stream
+    compute.wait_event(comm.record_event())             # raised there: later waits go on
+    runtime.launch(ran.append, "fresh", stream=compute)
+    compute.synchronize()
+    assert ran == ["fresh"]
+    other = runtime.Stream()                            # wait_stream behaves alike
+    runtime.launch(bad, stream=comm, name="reduce2")
+    other.wait_stream(comm)
+    runtime.launch(ran.append, "no", stream=other)
+    with pytest.raises(errors.TaskError, match="boom 7"):
+        other.synchronize()
+    with pytest.raises(errors.TaskError, match="reduce2"):
+        comm.synchronize()
+    assert ran == ["fresh"]
+
+
 def test_synchronize_timeout_changes_nothing(device):
     s = runtime.Stream()
     gate = threading.Event()
