@@ -122,10 +122,13 @@ def test_a_stream_waiting_on_a_failed_streams_event_fails_too(device):
     def bad():
         raise ValueError("boom 7")
 
+    gate = threading.Event()     # the failure comes after the dependent work is enqueued
+    runtime.launch(gate.wait, 10, stream=comm)
     runtime.launch(bad, stream=comm, name="reduce")
     ev = comm.record_event()
     compute.wait_event(ev)
     runtime.launch(ran.append, "used the result", stream=compute)
+    gate.set()
     with pytest.raises(errors.TaskError) as ei:
         compute.synchronize()
     assert isinstance(ei.value.__cause__, ValueError) and "boom 7" in str(ei.value)
@@ -137,9 +140,12 @@ def test_a_stream_waiting_on_a_failed_streams_event_fails_too(device):
     compute.synchronize()
     assert ran == ["fresh"]
     other = runtime.Stream()                            # wait_stream behaves alike
+    gate.clear()
+    runtime.launch(gate.wait, 10, stream=comm)
     runtime.launch(bad, stream=comm, name="reduce2")
     other.wait_stream(comm)
     runtime.launch(ran.append, "no", stream=other)
+    gate.set()
     with pytest.raises(errors.TaskError, match="boom 7"):
         other.synchronize()
     with pytest.raises(errors.TaskError, match="reduce2"):
