@@ -16,6 +16,7 @@ import time
 from . import config
 
 STATES = ("enqueued", "started", "completed", "failed")
+PROGRESS_BOUND = 1024       # communicators whose progress a process keeps: the most recently used
 
 
 class Record:
@@ -38,8 +39,10 @@ class FlightRecorder:
         self._records: collections.deque = collections.deque(
             maxlen=config.trace_buffer() if maxlen is None else maxlen)
         self._inflight: dict[int, Record] = {}
-        # (comm id, rank) -> [last enqueued seq, last completed seq, comm name]
-        self.progress: dict[tuple, list] = {}
+        # (comm id, rank) -> [last enqueued seq, last completed seq, comm name], least recently
+        # enqueued first; at most PROGRESS_BOUND (a job that makes a communicator per step
+        # would otherwise grow it, and every diagnostics snapshot with it, without bound)
+        self.progress: collections.OrderedDict = collections.OrderedDict()
 
     @staticmethod
     def names(fp) -> tuple:
@@ -65,7 +68,14 @@ class FlightRecorder:
             self._records.append(r)
             self._inflight[id(r)] = r
             if peer is None:
-                p = self.progress.setdefault((comm.comm_id, comm.rank), [0, 0, comm.name])
+                key, progress = (comm.comm_id, comm.rank), self.progress
+                p = progress.get(key)
+                if p is None:
+                    if len(progress) >= PROGRESS_BOUND:
+                        progress.popitem(last=False)
+                    p = progress[key] = [0, 0, comm.name]
+                else:
+                    progress.move_to_end(key)
                 p[0] = seq
         return r
 
@@ -87,8 +97,8 @@ class FlightRecorder:
         r.state, r.t_completed, r.waiting_for = "completed", now, None
         with self._lock:
             self._inflight.pop(id(r), None)
-            if r.peer is None:
-                p = self.progress.setdefault((r.comm_id, r.rank), [0, 0, r.comm])
+            p = self.progress.get((r.comm_id, r.rank)) if r.peer is None else None
+            if p is not None:           # None: evicted since its enqueue (PROGRESS_BOUND)
                 p[1] = max(p[1], r.seq)
 
     def fail(self, r: Record, err: BaseException) -> None:

@@ -67,3 +67,24 @@ def test_published_state_keeps_its_recent_and_failed_records(monkeypatch):
     assert snap["failed"] == [r for r in recs if r["state"] == "failed"][-8:]
     assert [r["seq"] for r in snap["failed"]] == list(range(260, 300, 5))
     assert len(snap["in_flight"]) == 3
+
+
+def test_progress_keeps_the_most_recently_used_communicators():
+    from hccl import flight
+
+    class C:
+        name, rank, ranks = "c", 0, [0, 1]
+
+    rec = FlightRecorder(10)
+    fp = Fingerprint.make(OpType.ALLREDUCE, 1, DataType.FP32, ReduceOp.SUM)
+    for cid in range(flight.PROGRESS_BOUND + 100):
+        C.comm_id = cid
+        rec.complete(rec.enqueue(C, 1, fp, stream="s", site="f.py:1 in g"))
+        if cid % 10 == 0:           # comm 0 stays in use: never evicted
+            C.comm_id = 0
+            rec.complete(rec.enqueue(C, cid + 2, fp, stream="s", site="f.py:1 in g"))
+    assert len(rec.progress) == flight.PROGRESS_BOUND
+    last_use = (flight.PROGRESS_BOUND + 99) // 10 * 10 + 2
+    assert rec.last(0, 0) == (last_use, last_use)
+    assert rec.last(flight.PROGRESS_BOUND + 99, 0) == (1, 1)
+    assert rec.last(1, 0) == (0, 0)              # the oldest unused one was dropped
