@@ -11,15 +11,17 @@ eager call that repeats one checked before:
   allocations they lie in. ``hccl.comm.issue`` does the per-call rest, hit or miss alike: the
   stream check's declaration, the sequence number, the flight record, the profiler's arguments
   and the task.
-- Each communicator keeps the Calls of its last ``BOUND`` distinct calls (a ``Memo``), keyed by
-  collective, each buffer (a DevicePtr by value, any other buffer by identity), count, data type,
-  reduce op and root as passed (each with its type) and the stream. ``find`` returns one only if every buffer object
-  is the very one checked (a weak reference: the memo never keeps a user's array alive), the
-  communicator is not destroyed and every buffer still lies in the same live allocation
-  (``runtime.memory.same_allocations``: a free, a new allocation at the same address or a device reset
-  changes it). Nothing else the checks read can change: an array's shape and dtype are fixed,
-  a plan depends on the call's shape and on the communicator's knobs, fixed at its first call.
-  A miss runs every check, as before, and remembers the new Call.
+- Each communicator keeps the Calls of its last ``BOUND`` distinct calls (a ``Memo``), keyed
+  by collective, each buffer (a DevicePtr by value, any other buffer by identity), count, data
+  type, reduce op and root as passed (each with its type) and the stream.
+  ``hccl.comm.collective`` takes one only if the communicator is not destroyed, the stream
+  resolves to the same live stream, every buffer object is the very one checked (a weak
+  reference: the memo never keeps a user's array alive) and every buffer still lies in the
+  same live allocation (``runtime.memory.same_allocations``: a free, a new allocation at the
+  same address or a device reset changes it). Nothing else the checks read can change: an
+  array's shape and dtype are fixed, a plan depends on the call's shape and on the
+  communicator's knobs, fixed at its first call. A miss runs every check, as before, and
+  remembers the new Call.
 - The task looks again when it runs (a buffer may be freed after the call): if anything changed
   it rebuilds the views through ``runtime.host_view``, which raises the use-after-free error.
 """
