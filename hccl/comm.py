@@ -36,7 +36,7 @@ from .errors import (CollectiveMismatchError, HcclError, HcclTimeoutError, Inval
 from .failure import Failure
 from .flight import recorder
 from .transport.base import Aborted, PeerTimeout
-from .types import DataType, Fingerprint, OpType, ReduceOp, Result, describe_call
+from .types import DataType, OpType, ReduceOp, Result, describe_call
 
 log = setup_log("hccl")
 # collective failures surface from stream synchronize with their own type (and as TaskError)
