@@ -30,12 +30,17 @@ switches of the caller per call; medians of 6-8 alternating jobs 71 -> 45, 93 ->
 97 -> 75 us in three A/Bs; the data-parallel example, which overlaps its AllReduces,
 unchanged (docs/algorithms.md). An idle stream burns no core.
 
-A task that raises puts the stream in an error state: tasks already enqueued behind it are
-skipped; the error is raised once, by the first synchronize that observes it, as TaskError
-chained to the original exception and naming the task and the line that enqueued it. Work
-enqueued afterwards runs normally. A stream waiting on an event at or after the failed task,
-while the error is still pending, fails its waiting task with the same error (``_block_until``):
-its work behind the wait depends on the failed task's output.
+A task that raises puts the stream in an error state: every task enqueued behind it is
+skipped until the error is raised, once, by the first synchronize that observes it, as
+TaskError chained to the original exception and naming the task and the line that enqueued it.
+Work enqueued after that raise runs normally. The skip horizon is therefore not a timeline value
+fixed when the task fails (whether the host had enqueued a follower by then is a race between
+the host and the worker: 34 of 500 fresh streams ran their follower that way): ``_skip_until``
+is infinite while the error is pending, and the raise, under ``_mu`` like every enqueue, sets it
+to the last value issued before it. One value read per task, so the worker, a caller running the
+queue and a graph replay see the same answer. A stream waiting on an event at or after the
+failed task, while the error is still pending, fails its waiting task with the same error
+(``_block_until``): its work behind the wait depends on the failed task's output.
 """
 from __future__ import annotations
 
@@ -89,7 +94,8 @@ class Stream:
         self._cv = threading.Condition(self._mu)
         self._issued = 0
         self._done = 0
-        self._skip_until = 0          # tasks with seq <= this are skipped (error state)
+        self._skip_until = 0          # tasks with seq <= this are skipped: _NEVER while an
+        #                               error is pending, the last value issued before its raise after
         self._error: TaskError | None = None
         self._error_seq = 0
         self._sleeping = False        # the worker waits for the doorbell (or is about to)
@@ -243,14 +249,11 @@ class Stream:
 
     def _fail(self, task: _Task, exc: BaseException) -> None:
         with self._cv:
-            skipped = self._issued - task.seq
-            self._skip_until = self._issued
+            self._skip_until = _NEVER     # until the error is raised (see the module note)
             if self._error is None:
                 cls = task_error_class(type(exc))
                 where = (f"\n  task '{task.name}' on {self.name} (device {self.device_id}) enqueued at "
                          f"{task.site}")
-                if skipped:
-                    where += f"; {skipped} task(s) enqueued behind it were skipped"
                 if cls is TaskError:
                     msg = f"task '{task.name}' failed: {type(exc).__name__}: {exc}{where}"
                 else:  # the library's own message stays the first line
@@ -316,10 +319,18 @@ class Stream:
                         self._ring()
 
     def _raise_error_upto(self, value: int) -> None:
+        """Raise the pending task error if it is at or before ``value``; from then on the
+        stream runs what is enqueued after this raise (everything before it is skipped)."""
         if self._error is not None and self._error_seq <= value:
             with self._cv:
                 err, self._error = self._error, None
+                if err is not None:
+                    self._skip_until = self._issued
+                    skipped = self._issued - self._error_seq
             if err is not None:
+                if skipped:
+                    err.args = (f"{err.args[0]}; {skipped} task(s) enqueued behind it were "
+                                "skipped",) + err.args[1:]
                 raise err
 
     def _timeout_error(self, timeout, what, value) -> SyncTimeoutError:
