@@ -61,11 +61,12 @@ class Block:
     kept whole in the front cache: no merge absorbs it), ``gen`` (the allocation's
     generation, unique per malloc, 0 when free: ``allocated`` is ``gen != 0``). A freed handle is retired:
     its memory goes on in a free neighbour or a new free block, so the handle keeps its address, size and site for
-    error messages and never goes out again.
+    error messages and never goes out again; ``until`` keeps the marker its free was given (None:
+    nothing was pending), so the runtime can tell work queued before the free from misuse.
     """
 
     __slots__ = ("addr", "size", "requested", "stream", "segment", "site", "prev", "next",
-                 "pending", "seq", "gen", "parked")
+                 "pending", "seq", "gen", "parked", "until")
 
     def __init__(self, addr: int, size: int, segment: Segment, stream=None):
         self.addr = addr
@@ -80,6 +81,8 @@ class Block:
         self.seq = 0                # when the marker was attached; the later marker wins a merge
         self.gen = 0                # the allocation's generation; 0 when free
         self.parked = False         # in the front cache: free, but not to be merged
+        self.until = None           # a freed handle: the marker its free was given (the work
+        #                             of its stream enqueued before the free, which may still use it)
 
     @property
     def allocated(self) -> bool:

@@ -12,7 +12,7 @@ from .array import DeviceArray
 from .callsite import callsite
 from .context import resolve_stream
 from .errors import InvalidParamError
-from .memory import DevicePtr
+from .memory import DevicePtr, host_view
 
 _BUFFERS = (DeviceArray, DevicePtr)
 
@@ -79,6 +79,9 @@ def launch(kernel, *args, stream=None, name: str | None = None, reads=(), writes
             if a._freed:
                 raise InvalidParamError(f"launch: argument {i} is a freed DeviceArray (allocated at {a._site})")
             dev = True
+            a = a.ptr
+        if type(a) is DevicePtr and a._block.gen != a._gen:   # a view's owner, or a pointer,
+            host_view(a, 0, name=f"launch: argument {i}")     # freed: raises use after free
     if reads or writes:
         _check_bufs(reads, "reads", "launch")
         _check_bufs(writes, "writes", "launch")

@@ -111,15 +111,21 @@ _COPY_NAMES = {k: "memcpy " + k.name for k in MemcpyKind}
 
 
 def _device_region(obj, name: str):
-    """(ctx, addr, available bytes) of a DevicePtr / DeviceBuffer, after validating it is live."""
+    """(ctx, addr, available bytes) of a DevicePtr / DeviceBuffer, after validating it is live
+    (or, in a task queued before its free, still the task's: see ``queued_before_free``)."""
     if type(obj) is not DevicePtr:
         if not isinstance(obj, _DEVICE_TYPES):
             raise InvalidParamError(f"{name}={describe(obj)}: expected a DevicePtr or DeviceArray")
-        obj = obj.device_ptr(name)
-        if obj is None:
-            return None, 0, 0
+        p = getattr(obj, "ptr", None)
+        if obj.freed and type(p) is DevicePtr and queued_before_free(p):
+            obj = p
+        else:
+            obj = obj.device_ptr(name)
+            if obj is None:
+                return None, 0, 0
     ctx, block = obj._ctx, obj._block
-    if block.gen != obj._gen or contexts_by_device.get(obj.device_id) is not ctx:
+    if (block.gen != obj._gen or contexts_by_device.get(obj.device_id) is not ctx) and \
+            not queued_before_free(obj):
         raise MemoryAccessError(
             f"{name}={obj!r}: use after free or invalid pointer: no live allocation holds it"
             f" ({_gone(obj)}). Allocate with runtime.malloc and do not use a pointer after "
@@ -130,6 +136,21 @@ def _device_region(obj, name: str):
         raise MemoryAccessError(f"{name}={obj!r} points {off} bytes from the start of its "
                                 f"{block.requested}-byte allocation: outside it")
     return ctx, obj.addr, avail
+
+
+def queued_before_free(ptr: DevicePtr) -> bool:
+    """True when ``ptr``'s allocation was freed but the calling thread runs a task that may still
+    use it: a task of the stream the free was ordered on (the stream of its malloc), which has
+    not yet passed the free. Stream order proves the task was enqueued before the free, and the
+    pool hands that memory to no other stream until the stream passes the free (torch's caching
+    allocator keeps such memory alike). Anything else is a use after free: a task of another
+    stream (the pool may have given the memory away), or one enqueued after the free."""
+    block = ptr._block
+    until = block.until
+    if until is None or block.gen or contexts_by_device.get(ptr.device_id) is not ptr._ctx:
+        return False
+    s = until.stream
+    return not s.reached(until.value) and s.runs_here()
 
 
 def _gone(ptr) -> str:

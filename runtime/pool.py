@@ -258,6 +258,7 @@ class CachingAllocator:
                 f"free: ready={ready!r} must be None or have a query() method (an event)")
         del self._live[block.addr]
         block.gen = 0
+        block.until = ready                          # the retired handle remembers its free
         if ready is not None:
             self._seq += 1
             block.pending, block.seq = ready, self._seq

@@ -103,6 +103,7 @@ class Stream:
         self._bell = threading.Lock()  # released = rung: the worker sleeps in acquire()
         self._bell.acquire()
         self._stealing = False        # a synchronizing thread holds _exec and runs the queue
+        self._stealer = 0             # ... and this is its thread's ident
         self._wake_at = _NEVER          # lowest timeline value a blocked waiter needs
         self._running: _Task | None = None
         self._running_since = 0.0
@@ -132,6 +133,15 @@ class Stream:
     def query(self) -> bool:
         """True when every task enqueued so far has finished (the stream is idle)."""
         return self._done >= self._issued
+
+    def runs_here(self) -> bool:
+        """True when the calling thread is running one of this stream's tasks now: its worker,
+        or a synchronizing thread that runs the queue itself (``runtime.memory`` asks it of
+        memory freed while the stream's queued work may still use it)."""
+        t = self._thread
+        return self._running is not None and (
+            (t is not None and t.ident == threading.get_ident()) or
+            self._stealer == threading.get_ident())
 
     def idle(self) -> bool:
         """True when every task enqueued so far has finished and no task error waits for a
@@ -307,6 +317,7 @@ class Stream:
             # has not answered yet is taken back (see the module note)
             with self._mu:
                 self._stealing = True
+                self._stealer = threading.get_ident()
                 self._unring()
             try:
                 while self._done < value and q and q[0] is not None:
@@ -314,6 +325,7 @@ class Stream:
             finally:
                 with self._mu:
                     self._stealing = False
+                    self._stealer = 0
                     self._exec.release()
                     if q:
                         self._ring()
