@@ -37,7 +37,7 @@ import threading
 from itertools import count
 from typing import Callable, Hashable, NamedTuple
 
-from . import profiler
+from . import profiler, sanitizer
 from .callsite import callsite
 from .errors import GraphCaptureError, InvalidParamError
 
@@ -112,6 +112,7 @@ class Graph:
         self.fuse = bool(fuse)          # fuse adjacent fusable nodes when the capture ends
         self._nodes: list[_Node] = []
         self._events: list = []         # events recorded inside: pointed at each replay
+        self._accesses: list = []       # (task, site, reads, writes) the stream check noted
         self._captured = False
         self._collective = False        # holds deferred nodes (collectives)
 
@@ -153,10 +154,15 @@ class Graph:
                     profiler.record(s.id, node.name, node.category, t0, profiler.now_us(),
                                     node.meta)
 
+        site = callsite(2)
+        if sanitizer.on and self._accesses:
+            sanitizer.replay(s, self._accesses, site)
         value = s.enqueue(unit, f"{self.name} replay ({len(nodes)} tasks)", "graph",
-                          {"tasks": len(nodes)}, callsite(2))
+                          {"tasks": len(nodes)}, site)
         for ev in self._events:
             ev.replayed(s, value)
+            if sanitizer.on:
+                sanitizer.event_recorded(ev, s, value)
         return value
 
 
@@ -177,6 +183,12 @@ class Capture:
             if make is not None:
                 self.graph._collective = True
             return len(nodes)
+
+    def note_access(self, task, site, reads, writes) -> None:
+        """What the node about to be added reads and writes, for the stream check to check
+        at every replay (``runtime.sanitizer.replay``)."""
+        with self.lock:
+            self.graph._accesses.append((task, site, tuple(reads), tuple(writes)))
 
     def record(self, event, stream, stamp=None) -> None:
         """An event recorded inside the capture: it marks ``stream``'s last node (``stamp``, a
@@ -254,12 +266,14 @@ class graph:
             self.cap.end()
         except GraphCaptureError:
             self.g._nodes.clear()
+            self.g._accesses.clear()
             if exc_type is None:
                 raise
             return
         if exc_type is not None:
             self.g._nodes.clear()
             self.g._events.clear()
+            self.g._accesses.clear()
             return
         if self.g.fuse:
             self.g._nodes[:] = _fused(self.g._nodes)

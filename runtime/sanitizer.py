@@ -276,13 +276,14 @@ def _span(buf, nbytes, what: str):
     return base, size, site, lo, min(hi, base + size)
 
 
-def _spans(reads, writes):
+def _spans(reads, writes, task=None, site=None):
+    """``(span, write, task, site)`` of every buffer of ``reads`` / ``writes`` that has bytes."""
     out = []
     for bufs, write, what in ((writes, True, "writes"), (reads, False, "reads")):
         for b in bufs:
             sp = _span(b, None, what)
             if sp is not None:
-                out.append((sp, write))
+                out.append((sp, write, task, site))
     return out
 
 
@@ -292,25 +293,43 @@ def access(s, task: str, site: str, reads=(), writes=()) -> None:
     ``reads`` / ``writes``: DeviceArray, DevicePtr (to the end of its allocation) or
     ``(buffer, nbytes)`` items. Raises StreamRaceError (mode ``raise``) before anything is queued.
     """
-    if s.capture is not None:       # a node of a task graph: it runs at the replays, unchecked
+    if s.capture is not None:       # a node of a task graph: checked at each replay
+        _spans(reads, writes)       # a bad item raises at the capture
+        s.capture.note_access(task, site, reads, writes)
         return
-    spans = _spans(reads, writes)
+    spans = _spans(reads, writes, task, site)
     if not spans:
         return
     with _lock:
         d = _device(s.device_id)
-        _check(d, spans, s.id, s.issued + 1, _clock(d, s), task, s.name, site)
+        _check(d, spans, s.id, s.issued + 1, _clock(d, s), s.name)
+
+
+def replay(s, accesses, site: str) -> None:
+    """Check and record the accesses of a graph replay about to be enqueued on ``s``: every
+    node's, as noted at the capture (``(task, capture site, reads, writes)``), as one task at the
+    replay's value; the nodes run one after the other in it, so they never race each other.
+    The buffers are looked up again: one freed since the capture raises use after free here.
+    Raises StreamRaceError (mode ``raise``) before anything is queued."""
+    spans = []
+    for task, where, reads, writes in accesses:
+        spans += _spans(reads, writes, task, f"{where} (node; replayed at {site})")
+    if not spans:
+        return
+    with _lock:
+        d = _device(s.device_id)
+        _check(d, spans, s.id, s.issued + 1, _clock(d, s), s.name)
 
 
 def host_access(s, task: str, site: str, reads=(), writes=()) -> None:
     """A host-synchronous call on stream ``s``: the host waits for ``s``, then accesses."""
-    spans = _spans(reads, writes)
+    spans = _spans(reads, writes, task, site)
     with _lock:
         d = _device(s.device_id)
         _host_merge(d, _export(d, s, s.issued))
         if spans:
             d.host_seq += 1
-            _check(d, spans, d.host, d.host_seq, d.host_vc, task, "the host", site)
+            _check(d, spans, d.host, d.host_seq, d.host_vc, "the host")
 
 
 def freeing(device_id: int, base: int, s, site: str, from_gc: bool) -> None:
@@ -328,9 +347,9 @@ def freeing(device_id: int, base: int, s, site: str, from_gc: bool) -> None:
         if alloc is None:
             return
         task = "free by the garbage collector" if from_gc else "free"
-        span = ((base, alloc.size, alloc.site, base, base + alloc.size), True)
+        span = ((base, alloc.size, alloc.site, base, base + alloc.size), True, task, site)
         try:
-            _check(d, [span], s.id, s.issued + 1, _clock(d, s), task, s.name, site, True)
+            _check(d, [span], s.id, s.issued + 1, _clock(d, s), s.name, True)
         except StreamRaceError as err:
             if not from_gc:
                 raise           # nothing freed: the caller may synchronize and free again
@@ -340,14 +359,14 @@ def freeing(device_id: int, base: int, s, site: str, from_gc: bool) -> None:
         d.allocs.pop(base, None)
 
 
-def _check(d, spans, tl, seq, vc, task, stream, site, free=False) -> None:
+def _check(d, spans, tl, seq, vc, stream, free=False) -> None:
     """Check ``spans`` against the recorded accesses, then record them (the caller holds _lock).
 
     Nothing is recorded when the check raises: the task is not enqueued."""
     global _busy
     _busy = True
     try:
-        _check_locked(d, spans, tl, seq, vc, task, stream, site, free)
+        _check_locked(d, spans, tl, seq, vc, stream, free)
     finally:
         _busy = False
         while _doomed:
@@ -357,9 +376,9 @@ def _check(d, spans, tl, seq, vc, task, stream, site, free=False) -> None:
                 gone.allocs.pop(base, None)
 
 
-def _check_locked(d, spans, tl, seq, vc, task, stream, site, free) -> None:
+def _check_locked(d, spans, tl, seq, vc, stream, free) -> None:
     reports, new = [], {}           # allocation base -> (its _Alloc, its accesses afterwards)
-    for (base, size, asite, lo, hi), write in spans:
+    for (base, size, asite, lo, hi), write, task, site in spans:
         alloc, accesses = new.get(base) or (d.allocs.get(base), None)
         if alloc is None or alloc.size != size:
             alloc, accesses = _Alloc(base, size, asite), []
