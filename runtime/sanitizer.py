@@ -26,6 +26,10 @@ its reuse by: the record_stream problem), an access is dropped once a later one 
 successors covers it (a write covers anything it follows, a read covers reads it follows), and a
 device synchronize drops them all. Clocks live per stream, event clocks as long as their event.
 
+The nodes of a task graph are checked at every replay: the capture notes each node's reads and
+writes (``access`` on a capturing stream), and ``replay`` checks them all as one task at the
+replay's value, looking the buffers up again (one freed since the capture raises there).
+
 Limits, by design: the host is one timeline per device (threads sharing a device are treated as
 one host thread, as in CSAN); an enqueue racing another thread's enqueue on the same stream may
 take its neighbour's sequence number (a missed report, never a false one); memory a kernel reaches

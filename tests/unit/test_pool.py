@@ -229,6 +229,23 @@ def test_other_stream_gets_other_memory_while_pending():
     assert b.segment is not a.segment
 
 
+@pytest.mark.parametrize("front_cache", [0, 16])
+def test_a_retired_handle_keeps_the_marker_of_its_free(front_cache):
+    """What the runtime reads to let work queued before the free use the memory (stream-ordered
+    frees, docs/memory.md); the memory itself goes on in another block."""
+    p, _ = make(front_cache=front_cache)
+    a, b = p.malloc(4096, S1), p.malloc(4 * MiB, S1)
+    m = Marker()
+    p.free(a, m)
+    p.free(b)
+    assert (a.until, a.allocated, b.until, b.allocated) == (m, False, None, False)
+    c = p.malloc(4096, S1)                      # the same memory, a new handle
+    assert c.addr == a.addr and c is not a and c.until is None and a.until is m
+    with pytest.raises(MemoryAccessError, match="double free"):
+        p.free(a, Marker())
+    assert a.until is m
+
+
 def test_memory_carved_from_pending_keeps_its_marker():
     p, _ = make(capacity=2 * MiB)
     a = p.malloc(4096, S1)
