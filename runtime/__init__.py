@@ -16,8 +16,8 @@ from .kernels import launch, launch_callback, read_only
 from .memory import (DevicePtr, HostBuffer, MemcpyKind, buffer_nbytes, empty_cache, free, free_host,
                      host_view, malloc, malloc_host, max_memory_allocated, max_memory_reserved,
                      memcpy, memcpy_async, memory_allocated, memory_reserved, memory_snapshot,
-                     memory_stats, memory_summary, memset, memset_async, reset_peak_memory_stats,
-                     set_per_process_memory_fraction)
+                     memory_stats, memory_summary, memset, memset_async, record_stream,
+                     reset_peak_memory_stats, set_per_process_memory_fraction)
 from .pool import MemMallocPolicy
 from .profiler import profile
 from .sanitizer import declare_access, enable_stream_check, stream_check_enabled
@@ -35,7 +35,7 @@ __all__ = [
     "malloc_host", "max_memory_allocated",
     "max_memory_reserved", "memcpy", "memcpy_async", "memory_allocated", "memory_reserved",
     "memory_snapshot", "memory_stats", "memory_summary", "memset", "memset_async", "profile",
-    "read_only", "stream_check_enabled",
+    "read_only", "record_stream", "stream_check_enabled",
     "reset_device", "reset_peak_memory_stats", "set_device", "set_per_process_memory_fraction",
     "stream", "synchronize", "to_device", "zeros",
 ]

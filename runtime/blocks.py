@@ -66,7 +66,7 @@ class Block:
     """
 
     __slots__ = ("addr", "size", "requested", "stream", "segment", "site", "prev", "next",
-                 "pending", "seq", "gen", "parked", "until")
+                 "pending", "seq", "gen", "parked", "until", "uses")
 
     def __init__(self, addr: int, size: int, segment: Segment, stream=None):
         self.addr = addr
@@ -83,6 +83,7 @@ class Block:
         self.parked = False         # in the front cache: free, but not to be merged
         self.until = None           # a freed handle: the marker its free was given (the work
         #                             of its stream enqueued before the free, which may still use it)
+        self.uses = None            # an allocation: other streams that use it (record_stream)
 
     @property
     def allocated(self) -> bool:

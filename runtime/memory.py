@@ -149,8 +149,59 @@ def queued_before_free(ptr: DevicePtr) -> bool:
     until = block.until
     if until is None or block.gen or contexts_by_device.get(ptr.device_id) is not ptr._ctx:
         return False
-    s = until.stream
-    return not s.reached(until.value) and s.runs_here()
+    for s, value in until.points:
+        if not s.reached(value) and s.runs_here():
+            return True
+    return False
+
+
+class _FreePoint:
+    """The pool's marker of a free: the value each stream that uses the memory (its malloc's,
+    and those given to ``record_stream``) had issued at the free, and has not reached yet."""
+
+    __slots__ = ("points",)
+
+    def __init__(self, points: tuple):
+        self.points = points
+
+    def query(self) -> bool:
+        for s, value in self.points:
+            if not s.reached(value):
+                return False
+        return True
+
+    def __repr__(self):
+        return "free pending on " + ", ".join(f"{s.name} up to {v}" for s, v in self.points)
+
+
+def record_stream(buf, stream) -> None:
+    """Mark ``buf``'s memory as used by the work enqueued on ``stream`` (torch's
+    ``Tensor.record_stream``): its free then keeps the memory for that work too, as for the
+    work of the stream it was allocated on, and no stream reuses it before both have passed
+    the free (docs/memory.md, "Stream-ordered frees").
+
+    Raises InvalidParamError for a stream that is not a runtime.Stream of the buffer's device,
+    MemoryAccessError for a freed buffer.
+    """
+    from .stream import Stream
+    if not isinstance(stream, Stream):
+        raise InvalidParamError(f"record_stream(stream={stream!r}): expected a runtime.Stream")
+    ctx, _, _ = _device_region(buf, "buf")
+    if ctx is None:
+        return                                   # an empty array has no memory to keep
+    ptr = buf if type(buf) is DevicePtr else buf.device_ptr("buf")
+    if stream.device_id != ptr.device_id:
+        raise InvalidParamError(
+            f"record_stream: {stream.name} is on device {stream.device_id} but the buffer is "
+            f"on device {ptr.device_id}")
+    block = ptr._block
+    if stream is block.stream:
+        return
+    with ctx.lock:
+        if block.uses is None:
+            block.uses = {stream}
+        else:
+            block.uses.add(stream)
 
 
 def _gone(ptr) -> str:
@@ -293,9 +344,16 @@ def _free_locked(ctx, ptr: DevicePtr, explicit: bool = False) -> None:
     if ptr.addr != block.addr:
         raise MemoryAccessError(f"free({ptr!r}): pointer is {ptr.addr - block.addr} bytes into "
                                 "its allocation; free the pointer malloc returned")
+    s, uses = block.stream, block.uses
     if sanitizer.on:
-        sanitizer.freeing(ptr.device_id, block.addr, block.stream, callsite(3), not explicit)
-    ctx.pool.free(block, ctx.ready_marker(block.stream), ptr._gen)
+        sanitizer.freeing(ptr.device_id, block.addr, s, callsite(3), not explicit, uses or ())
+    if uses is None:                # the common case: one stream
+        marker = None if s.query() else _FreePoint(((s, s.issued),))
+        ctx.pool.free(block, marker, ptr._gen)
+        return
+    points = tuple((u, u.issued) for u in (s, *uses) if not u.query())
+    ctx.pool.free(block, _FreePoint(points) if points else None, ptr._gen,
+                  shared=any(u is not s for u, _ in points))
 
 
 def _drain(ctx) -> None:

@@ -58,6 +58,11 @@ Limits. ``reserved`` never exceeds ``limit`` = capacity * fraction. When a new s
 fit, the pool releases its cached whole free segments (counted in ``num_alloc_retries``) and
 tries again, then raises ``OutOfMemoryError`` with the numbers and the fix.
 
+Shared frees. ``free(block, ready, shared=True)``: the marker covers the work of other streams
+too (the runtime's ``record_stream``), so not even the block's own stream may reuse the memory
+before it completes; the memory is pending on the marker itself (its key in the free lists, a
+stream no malloc has), merges with ready neighbours only and is never parked.
+
 Handles. malloc returns a ``Block``; free retires it (its memory goes on in a free neighbour it
 merges with, or in a new free block), so a handle is never handed out twice and a double free is caught by ``allocated``. Every malloc
 also stamps a generation never used before (``gen``, 0 once freed), which the runtime's
@@ -240,13 +245,16 @@ class CachingAllocator:
         malloc_moved(self._kind_stats[b.segment.kind], b.size, nbytes, idle_bytes, idle_count)
         return b
 
-    def free(self, block: Block, ready=None, gen: int | None = None) -> None:
+    def free(self, block: Block, ready=None, gen: int | None = None,
+             shared: bool = False) -> None:
         """Return ``block`` to the pool.
 
         ``ready`` is None (the block's memory is idle now) or a marker with ``query() -> bool``
         that turns True once the work enqueued on ``block.stream`` before this free is done;
-        until then only that stream may reuse the memory. ``gen``, the ``block.gen`` that malloc
-        handed out, is checked when given.
+        until then only that stream may reuse the memory. With ``shared`` the marker also
+        covers other streams' work (torch's record_stream): no stream may reuse the memory
+        before it completes (the memory is pending on the marker itself, a key no malloc's
+        stream matches). ``gen``, the ``block.gen`` that malloc handed out, is checked when given.
         Raises MemoryAccessError for a double free or a block of another pool,
         InvalidParamError for a bad argument (nothing changed).
         """
@@ -262,11 +270,14 @@ class CachingAllocator:
         if ready is not None:
             self._seq += 1
             block.pending, block.seq = ready, self._seq
+            if shared:
+                block.stream = ready
         seg = block.segment
         front = self._front
         # the handle is retired: its memory goes on in a new parked block, or in a neighbour
         # or a new free block
-        if front is not None and seg.kind == SMALL and front.count < front.limit:
+        if front is not None and seg.kind == SMALL and front.count < front.limit and not (
+                shared and ready is not None):
             front.park(blocks.replace(block))
             nbytes, count = block.size, 1            # a small block never spans its segment
         else:

@@ -336,9 +336,11 @@ def host_access(s, task: str, site: str, reads=(), writes=()) -> None:
             _check(d, spans, d.host, d.host_seq, d.host_vc, "the host")
 
 
-def freeing(device_id: int, base: int, s, site: str, from_gc: bool) -> None:
+def freeing(device_id: int, base: int, s, site: str, from_gc: bool, after=()) -> None:
     """A free of the allocation at ``base`` made last on stream ``s`` (the pool reuses it in
-    ``s``'s order): a write of all of it there. Its accesses die with it unless it raises.
+    ``s``'s order): a write of all of it there, ordered also after the work already enqueued on
+    the streams of ``after`` (``record_stream``: the pool waits for it). Its accesses die with
+    it unless it raises.
 
     A free by the garbage collector cannot raise to the user: it is logged and warned (not at
     interpreter exit, where pending work is abandoned anyway), then done."""
@@ -352,8 +354,13 @@ def freeing(device_id: int, base: int, s, site: str, from_gc: bool) -> None:
             return
         task = "free by the garbage collector" if from_gc else "free"
         span = ((base, alloc.size, alloc.site, base, base + alloc.size), True, task, site)
+        vc = _clock(d, s)
+        if after:
+            vc = dict(vc)
+            for u in after:
+                _merge(vc, _export(d, u, u.issued))
         try:
-            _check(d, [span], s.id, s.issued + 1, _clock(d, s), s.name, True)
+            _check(d, [span], s.id, s.issued + 1, vc, s.name, True)
         except StreamRaceError as err:
             if not from_gc:
                 raise           # nothing freed: the caller may synchronize and free again

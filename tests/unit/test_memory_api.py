@@ -55,35 +55,6 @@ def test_double_free_and_use_after_free(device):
         a.to_host()
 
 
-def test_a_free_behind_queued_work_is_stream_ordered(device):
-    """The contract of docs/memory.md "Stream-ordered frees": the queued kernel of the freeing
-    stream still uses the memory; the statistics drop at the free, as torch's; the snapshot
-    shows the memory pending; the host and a second free still fail."""
-    s = runtime.Stream()
-    with runtime.stream(s):
-        p = runtime.malloc(MiB)
-    runtime.memcpy(p, np.full(MiB, 5, np.uint8), MiB)
-    seen = []
-    gate = threading.Event()
-    runtime.launch(gate.wait, 10, stream=s)
-    runtime.launch(lambda: seen.append(int(runtime.host_view(p, MiB).sum())), stream=s)
-    allocated, reserved = runtime.memory_allocated(), runtime.memory_reserved()
-    runtime.free(p)
-    assert runtime.memory_allocated() == allocated - MiB
-    assert runtime.memory_reserved() == reserved
-    stats = runtime.memory_stats()
-    assert stats["allocation.all.current"] == 0 and stats["requested_bytes.all.current"] == 0
-    rows = [b for seg in runtime.memory_snapshot() for b in seg["blocks"] if b["address"] == p.addr]
-    assert rows[0]["state"] == "inactive" and rows[0]["pending"] is True
-    with pytest.raises(errors.MemoryAccessError, match="use after free"):
-        runtime.memcpy(np.zeros(16, np.uint8), p, 16)
-    with pytest.raises(errors.MemoryAccessError, match="double free"):
-        runtime.free(p)
-    gate.set()
-    s.synchronize()
-    assert seen == [5 * MiB]
-
-
 def test_a_stale_pointer_is_caught_when_its_memory_goes_out_again(device):
     """A cached malloc + free hands the same memory out again; the old pointers stay stale."""
     p1 = runtime.malloc(MiB)
@@ -366,3 +337,32 @@ def test_garbage_collected_array_never_reenters_a_busy_pool(device):
         gc.collect()
         assert len(ctx.deferred) == 1
     assert runtime.memory_allocated() == 0 and not ctx.deferred
+
+
+def test_a_free_behind_queued_work_is_stream_ordered(device):
+    """The contract of docs/memory.md "Stream-ordered frees": the queued kernel of the freeing
+    stream still uses the memory; the statistics drop at the free, as torch's; the snapshot
+    shows the memory pending; the host and a second free still fail."""
+    s = runtime.Stream()
+    with runtime.stream(s):
+        p = runtime.malloc(MiB)
+    runtime.memcpy(p, np.full(MiB, 5, np.uint8), MiB)
+    seen = []
+    gate = threading.Event()
+    runtime.launch(gate.wait, 10, stream=s)
+    runtime.launch(lambda: seen.append(int(runtime.host_view(p, MiB).sum())), stream=s)
+    allocated, reserved = runtime.memory_allocated(), runtime.memory_reserved()
+    runtime.free(p)
+    assert runtime.memory_allocated() == allocated - MiB
+    assert runtime.memory_reserved() == reserved
+    stats = runtime.memory_stats()
+    assert stats["allocation.all.current"] == 0 and stats["requested_bytes.all.current"] == 0
+    rows = [b for seg in runtime.memory_snapshot() for b in seg["blocks"] if b["address"] == p.addr]
+    assert rows[0]["state"] == "inactive" and rows[0]["pending"] is True
+    with pytest.raises(errors.MemoryAccessError, match="use after free"):
+        runtime.memcpy(np.zeros(16, np.uint8), p, 16)
+    with pytest.raises(errors.MemoryAccessError, match="double free"):
+        runtime.free(p)
+    gate.set()
+    s.synchronize()
+    assert seen == [5 * MiB]

@@ -143,3 +143,55 @@ def test_a_task_enqueued_after_the_free_is_refused_at_the_call(device):
         runtime.host_view(p, 4)                 # the host is not the stream's work
     gate.set()
     s.synchronize()
+
+
+def test_record_stream_keeps_the_memory_for_another_streams_queued_work(device):
+    """torch's Tensor.record_stream: the free waits for the recorded stream too, and until it
+    passes the free no stream, not even the allocating one, gets the memory."""
+    s, t = runtime.Stream(), runtime.Stream()
+    with runtime.stream(s):
+        x = runtime.to_device(np.arange(N, dtype=np.float32))
+    out = runtime.zeros(N, np.float32)
+    gate = threading.Event()
+    runtime.launch(gate.wait, 10, stream=t)
+    runtime.launch(_copy, out, runtime.read_only(x), stream=t)
+    runtime.record_stream(x, t)
+    runtime.record_stream(x, s)                 # its own stream: nothing more to keep
+    addr = x.ptr.addr
+    x.free()
+    with runtime.stream(s):
+        y = runtime.empty(N, np.float32)
+    assert y.ptr.addr != addr                   # t may still read it: s may not have it either
+    gate.set()
+    t.synchronize()
+    np.testing.assert_array_equal(out.to_host(t), np.arange(N, dtype=np.float32))
+
+
+def test_record_stream_checks_its_arguments(device):
+    x = runtime.zeros(N)
+    with pytest.raises(errors.InvalidParamError, match="expected a runtime.Stream"):
+        runtime.record_stream(x, "stream")
+    runtime.record_stream(runtime.empty(0), runtime.Stream())    # no memory: nothing to keep
+    x.free()
+    with pytest.raises(errors.MemoryAccessError, match="use after free"):
+        runtime.record_stream(x, runtime.Stream())
+
+
+def test_a_recorded_stream_makes_the_free_no_race_for_the_stream_check(device):
+    runtime.enable_stream_check("raise")
+    try:
+        s, t = runtime.Stream(), runtime.Stream()
+        with runtime.stream(s):
+            x = runtime.zeros(N)
+            y = runtime.zeros(N)
+        runtime.synchronize()
+        runtime.launch(_fill, x, 1.0, stream=t)
+        runtime.launch(_fill, y, 1.0, stream=t)
+        runtime.record_stream(x, t)
+        x.free()                                # the pool waits for t: no race
+        with pytest.raises(errors.StreamRaceError, match="free"):
+            y.free()                            # nothing waits for t: a race
+        t.synchronize()
+        y.free()
+    finally:
+        runtime.enable_stream_check("off")
