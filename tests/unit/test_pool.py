@@ -757,8 +757,10 @@ _sizes = st.one_of(st.integers(1, 8 * KiB), st.integers(1, 1 * MiB), st.integers
 _ops = st.lists(st.one_of(
     st.tuples(st.just("alloc"), _sizes, st.integers(0, 2), st.sampled_from(list(MemMallocPolicy))),
     st.tuples(st.just("alloc"), _sizes, st.integers(0, 2), st.sampled_from(list(MemMallocPolicy))),
-    st.tuples(st.just("free"), st.integers(0, 10 ** 6), st.booleans()),
-    st.tuples(st.just("free"), st.integers(0, 10 ** 6), st.booleans()),
+    # a free: idle (False), pending on its stream (True), or shared (record_stream: pending for
+    # every stream, its own included)
+    st.tuples(st.just("free"), st.integers(0, 10 ** 6), st.sampled_from([False, True, "shared"])),
+    st.tuples(st.just("free"), st.integers(0, 10 ** 6), st.sampled_from([False, True, "shared"])),
     st.tuples(st.just("progress"), st.integers(0, 2), st.integers(1, 3)),
     st.tuples(st.just("empty_cache")),
     st.tuples(st.just("fraction"), st.sampled_from([0.25, 0.5, 0.75, 1.0])),
@@ -783,7 +785,7 @@ def test_random_sequences_keep_invariants(front_cache, ops):
             assert "capacity" in str(e)
         else:
             assert b.requested == n and b.size >= n and b.stream == si
-            for lo, hi, gs, m in guards:
+            for lo, hi, gs, m in guards:        # gs -1: a shared free, no stream may reuse
                 if gs != si and lo < b.addr + b.size and b.addr < hi:
                     assert m.query(), "pending memory handed to another stream"
             live.append((b, si))
@@ -797,8 +799,10 @@ def test_random_sequences_keep_invariants(front_cache, ops):
                 s = streams[si]
                 s.issued += 1
                 m = _OrderedMarker(s, s.issued)
-                guards.append((b.addr, b.addr + b.size, si, m))
-                p.free(b, m)
+                shared = op[2] == "shared"
+                guards.append((b.addr, b.addr + b.size, -1 if shared else si, m))
+                p.free(b, m, shared=shared)
+                assert b.until is m
             else:
                 p.free(b)
             if op[0] == "again":
