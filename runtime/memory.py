@@ -2,6 +2,13 @@
 
 Every call validates before it changes anything: a bad size, a freed pointer or a copy that would
 overrun either buffer raises at the call, and the pool and the streams stay as they were.
+
+Frees are stream-ordered (torch's caching allocator): the free's marker names each stream that
+uses the memory (its malloc's, and those given to ``record_stream``) and the value it had issued;
+the pool hands the memory to no other stream before they pass it, and a freed pointer still
+resolves in a task of one of them that runs before it passes (``queued_before_free``): stream
+order proves that task was enqueued before the free. Everywhere else a freed pointer is a use
+after free. The check costs nothing on live memory: it runs once a generation says "freed".
 """
 from __future__ import annotations
 
