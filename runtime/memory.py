@@ -486,8 +486,28 @@ def memcpy_async(dst, src, nbytes: int, kind: MemcpyKind = MemcpyKind.DEFAULT, s
     site = callsite(2)
     if sanitizer.on:
         sanitizer.access(s, "memcpy_async " + k.name, site, *_copy_access(dst, src, d.nbytes))
-    s.enqueue(partial(np.copyto, d, s_), "memcpy_async " + k.name, "copy",
-               {"bytes": int(d.nbytes)}, site)
+    s.enqueue(_still_live(partial(np.copyto, d, s_), dst, src), "memcpy_async " + k.name,
+              "copy", {"bytes": int(d.nbytes)}, site)
+
+
+def _still_live(fn, *bufs):
+    """``fn`` as a task that first checks that its device buffers among ``bufs`` (validated at
+    the call) are still its own: live, or freed behind it on its stream (stream-ordered frees).
+    A free it was not ordered before raises use after free instead of touching memory the pool
+    may have given away. Costs one generation test per buffer. The task keeps ``bufs`` alive, as
+    a kernel's task keeps its arguments: a temporary array is not collected under it."""
+    ptrs = tuple(p for p in (b if type(b) is DevicePtr else b.device_ptr("buf")
+                             for b in bufs if isinstance(b, _DEVICE_TYPES)) if p is not None)
+    if not ptrs:
+        return fn
+
+    def task():
+        for p in ptrs:
+            if p._block.gen != p._gen:
+                _device_region(p, "buf")     # raises unless queued before the free
+        fn()
+    task.bufs = bufs    # the arrays live until the task ran: a collected one is no misuse
+    return task
 
 
 def _copy_access(dst, src, n: int) -> tuple:
@@ -529,7 +549,8 @@ def memset_async(ptr, value: int, nbytes: int, stream=None) -> None:
     site = callsite(2)
     if sanitizer.on and v.nbytes:
         sanitizer.access(s, "memset_async", site, writes=[(ptr, v.nbytes)])
-    s.enqueue(lambda: v.fill(val), "memset_async", "copy", {"bytes": int(v.nbytes)}, site)
+    s.enqueue(_still_live(partial(v.fill, val), ptr), "memset_async", "copy",
+              {"bytes": int(v.nbytes)}, site)
 
 
 # ---------------------------------------------------------------------- statistics

@@ -195,3 +195,30 @@ def test_a_recorded_stream_makes_the_free_no_race_for_the_stream_check(device):
         y.free()
     finally:
         runtime.enable_stream_check("off")
+
+
+@pytest.mark.parametrize("call", ["memcpy_async", "memset_async"])
+def test_async_copies_follow_the_same_rule(device, call):
+    """Queued on the buffer's stream before its free: done; on another stream: use after free
+    when it runs (the memory may belong to someone else by then)."""
+    s, t = runtime.Stream(), runtime.Stream()
+    results = []
+    for q in (s, t):
+        with runtime.stream(s):
+            p = runtime.malloc(4096)
+        gate = threading.Event()
+        runtime.launch(gate.wait, 10, stream=q)
+        host = runtime.malloc_host(4096)
+        if call == "memcpy_async":
+            runtime.memcpy_async(host, p, 4096, stream=q)
+        else:
+            runtime.memset_async(p, 1, 4096, stream=q)
+        runtime.free(p)
+        gate.set()
+        try:
+            q.synchronize()
+            results.append("ran")
+        except errors.TaskError as e:
+            assert isinstance(e.__cause__, errors.MemoryAccessError)
+            results.append("use after free" if "use after free" in str(e) else str(e))
+    assert results == ["ran", "use after free"]
