@@ -196,14 +196,18 @@ def detect(timelines: dict, *, window: int = WINDOW, comm: str = "?",
     on = np.where(peer[None, :, :] == rank_of[:, None, None], net[None, :, :], 0.0)  # p, i, q
     total = on.sum(axis=(1, 2))
     p = int(total.argmax())
-    rest = np.delete(total, p)
+    # "by far" compares the longest wait on each rank per collective, not the sums over the
+    # waiters: a receiver that ends late behind the slow link arrives last at the next
+    # collective, and its n-2 other peers each wait a message's ordinary transfer time for it
+    peak = on.max(axis=1).sum(axis=1)
+    rest = np.delete(peak, p)
     per_seq = on[p].max(axis=0)
     lateness = float(np.median(per_seq))
     share = float(total[p] / span.sum())
     most = on.max(axis=1).argmax(axis=0) == p          # the longest wait of the seq was on p
     last_share = float(np.mean(most & (per_seq > 0)))
     if (last_share >= LAST_SHARE and lateness >= MIN_INSIDE and share >= MIN_SHARE
-            and total[p] >= DOMINANCE * (rest.max() if len(rest) else 0.0)):
+            and peak[p] >= DOMINANCE * (rest.max() if len(rest) else 0.0)):
         return Finding(kind=INSIDE, ranks=[ranks[p]], lateness=lateness, waited_share=share,
                        last_share=last_share, seconds=float(np.median(span)),
                        links=_links(ranks[p], ranks, on[p], extra), **window_info)
