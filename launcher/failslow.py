@@ -14,16 +14,22 @@ and tells two kinds apart, as Falcon (arXiv 2410.12588) does:
 - **slow inside the collective** (its transfers: a slow link, a slow NIC): everyone enters
   together, but the collective takes long and the peers of the slow rank wait for messages from
   it. Each rank names the peer it waited longest for in each collective (itself when it waited
-  for the delivery of its own send); the part of that wait beyond the peer's later start counts
-  (a slow sender makes its receiver late for the next collective, which makes the sender wait in
-  turn), less the peer's own wait in that collective (a star's hub waits for the leaves while
-  they wait for its answer: blame passes along); the rank waited on most, by far, is named.
-  This compares start times of different ranks: it takes the nodes' clocks to agree within a
+  for the delivery of its own send, with that send's receiver), and when that wait ended. Only
+  the part of a wait beyond the peer's later start counts (a slow sender makes its receiver
+  late for the next collective, which makes the sender wait in turn). A wait for a peer that
+  was itself waiting for another rank passes on up to the end of the peer's wait (the peer
+  could not answer before its own data came: a star's hub waits for the slow leaf while the
+  other leaves, and the slow leaf too, wait for its answer); a peer whose wait ended after this
+  one's did not hold it up, and all of it counts. The rank waited on most, by far (the longest
+  wait on it per collective, summed, against any other rank's), is named, with the links out
+  of it that were waited on (``links``: which receiver, the median wait, the share). This
+  compares times of different ranks: it takes the nodes' clocks to agree within a
   millisecond or so (NTP or PTP on a cluster, one clock on one machine), an error that only
-  shifts each wait by that much, well under MIN_INSIDE. Schedules that relay data (a star's
-  hub, a ring's upstream neighbour) pass most of the blame on, so the name is exact for direct
-  exchanges (2 ranks, the mesh AllReduce from 3 ranks and 64 KiB on) and points near the slow
-  link otherwise.
+  shifts each wait by that much, well under MIN_INSIDE. Schedules that relay data (a ring's
+  upstream neighbour) pass some of the blame on, so the name is exact for direct exchanges
+  (2 ranks, the mesh AllReduce from 3 ranks) and the star at any world size (the slow leaf, or
+  the hub and which of its links), and points near the slow link otherwise. Timelines without
+  wait ends (an older rank) fall back to subtracting the peer's own wait.
 
 A rank is named only when it is last (or waited on most) in at least LAST_SHARE of the window,
 its median lateness is at least MIN_LATENESS (late to arrive) or MIN_INSIDE seconds (slow
@@ -33,7 +39,8 @@ loaded cores a healthy star AllReduce still waits a median 3.4 ms for its hub's 
 blame passing), the relative one keeps a lateness that costs the job nothing out. ``Tracker``
 merges the states npurun polls into per-rank histories, runs ``detect`` and turns findings into
 episodes (one notice each).
-Pure: no I/O, no clock of its own; unit-tested in tests/unit/test_failslow.py.
+Pure: no I/O, no clock of its own; unit-tested in tests/unit/test_failslow_detector.py (worlds
+2-5) and end to end in tests/faults/test_failslow_nodes.py (three network namespaces).
 """
 from __future__ import annotations
 
