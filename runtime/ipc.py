@@ -9,7 +9,7 @@ another file) and maps it read-only, once; ``PeerMemory.view`` then returns boun
 This is how hccl moves large payloads between ranks of a node with one copy instead of a trip
 through sockets.
 
-``node_id`` identifies "the same node" for that purpose (SPEC §2: a node is what npurun calls
+``node_id`` identifies "the same node" for that purpose (a node is what npurun calls
 one). Under npurun it is the node npurun started the rank on (``NPUSIM_NODE``: the job id and
 ``--node-rank``, in the worker environment) together with the kernel's boot id and this process's
 PID namespace: two npurun nodes on one machine (network namespaces sharing the PID namespace, or

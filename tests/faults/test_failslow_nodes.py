@@ -1,6 +1,6 @@
 """Three nodes in plain network namespaces (no PID namespace), one rate-limited link.
 
-SPEC §2: a node is what npurun calls one; ranks of different nodes exchange data over the
+A node is what npurun calls one; ranks of different nodes exchange data over the
 network path even when the nodes share one machine. Three npurun processes, each in its own
 network namespace (``tests.faults.netns.Mesh``: a veth pair between every two), one rank each,
 ``--nnodes 3``; node 1's sends to node 0 go through ``tc ... tbf rate 40mbit``. The ranks share

@@ -1,6 +1,6 @@
 """Two npurun nodes on loopback (one machine, no namespaces), two ranks each: the ranks of one
 node reach each other through shared memory and watch each other's process; the ranks of the
-other node, though they could open this node's /proc/<pid>, only through sockets (SPEC §2: a
+other node, though they could open this node's /proc/<pid>, only through sockets (a
 node is what npurun calls one). Needs no privilege."""
 from __future__ import annotations
 
