@@ -25,7 +25,7 @@ class Record:
     __slots__ = ("comm", "comm_id", "rank", "seq", "op", "count", "dtype", "redop", "root", "peer", "stream",
                  "state", "t_enqueued", "t_started", "t_completed", "site", "waiting_for",
                  "waiting_since", "error", "error_type", "nbytes", "members", "wait_peer",
-                 "wait_max", "wait_send")
+                 "wait_max", "wait_send", "wait_end", "wait_to")
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -63,7 +63,7 @@ class FlightRecorder:
         r.state, r.t_enqueued = "enqueued", time.time()
         r.t_started = r.t_completed = r.waiting_for = r.waiting_since = r.error = None
         r.error_type = r.wait_peer = None
-        r.wait_max, r.wait_send = 0.0, False
+        r.wait_max, r.wait_send, r.wait_end, r.wait_to = 0.0, False, 0.0, None
         with self._lock:
             self._records.append(r)
             self._inflight[id(r)] = r
@@ -143,10 +143,11 @@ class FlightRecorder:
         """The arrival and finish times of this rank's last ``last`` completed collectives, per
         communicator, as plain numbers for npurun's fail-slow detector (``launcher.failslow``):
         ``{comm_id: {"comm", "rank", "members", "seq", "start", "end", "wait_peer",
-        "wait"}}``, one list entry per collective, oldest first. ``wait_peer`` / ``wait`` are the
-        comm rank whose transfers this rank waited for longest inside that collective (-1:
-        none; its own rank: the delivery of its own send) and for how long. A few hundred
-        numbers: cheap enough to publish every interval."""
+        "wait", "wait_end", "wait_to"}}``, one list entry per collective, oldest first.
+        ``wait_peer`` / ``wait`` / ``wait_end`` are the comm rank whose transfers this rank waited
+        for longest inside that collective (-1: none; its own rank: the delivery of its own send,
+        to ``wait_to``, else -1), for how long, and when that wait ended. A few hundred numbers:
+        cheap enough to publish every interval."""
         out: dict = {}
         with self._lock:
             recent = list(itertools.islice(reversed(self._records), last))
@@ -157,12 +158,14 @@ class FlightRecorder:
             if t is None:
                 t = out[r.comm_id] = {"comm": r.comm, "rank": r.rank, "members": list(r.members),
                                       "seq": [], "start": [], "end": [], "wait_peer": [],
-                                      "wait": []}
+                                      "wait": [], "wait_end": [], "wait_to": []}
             t["seq"].append(r.seq)
             t["start"].append(round(r.t_started, 6))
             t["end"].append(round(r.t_completed, 6))
             t["wait_peer"].append(-1 if r.wait_peer is None else r.wait_peer)
             t["wait"].append(round(r.wait_max, 6))
+            t["wait_end"].append(round(r.wait_end, 6))
+            t["wait_to"].append(-1 if r.wait_to is None else r.wait_to)
         return out
 
     def _progress_list(self) -> list[dict]:
@@ -194,6 +197,7 @@ def _longest_wait(r: Record, now: float) -> None:
     waited = now - r.waiting_since
     if waited > r.wait_max:
         r.wait_max, r.wait_peer = waited, r.rank if r.wait_send else r.waiting_for
+        r.wait_end, r.wait_to = now, r.waiting_for if r.wait_send else None
 
 
 def _name(v):

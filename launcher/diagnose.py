@@ -13,7 +13,8 @@ the other ranks are still alive. It
    current directory) and keeps the verdict for the agent, which prints it first and builds the
    failure summary from it.
 
-While the job runs, ``on_tick`` polls the states about once a second (node 0's npurun only):
+While the job runs, ``on_tick`` polls the states about once a second (the fail-slow detector
+on every node's npurun, the rest on node 0's only):
 
 - a wait-for cycle that stays the same for NPUSIM_DEADLOCK_STABLE seconds (default 3) is a
   deadlock: the job is stopped at once with a ``deadlock`` verdict, whatever HCCL_EXEC_TIMEOUT is;
@@ -342,10 +343,13 @@ class Diagnoser:
                 text = f"npurun: status unavailable: {e}"
             answer_status(text)         # to the requester only, never into the job's console
         now = time.time()
-        if agent.job is None or agent.job.node_rank != 0 or now < self._next_poll:
-            return None         # node 0 watches the whole job; the others would repeat it
+        if agent.job is None or now < self._next_poll:
+            return None
         self._next_poll = now + POLL
         try:
+            if agent.job.node_rank != 0:    # node 0 judges hangs (the others would repeat it);
+                self._watch_slow(self.states())   # fail-slow is told on every node's console
+                return None
             return self.watch(now)
         except (OSError, ConnectionError, TimeoutError, ValueError) as e:   # the store is busy
             import logging  # noqa: PLC0415

@@ -72,6 +72,9 @@ def worker_env(base: Mapping[str, str], job: JobInfo, local_rank: int, restart_c
         "NPUSIM_JOB_ID": job.job_id,
         "NPUSIM_JOB_SECRET": job.secret,
         "NPUSIM_NODE_COUNT": str(job.nnodes),
+        # the node this npurun runs (a node is npurun's): ranks of other nodes are reached over the network
+        # even on this machine (runtime.ipc.node_id)
+        "NPUSIM_NODE": f"{job.job_id}/{job.node_rank}",
         "NPUSIM_STACK_FILE": files.stack_file,
         "NPUSIM_DIAG": "1",      # ranks publish their collective state for the job verdict
         "NPUSIM_FLIGHT_FILE": os.path.join(files.dir, "flight_recorder.json"),

@@ -14,16 +14,22 @@ and tells two kinds apart, as Falcon (arXiv 2410.12588) does:
 - **slow inside the collective** (its transfers: a slow link, a slow NIC): everyone enters
   together, but the collective takes long and the peers of the slow rank wait for messages from
   it. Each rank names the peer it waited longest for in each collective (itself when it waited
-  for the delivery of its own send); the part of that wait beyond the peer's later start counts
-  (a slow sender makes its receiver late for the next collective, which makes the sender wait in
-  turn), less the peer's own wait in that collective (a star's hub waits for the leaves while
-  they wait for its answer: blame passes along); the rank waited on most, by far, is named.
-  This compares start times of different ranks: it takes the nodes' clocks to agree within a
+  for the delivery of its own send, with that send's receiver), and when that wait ended. Only
+  the part of a wait beyond the peer's later start counts (a slow sender makes its receiver
+  late for the next collective, which makes the sender wait in turn). A wait for a peer that
+  was itself waiting for another rank passes on up to the end of the peer's wait (the peer
+  could not answer before its own data came: a star's hub waits for the slow leaf while the
+  other leaves, and the slow leaf too, wait for its answer); a peer whose wait ended after this
+  one's did not hold it up, and all of it counts. The rank waited on most, by far (the longest
+  wait on it per collective, summed, against any other rank's), is named, with the links out
+  of it that were waited on (``links``: which receiver, the median wait, the share). This
+  compares times of different ranks: it takes the nodes' clocks to agree within a
   millisecond or so (NTP or PTP on a cluster, one clock on one machine), an error that only
-  shifts each wait by that much, well under MIN_INSIDE. Schedules that relay data (a star's
-  hub, a ring's upstream neighbour) pass most of the blame on, so the name is exact for direct
-  exchanges (2 ranks, the mesh AllReduce from 3 ranks and 64 KiB on) and points near the slow
-  link otherwise.
+  shifts each wait by that much, well under MIN_INSIDE. Schedules that relay data (a ring's
+  upstream neighbour) pass some of the blame on, so the name is exact for direct exchanges
+  (2 ranks, the mesh AllReduce from 3 ranks) and the star at any world size (the slow leaf, or
+  the hub and which of its links), and points near the slow link otherwise. Timelines without
+  wait ends (an older rank) fall back to subtracting the peer's own wait.
 
 A rank is named only when it is last (or waited on most) in at least LAST_SHARE of the window,
 its median lateness is at least MIN_LATENESS (late to arrive) or MIN_INSIDE seconds (slow
@@ -33,11 +39,12 @@ loaded cores a healthy star AllReduce still waits a median 3.4 ms for its hub's 
 blame passing), the relative one keeps a lateness that costs the job nothing out. ``Tracker``
 merges the states npurun polls into per-rank histories, runs ``detect`` and turns findings into
 episodes (one notice each).
-Pure: no I/O, no clock of its own; unit-tested in tests/unit/test_failslow.py.
+Pure: no I/O, no clock of its own; unit-tested in tests/unit/test_failslow_detector.py (worlds
+2-5) and end to end in tests/faults/test_failslow_nodes.py (three network namespaces).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -52,6 +59,8 @@ MIN_SHARE = 0.05      # the others lose this share of their time waiting for it,
 DOMINANCE = 2.0       # slow inside: waited on this many times more than any other rank
 KEEP = 1024           # collectives kept per rank and communicator by a Tracker
 QUIET_POLLS = 3       # polls without the finding that end an episode
+LINK_SHARE = 0.25     # slow inside: a link out of the slow rank is named with this share of
+                      # the waits on it at least
 
 LATE = "late to arrive"
 INSIDE = "slow inside the collective"
@@ -72,6 +81,8 @@ class Finding:
     last_seq: int
     collectives: int          # in the window
     seconds: float            # the window's length on the other ranks' clocks (median)
+    # slow inside: the links out of the slow rank that were waited on, most first (``_links``)
+    links: list = field(default_factory=list)
 
     def line(self) -> str:
         """``slow rank(s): [1]`` and the figures, in one line."""
@@ -81,7 +92,16 @@ class Finding:
                 f"{what} {self.lateness * 1e3:.1f} ms at {self.last_share:.0%} of "
                 f"{self.collectives} collectives (seq {self.first_seq}-{self.last_seq}, "
                 f"{self.seconds:.1f} s); the other ranks spent {self.waited_share:.0%} of "
-                "their time waiting for it")
+                f"their time waiting for it{self.link_text()}")
+
+    def link_text(self) -> str:
+        """``; slow link(s): 1->2 (median 54.0 ms, 97% of the waits)`` or nothing."""
+        if not self.links:
+            return ""
+        parts = [f"{x['src']}->{x['dst'] if x['dst'] >= 0 else '?'} (median "
+                 f"{x['lateness'] * 1e3:.1f} ms, {x['share']:.0%} of the waits)"
+                 for x in self.links]
+        return f"; slow link(s): {', '.join(parts)}"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -104,9 +124,12 @@ def detect(timelines: dict, *, window: int = WINDOW, comm: str = "?",
     if len(ranks) < 2:
         return None
     cols = {}
+    # when every rank published them: when its longest wait ended, and a send's receiver
+    ends = all("wait_end" in timelines[r] and "wait_to" in timelines[r] for r in ranks)
+    keys = ("seq", "start", "end", "wait_peer", "wait") + (("wait_end", "wait_to") if ends else ())
     for r in ranks:
         t = timelines[r]
-        lens = {k: len(t[k]) for k in ("seq", "start", "end", "wait_peer", "wait")}
+        lens = {k: len(t[k]) for k in keys}
         if len(set(lens.values())) != 1:
             raise ValueError(f"timeline of rank {r}: lists of different lengths {lens}")
         cols[r] = {k: np.asarray(t[k], dtype=np.float64) for k in lens}
@@ -116,7 +139,7 @@ def detect(timelines: dict, *, window: int = WINDOW, comm: str = "?",
     common = common[-window:]
     if len(common) < MIN_SEQS:
         return None
-    start, dur, peer, wait, span = [], [], [], [], []
+    start, dur, peer, wait, span, wend, wto = [], [], [], [], [], [], []
     for r in ranks:
         c = cols[r]
         seq, idx = np.unique(c["seq"], return_index=True)
@@ -126,7 +149,11 @@ def detect(timelines: dict, *, window: int = WINDOW, comm: str = "?",
         peer.append(c["wait_peer"][at])
         wait.append(c["wait"][at])
         span.append(c["end"][at[-1]] - c["start"][at[0]])
+        if ends:
+            wend.append(c["wait_end"][at])
+            wto.append(c["wait_to"][at])
     start, dur, peer, wait = np.array(start), np.array(dur), np.array(peer), np.array(wait)
+    extra = (np.array(wend), np.array(wto)) if ends else None
     span = np.maximum(np.array(span), 1e-9)
     n, m = dur.shape
     window_info = dict(comm=comm, comm_id=comm_id, first_seq=int(common[0]),
@@ -153,30 +180,68 @@ def detect(timelines: dict, *, window: int = WINDOW, comm: str = "?",
     pos = np.minimum(pos, n - 1)
     peer_start = np.take_along_axis(start, pos, axis=0)
     excess = np.clip(wait - np.clip(peer_start - start, 0, None), 0, None)
-    # ... and a wait for a peer that was itself waiting passes on: the part beyond the peer's
-    # own wait in that collective counts (all of it when the peer waited for a third rank: a
-    # star's hub waits for the last leaf while the others wait for its answer; the part beyond
-    # the late start when it waited for this rank: two ranks exchanging in turn)
     own = peer == rank_of[:, None]
     peer_peer = np.take_along_axis(peer, pos, axis=0)
-    passed = np.where(peer_peer == rank_of[:, None], np.take_along_axis(excess, pos, axis=0),
-                      np.take_along_axis(wait, pos, axis=0))
-    net = np.where(own, excess, np.clip(excess - passed, 0, None))
+    if extra is not None:
+        # ... and a wait for a peer that was itself waiting for another rank passes on up to
+        # the end of the peer's wait: the peer could not send before its own data came (a
+        # star's hub waits for the slow leaf while the others, the slow leaf too, wait for its
+        # answer). Only what this rank waited after the peer's wait ended is the peer's. A
+        # peer whose wait ended after this one's did not hold it up: all of it counts.
+        wait_end, _ = extra
+        peer_end = np.take_along_axis(wait_end, pos, axis=0)
+        relayed = (peer_peer >= 0) & (peer_peer != peer) & (peer_end <= wait_end)
+        net = np.where(relayed & ~own, np.clip(wait_end - peer_end, 0, excess), excess)
+    else:
+        # (timelines without wait ends) the part beyond the peer's own wait in that collective
+        # counts (all of it when the peer waited for a third rank; the part beyond the late
+        # start when it waited for this rank: two ranks exchanging in turn)
+        passed = np.where(peer_peer == rank_of[:, None],
+                          np.take_along_axis(excess, pos, axis=0),
+                          np.take_along_axis(wait, pos, axis=0))
+        net = np.where(own, excess, np.clip(excess - passed, 0, None))
     on = np.where(peer[None, :, :] == rank_of[:, None, None], net[None, :, :], 0.0)  # p, i, q
     total = on.sum(axis=(1, 2))
     p = int(total.argmax())
-    rest = np.delete(total, p)
+    # "by far" compares the longest wait on each rank per collective, not the sums over the
+    # waiters: a receiver that ends late behind the slow link arrives last at the next
+    # collective, and its n-2 other peers each wait a message's ordinary transfer time for it
+    peak = on.max(axis=1).sum(axis=1)
+    rest = np.delete(peak, p)
     per_seq = on[p].max(axis=0)
     lateness = float(np.median(per_seq))
     share = float(total[p] / span.sum())
     most = on.max(axis=1).argmax(axis=0) == p          # the longest wait of the seq was on p
     last_share = float(np.mean(most & (per_seq > 0)))
     if (last_share >= LAST_SHARE and lateness >= MIN_INSIDE and share >= MIN_SHARE
-            and total[p] >= DOMINANCE * (rest.max() if len(rest) else 0.0)):
+            and peak[p] >= DOMINANCE * (rest.max() if len(rest) else 0.0)):
         return Finding(kind=INSIDE, ranks=[ranks[p]], lateness=lateness, waited_share=share,
                        last_share=last_share, seconds=float(np.median(span)),
-                       **window_info)
+                       links=_links(ranks[p], ranks, on[p], extra), **window_info)
     return None
+
+
+def _links(slow: int, ranks: list, blame, extra) -> list:
+    """The links out of the slow rank that its peers waited on: ``blame`` (waiter x seq) is the
+    wait each rank counted against it; a wait of the slow rank itself (the delivery of its own
+    send) is on the link to that send's receiver (``wait_to``; -1 when not known). Those with at
+    least LINK_SHARE of the rank's blame, most first: ``{"src", "dst", "lateness", "share"}``,
+    lateness the median over the window of the wait on that link per collective."""
+    per_dst: dict = {}
+    me = ranks.index(slow)
+    for i, r in enumerate(ranks):
+        if i != me:
+            per_dst[r] = per_dst.get(r, 0.0) + blame[i]
+    if extra is not None:           # the slow rank's own waits, by the receiver of its send
+        to = extra[1][me]
+        for d in np.unique(to[blame[me] > 0]):
+            per_dst[int(d)] = per_dst.get(int(d), 0.0) + np.where(to == d, blame[me], 0.0)
+    elif blame[me].any():
+        per_dst[-1] = per_dst.get(-1, 0.0) + blame[me]
+    whole = sum(float(v.sum()) for v in per_dst.values()) or 1.0
+    out = [{"src": slow, "dst": d, "lateness": float(np.median(v)),
+            "share": float(v.sum()) / whole} for d, v in per_dst.items()]
+    return sorted((x for x in out if x["share"] >= LINK_SHARE), key=lambda x: -x["share"])
 
 
 class Tracker:
@@ -193,7 +258,8 @@ class Tracker:
         if keep < window:
             raise ValueError(f"keep={keep} must be at least window={window}")
         self.window, self.keep = window, keep
-        self.history: dict = {}      # comm id -> {job rank: {seq: (start, end, peer, wait)}}
+        # comm id -> {job rank: {seq: (start, end, peer, wait, wait end, send's receiver)}}
+        self.history: dict = {}
         self.meta: dict = {}         # comm id -> (name, members as job ranks)
         self.active: dict = {}       # comm id -> [finding, polls without it]
         self.found: dict = {}        # (comm id, kind, ranks) -> latest finding of that episode
@@ -207,10 +273,14 @@ class Tracker:
                 self.meta[cid] = (t["comm"], members)
                 rank = members[t["rank"]]
                 h = self.history.setdefault(cid, {}).setdefault(rank, {})
-                for q, a, b, p, w in zip(t["seq"], t["start"], t["end"], t["wait_peer"],
-                                         t["wait"]):
+                n = len(t["seq"])
+                ends = t.get("wait_end") or [None] * n    # a rank of an older npusim: none
+                tos = t.get("wait_to") or [-1] * n
+                for q, a, b, p, w, e, to in zip(t["seq"], t["start"], t["end"], t["wait_peer"],
+                                                t["wait"], ends, tos):
                     if q > WARMUP:
-                        h[q] = (a, b, members[p] if p >= 0 else -1, w)
+                        h[q] = (a, b, members[p] if p >= 0 else -1, w, e,
+                                members[to] if 0 <= to < len(members) else -1)
                 if len(h) > self.keep:
                     for q in sorted(h)[:len(h) - self.keep]:
                         del h[q]
@@ -228,6 +298,9 @@ class Tracker:
                 rows = [per_rank[r][q] for q in seqs]
                 tl[r] = {"seq": seqs, "start": [x[0] for x in rows], "end": [x[1] for x in rows],
                          "wait_peer": [x[2] for x in rows], "wait": [x[3] for x in rows]}
+                if all(x[4] is not None for x in rows):
+                    tl[r]["wait_end"] = [x[4] for x in rows]
+                    tl[r]["wait_to"] = [x[5] for x in rows]
             f = detect(tl, window=self.window, comm=name, comm_id=cid)
             cur = self.active.get(cid)      # [finding, polls in a row, polls without, told]
             if f is None:

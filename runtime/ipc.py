@@ -9,9 +9,17 @@ another file) and maps it read-only, once; ``PeerMemory.view`` then returns boun
 This is how hccl moves large payloads between ranks of a node with one copy instead of a trip
 through sockets.
 
-``node_id`` identifies "the same node" for that purpose: the kernel's boot id and this process's
-PID namespace, so two containers on one host (different PID namespaces) never take each other's
-``/proc/<pid>`` for their own.
+``node_id`` identifies "the same node" for that purpose (a node is what npurun calls
+one). Under npurun it is the node npurun started the rank on (``NPUSIM_NODE``: the job id and
+``--node-rank``, in the worker environment) together with the kernel's boot id and this process's
+PID namespace: two npurun nodes on one machine (network namespaces sharing the PID namespace, or
+two npurun on loopback) are two nodes, whose data crosses the network path so that a slow or
+cut link between them acts on it, even though each could open the other's ``/proc/<pid>``.
+Without a launcher (root-info ranks started by hand) it is the boot id and PID namespace alone:
+the ranks that can attach each other's handles. The boot id and PID namespace stay part of it
+under npurun too, so two containers on one host never take each other's ``/proc/<pid>`` for
+their own. Everything that depends on "the same node" (shared memory, liveness by pid, links
+without heartbeats) follows from this id, which every rank publishes at communicator init.
 """
 from __future__ import annotations
 
@@ -26,14 +34,31 @@ from .context import contexts_by_device
 from .errors import MemoryAccessError
 
 _node_id: str | None = None
+NODE_ENV = "NPUSIM_NODE"     # set by npurun for its workers: "<job id>/<node rank>"
 
 
 class PeerGoneError(MemoryAccessError):
     """The process that owns the memory has exited: its memory cannot be attached any more."""
 
 
+def launcher_node() -> str | None:
+    """The node npurun started this process on (``NPUSIM_NODE``), or None without npurun.
+
+    Raises ValueError naming the variable when its value could not travel in the init record
+    (a line of text: no whitespace, at most 200 characters)."""
+    raw = os.environ.get(NODE_ENV)
+    if raw is None or raw == "":
+        return None
+    if len(raw) > 200 or any(c.isspace() for c in raw) or not raw.isprintable():
+        raise ValueError(f"{NODE_ENV}={raw[:60]!r} ({len(raw)} characters) is not a node name: "
+                         "npurun sets it to '<job id>/<node rank>' (printable, no whitespace, "
+                         "at most 200 characters); unset it outside npurun")
+    return raw
+
+
 def node_id() -> str:
-    """An id shared exactly by the processes that can attach each other's handles."""
+    """An id shared exactly by the processes of one node (see the module note): the ranks that
+    npurun started as one node, or without npurun those that can attach each other's handles."""
     global _node_id
     if _node_id is None:
         try:
@@ -42,7 +67,8 @@ def node_id() -> str:
             ns = os.readlink("/proc/self/ns/pid")
         except OSError:                     # no procfs: nothing can be attached
             boot, ns = f"no-procfs-{os.getpid()}", ""
-        _node_id = f"{boot}/{ns}"
+        node = launcher_node()
+        _node_id = f"{boot}/{ns}" if node is None else f"{boot}/{ns}/npurun:{node}"
     return _node_id
 
 

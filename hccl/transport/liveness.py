@@ -2,8 +2,10 @@
 from the peer.
 
 A rank publishes ``identity()`` (``"<pid>:<start time>"``) at init; a rank of the same node (same
-``runtime.ipc.node_id``: same boot and pid namespace) keeps a ``PeerProcess`` for it and asks
-``gone()`` while it waits for that peer. The start time (clock ticks since boot, field 22 of
+``runtime.ipc.node_id``: the same npurun node, on the same boot and pid namespace) keeps a
+``PeerProcess`` for it and asks ``gone()`` while it waits for that peer. A rank of another npurun
+node is watched through its link only (heartbeats), even when its pid is visible here, as it
+would be on a cluster. The start time (clock ticks since boot, field 22 of
 ``/proc/<pid>/stat``) tells a reused pid from the original process. A stopped process (SIGSTOP)
 is alive: only exit (or a zombie waiting to be reaped) counts as gone.
 """

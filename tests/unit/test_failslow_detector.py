@@ -186,3 +186,150 @@ def test_flight_timeline_has_waits_per_peer():
     assert t["wait_peer"][1] == 2 and t["wait"][1] >= 0.02
     assert all(e >= s for s, e in zip(t["start"], t["end"]))
     assert rec.timeline(2) == {}                      # the last 2 records are not completed ones
+
+
+# -- a slow link at worlds 3-5 -----------------------------------------------------------------
+
+def exchanges(n, m=240, *, pattern="direct", link=None, transfer=0.03, jitter=0.001,
+              base=0.002, own_send=False, late=None, seed=0):
+    """``n`` ranks of a loop of ``m`` collectives as the flight recorder times them, with the
+    waits' ends and the receivers of send waits: ``direct`` (every rank sends to every other and
+    waits for all: the mesh, one-shot) or ``star`` (the leaves send to rank 0, which answers each
+    once it has them all). Messages over ``link`` = (src, dst) take ``transfer`` s more. With
+    ``own_send`` the sender of the slow link waits for that send's delivery (a full queue), so
+    it names itself with the receiver in ``wait_to``. Rank ``late`` arrives 25 ms late."""
+    rng = np.random.default_rng(seed)
+    keys = ("seq", "start", "end", "wait_peer", "wait", "wait_end", "wait_to")
+    out = {r: {k: [] for k in keys} for r in range(n)}
+    t = np.zeros(n)
+
+    def hop(src, dst, at):
+        slow = link is not None and (src, dst) == tuple(link)
+        return at + base + rng.exponential(2e-4) + (transfer if slow else 0.0)
+
+    for q in range(1, m + 1):
+        arrive = t + 0.01 + rng.exponential(jitter, n)
+        if late is not None:
+            arrive[late] += 0.025
+        end = np.zeros(n)
+        waits = {}               # rank -> (peer, wait, end, to): its longest wait
+        if pattern == "direct":
+            for r in range(n):
+                got = {p: hop(p, r, arrive[p]) for p in range(n) if p != r}
+                p = max(got, key=got.get)
+                end[r] = max(arrive[r], got[p]) + 1e-4
+                waits[r] = (p, max(0.0, got[p] - arrive[r]), got[p], -1)
+        else:
+            got = {p: hop(p, 0, arrive[p]) for p in range(1, n)}
+            p = max(got, key=got.get)
+            ready = max(arrive[0], got[p])
+            waits[0] = (p, ready - arrive[0], ready, -1)
+            end[0] = ready + 1e-4
+            for leaf in range(1, n):
+                answer = hop(0, leaf, ready)
+                waits[leaf] = (0, answer - arrive[leaf], answer, -1)
+                end[leaf] = answer + 1e-4
+        if own_send and link is not None:
+            src, dst = link
+            sent = hop(src, dst, arrive[src])
+            if sent - arrive[src] > waits[src][1]:
+                waits[src] = (src, sent - arrive[src], sent, dst)
+            end[src] = max(end[src], sent)
+        for r in range(n):
+            peer, wait, wend, to = waits[r]
+            for k, v in zip(keys, (q, arrive[r], end[r], peer, wait, wend, to)):
+                out[r][k].append(v)
+        t = end
+    return out
+
+
+@pytest.mark.parametrize("n", [3, 4, 5])
+@pytest.mark.parametrize("pattern", ["direct", "star"])
+def test_healthy_exchanges_name_nobody(n, pattern):
+    for seed in range(5):
+        assert detect(exchanges(n, pattern=pattern, seed=seed, jitter=0.002)) is None
+
+
+@pytest.mark.parametrize("n", [3, 4, 5])
+def test_slow_link_of_a_direct_exchange_names_its_sender_and_the_link(n):
+    src, dst = 1, n - 1
+    f = detect(exchanges(n, link=(src, dst), transfer=0.03), comm="world")
+    assert f is not None and f.kind == INSIDE and f.ranks == [src], f
+    # the receiver ends each collective late and so arrives late at the next one, which the
+    # link's next message overlaps: about half of the 30 ms is a wait inside (the rest, the
+    # others' wait for the late receiver's start, is not the link's)
+    assert 0.012 <= f.lateness <= 0.034, f
+    assert [(x["src"], x["dst"]) for x in f.links] == [(src, dst)], f.links
+    assert f.links[0]["lateness"] == f.lateness and f.links[0]["share"] > 0.9
+    assert f.line().endswith(f"slow link(s): {src}->{dst} (median "
+                             f"{f.links[0]['lateness'] * 1e3:.1f} ms, "
+                             f"{f.links[0]['share']:.0%} of the waits)")
+
+
+@pytest.mark.parametrize("n", [3, 4, 5])
+def test_slow_leaf_of_a_star_is_named_not_cancelled_by_its_wait_for_the_answer(n):
+    # The slow leaf waits for the hub's answer about as long as the hub waits for its data:
+    # the wait that ended first (the hub's) is the cause, the leaf's passes on.
+    leaf = n - 1
+    f = detect(exchanges(n, pattern="star", link=(leaf, 0), transfer=0.03))
+    assert f is not None and f.kind == INSIDE and f.ranks == [leaf], f
+    assert 0.027 <= f.lateness <= 0.034, f
+    assert [(x["src"], x["dst"]) for x in f.links] == [(leaf, 0)], f.links
+
+
+@pytest.mark.parametrize("n", [3, 4, 5])
+def test_one_slow_link_of_the_hub_is_told_from_its_other_links(n):
+    f = detect(exchanges(n, pattern="star", link=(0, 2), transfer=0.03))
+    assert f is not None and f.kind == INSIDE and f.ranks == [0], f
+    assert [(x["src"], x["dst"]) for x in f.links] == [(0, 2)], f.links
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_a_wait_on_the_delivery_of_its_own_send_names_the_receiver(n):
+    f = detect(exchanges(n, link=(2, 0), transfer=0.03, own_send=True))
+    assert f is not None and f.kind == INSIDE and f.ranks == [2], f
+    assert f.links[0]["src"] == 2 and f.links[0]["dst"] == 0, f.links
+
+
+@pytest.mark.parametrize("n", [3, 4, 5])
+@pytest.mark.parametrize("pattern", ["direct", "star"])
+def test_a_late_rank_at_worlds_3_to_5_is_late_not_a_slow_link(n, pattern):
+    f = detect(exchanges(n, pattern=pattern, late=n - 2))
+    assert f is not None and f.kind == LATE and f.ranks == [n - 2] and f.links == [], f
+    assert 0.022 <= f.lateness <= 0.028, f
+
+
+def test_tracker_passes_wait_ends_and_receivers_in_job_ranks():
+    tl = exchanges(4, link=(3, 0), own_send=True)
+    members = [10, 11, 12, 13]
+    for r in tl:                          # the flight recorder speaks comm ranks
+        assert set(tl[r]) >= {"wait_end", "wait_to"}
+    tr = Tracker()
+    state = published(tl, members)
+    tr.add(state)
+    tr.check()
+    (f,) = tr.check()
+    assert f.ranks == [13] and f.links[0]["src"] == 13 and f.links[0]["dst"] == 10, f
+    assert tr.history[9][13][200][5] == 10           # the receiver of rank 13's send wait
+
+
+def test_flight_timeline_has_wait_ends_and_send_receivers():
+    class Comm:
+        name, comm_id, rank, ranks = "world", 3, 0, [0, 1, 2]
+
+    rec = FlightRecorder(10)
+    r = rec.enqueue(Comm, 1, FP, stream="s", site="x")
+    rec.start(r)
+    rec.waiting(r, 2, sending=True)
+    time.sleep(0.01)
+    t_end = time.time()
+    rec.waiting(r, 1)
+    rec.complete(r)
+    t = rec.timeline(10)[3]
+    assert t["wait_peer"] == [0] and t["wait_to"] == [2]       # its own send, to rank 2
+    assert t_end - 0.005 <= t["wait_end"][0] <= t["end"][0]
+    r = rec.enqueue(Comm, 2, FP, stream="s", site="x")
+    rec.start(r)
+    rec.complete(r)                                            # no wait at all
+    t = rec.timeline(10)[3]
+    assert (t["wait_peer"][1], t["wait_to"][1], t["wait_end"][1]) == (-1, -1, 0.0)
