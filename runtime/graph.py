@@ -151,7 +151,7 @@ class Graph:
                     raise
                 if prof:
                     profiler.record(s.id, node.name, node.category, t0, profiler.now_us(),
-                                    node.meta)
+                                    node.meta, node.site)
 
         value = s.enqueue(unit, f"{self.name} replay ({len(nodes)} tasks)", "graph",
                           {"tasks": len(nodes)}, callsite(2))
