@@ -231,7 +231,8 @@ def render(doc: dict, sort: str = "total", top: int = 10, where: str = "") -> li
                 f"wait), {_t(s['excess_us'])} ({s['excess_share']:+.1%}) over the others' median")
         if s["cause"] and s["excess_us"] > 0:
             c = s["cause"]
-            line += f"; most in {c['kind']} {c['name']} (+{_t(c['excess_us_per_step'])}/step)"
+            what = c["name"] if c["kind"] == "host" else f"{c['kind']} {c['name']}"
+            line += f"; most in {what} (+{_t(c['excess_us_per_step'])}/step)"
         lines.append(line)
     rows = sorted(doc["operators"], key=lambda r: -r[f"{sort}_us" if sort != "calls"
                                                        else "calls"])[:top]
