@@ -173,10 +173,11 @@ def _fluctuations(calls: dict, common: int, floor: float) -> list[dict]:
         for c in per_op.values():
             flags += fluctuation.slow_calls(c, floor)
     keys = {k for per_op in calls.values() for k in per_op}
-    for key in sorted(keys):
-        ranks = [calls[r][key] for r in sorted(calls) if key in calls[r]]
-        if len(ranks) == len(calls):
-            flags += fluctuation.slow_ranks(ranks, common, floor)
+    shared = [[calls[r][key] for r in sorted(calls)] for key in sorted(keys)
+              if all(key in calls[r] for r in calls)]
+    factors = fluctuation.rank_factors(shared)
+    for ranks in shared:
+        flags += fluctuation.slow_ranks(ranks, common, floor, factors)
     flags.sort(key=lambda f: -(f.time_us - f.usual_us) * (f.calls if f.what == "rank" else 1))
     return [{"what": f.what, "rank": f.rank, "kind": f.kind, "name": f.op, "step": f.step,
              "steps": list(f.steps), "site": f.site, "time_us": f.time_us,

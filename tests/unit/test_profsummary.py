@@ -13,7 +13,8 @@ from launcher import fluctuation, profparts, profsummary
 pytestmark = pytest.mark.timeout(30)
 T0 = 1_700_000_000_000_000.0        # wall-clock microseconds, as the runtime stamps them
 SITE = "train.py:12 in step"
-KERNELS = (("forward", 8000.0), ("matmul", 10000.0))     # name, wall us (CPU time: 90 %)
+KERNELS = (("forward", 8000.0), ("matmul", 10000.0), ("backward", 9000.0), ("update", 3000.0))
+# name, wall us (CPU time: 90 %)
 
 
 def job(tmp_path, world=3, steps=20, *, slow=None, slow_rank=None, late=None, transfer=3000.0,
@@ -247,3 +248,23 @@ def test_cli(tmp_path, capsys):
     assert "top 2 operators by p99 time" in out and "fluctuations: none" in out
     assert profsummary.main([str(tmp_path / "nowhere")]) == 1
     assert "no trace_rank<N>.json files" in capsys.readouterr().err
+
+
+def test_a_rank_slower_at_everything_is_the_slow_rank_but_no_operator_is_flagged(tmp_path):
+    paths, _ = job(tmp_path, slow_rank=(1, 1.25))
+    for p in paths[1:2]:                    # rank 1: every kernel 25 % slower (a busier core)
+        doc = json.loads(open(p).read())
+        for e in doc["traceEvents"]:
+            if e.get("cat") == "kernel" and e["name"] != "matmul":
+                e["dur"] *= 1.25
+                e["args"]["cpu_us"] *= 1.25
+        open(p, "w").write(json.dumps(doc))
+    doc = profsummary.summarize(paths)
+    assert doc["slowest"]["rank"] == 1 and doc["fluctuations"] == []
+
+
+def test_collectives_are_not_judged_call_by_call():
+    t = np.full(20, 1000.0)
+    t[4] = 20000.0
+    c = fluctuation.OpCalls(0, "HcclAllReduce", "collective", t, t, np.arange(20), [None] * 20)
+    assert fluctuation.slow_calls(c) == []
