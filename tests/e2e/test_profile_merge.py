@@ -89,3 +89,49 @@ def test_profiled_torch_ddp_example_prints_a_summary_that_flags_nothing(tmp_path
                          os.path.join(ROOT, "examples", "train_torch_ddp.py"), "--steps", "12",
                          env=lc.env, cwd=str(tmp_path), timeout=280)
     check_profiled_job(res, d, 2, 12, kernels=False)
+
+
+INJECTED = """
+import os, time
+import numpy as np
+import runtime, hccl
+from runtime import profiler
+
+def spin(x, ms):                      # burns CPU time: work, not a sleep
+    end = time.thread_time() + ms / 1e3
+    while time.thread_time() < end:
+        pass
+
+rank = int(os.environ["RANK"])
+runtime.set_device(int(os.environ["LOCAL_RANK"]))
+comm = hccl.init_comm()
+s = runtime.Stream()
+x = runtime.to_device(np.zeros(1024, np.float32))
+for it in range(21):
+    for name, ms in (("embed", 4), ("attention", 6), ("mlp", 8), ("norm", 2)):
+        if name == "mlp" and rank == 1:
+            ms *= 1.3                 # rank 1: mlp 30 % slower at every step
+        if name == "attention" and rank == 0 and it == 7:
+            ms *= 5                   # rank 0: one attention call 5x slower, at step 7
+        runtime.launch(spin, x, ms, stream=s, name=name)
+    comm.all_reduce(x, stream=s)
+    profiler.step()
+    s.synchronize()
+comm.destroy()
+"""
+
+
+@pytest.mark.timeout(200)
+def test_injected_slow_call_and_slow_rank_are_flagged_through_npurun(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(INJECTED)
+    d = tmp_path / "prof"
+    with LeakCheck() as lc:
+        res = run_npurun("--profile", str(d), "--nproc-per-node", "2", str(script),
+                         env=lc.env, cwd=str(tmp_path), timeout=180)
+    assert res.returncode == 0, res.stderr[-3000:]
+    print("\n".join(summary_of(res.stderr)))
+    flags = json.loads((d / "summary.json").read_text())["fluctuations"]
+    got = {(f["what"], f["rank"], f["name"], f["step"]) for f in flags}
+    assert got == {("rank", 1, "mlp", None), ("call", 0, "attention", 7)}, flags
+    assert all(f["site"].startswith(f"{script}:") for f in flags)
