@@ -27,6 +27,8 @@ OP_CSV = "op_summary.csv"
 SORT_KEYS = ("total", "calls", "mean", "p50", "p99", "max")
 MAX_RANK_ROWS = 8           # ranks shown in the table (the slowest ones beyond that)
 MAX_FLAG_LINES = 6
+CAUSE_CPU = 0.05            # an operator named as the slowest rank's cause did this much more
+#                             CPU work there than the others' median (where CPU time is recorded)
 CSV_FIELDS = ("rank", "kind", "name", "calls", "total_us", "mean_us", "p50_us", "p99_us",
               "max_us", "min_us", "peer_wait_us", "cpu_mean_us", "site")
 
@@ -144,20 +146,27 @@ def _slowest(traces, busy: dict, calls: dict, common: int) -> dict | None:
     rank = max(busy, key=busy.get)
     others = [v for r, v in busy.items() if r != rank]
     usual = float(np.median(others))
-    # per-step time of each operator (and of the host) on every rank, over the common steps
+    # per-step wall and CPU time of each operator (and of the host) on every rank, over the
+    # common steps
     per: dict = {}
     for t in traces:
         if t.rank not in busy:
             continue
         for key, c in calls[t.rank].items():
-            per.setdefault(key, {})[t.rank] = float(c.time.sum()) / common
+            cpu = float(c.cpu.sum()) / common if key[0] != "collective" and \
+                not np.isnan(c.cpu).any() else None
+            per.setdefault(key, {})[t.rank] = (float(c.time.sum()) / common, cpu)
         per.setdefault(("host", "host time between tasks"), {})[t.rank] = \
-            float(t.parts[:common, profparts.HOST].mean())
+            (float(t.parts[:common, profparts.HOST].mean()), None)
     cause, excess = None, 0.0
     for key, by_rank in per.items():
-        mine = by_rank.get(rank, 0.0)
-        rest = [by_rank.get(r, 0.0) for r in busy if r != rank]
-        d = mine - float(np.median(rest))
+        mine = by_rank.get(rank, (0.0, None))
+        rest = [by_rank.get(r, (0.0, None)) for r in busy if r != rank]
+        d = mine[0] - float(np.median([w for w, _ in rest]))
+        cpus = [c for _, c in rest]
+        if mine[1] is not None and None not in cpus and \
+                mine[1] < (1 + CAUSE_CPU) * float(np.median(cpus)):
+            continue        # no more work there: its wall time grew with a busier core
         if d > excess:
             cause, excess = key, d
     return {"rank": rank, "busy_us": busy[rank], "others_median_us": usual,
@@ -234,6 +243,8 @@ def render(doc: dict, sort: str = "total", top: int = 10, where: str = "") -> li
             c = s["cause"]
             what = c["name"] if c["kind"] == "host" else f"{c['kind']} {c['name']}"
             line += f"; most in {what} (+{_t(c['excess_us_per_step'])}/step)"
+        elif s["excess_us"] > 0:
+            line += "; no operator did more work there (a busier core?)"
         lines.append(line)
     rows = sorted(doc["operators"], key=lambda r: -r[f"{sort}_us" if sort != "calls"
                                                        else "calls"])[:top]
