@@ -13,7 +13,8 @@ what costs little out: ``floor = max(ABS_FLOOR_US, STEP_SHARE * the median step 
   that much beyond the rank's own *factor* (the median of this ratio over all the operators the
   ranks share: a rank that is slower at everything runs on a slower or busier core, which the
   slowest-rank line reports, not an operator), at least RANK_SHARE of its calls are slower than
-  every other rank's median, and the excess costs at least the floor per step.
+  every other rank's median, and its wall-time median exceeds the others' by at least the floor
+  per step.
 
 A collective's time here is its transfer time (its duration less its wait for a late peer): a
 late peer is the peer's problem, reported as that peer's lateness, not as the collective's.
@@ -24,8 +25,9 @@ and single calls 20 times their median, while the CPU times of the same kernel o
 agreed within 2 %; on an idle machine single calls still took 4 times their median wall time
 and twice their median CPU time. So where the trace has each task's thread CPU time (``runtime.profiler``
 records it for every task), both rules judge the CPU time as well: a call must be an
-outlier in wall time *and* in CPU time, each by the floor; a rank's CPU times must pass the rank
-rule, and its wall-time median must exceed the others'. Time lost to the host's scheduler is
+outlier in wall time *and* in CPU time, each by the floor (in CPU time: the floor scaled by the
+operator's median CPU / wall time, as load stretches wall time and the step, not CPU time); a
+rank's CPU times must pass the rank rule (its wall time must still lose the floor per step). Time lost to the host's scheduler is
 thereby never blamed on an operator; a kernel that sleeps is not flagged either (it does no
 work).
 
@@ -112,7 +114,10 @@ def slow_calls(c: OpCalls, floor_us: float = ABS_FLOOR_US) -> list[Flag]:
         return []
     out, m = _outliers(c.time, floor_us)
     if out.any() and _has_cpu(c):
-        out &= _outliers(c.cpu, floor_us)[0]
+        # the floor in the operator's CPU time: a loaded machine stretches wall time (and the
+        # step time the floor comes from), not CPU time
+        scale = min(1.0, float(np.median(c.cpu)) / m) if m > 0 else 1.0
+        out &= _outliers(c.cpu, floor_us * scale)[0]
     return [Flag("call", c.rank, c.op, c.kind, int(c.step[i]), (int(c.step[i]),), c.site[i],
                  float(c.time[i]), m, len(c.time)) for i in np.flatnonzero(out)]
 
@@ -157,15 +162,14 @@ def slow_ranks(per_rank: list[OpCalls], steps: int, floor_us: float = ABS_FLOOR_
     for i, c in enumerate(per_rank):
         others = np.delete(med, i)
         usual = float(np.median(others))
-        per_step = (med[i] - usual) * len(c.time) / steps
         factor = (factors or {}).get(c.rank, 1.0)
-        if med[i] < (1 + RANK_REL) * factor * usual or per_step < floor_us:
+        if med[i] < (1 + RANK_REL) * factor * usual:
             continue
         if float(np.mean(measure[i] > others.max())) < RANK_SHARE:
             continue
         usual_wall = float(np.median(np.delete(wall, i)))
-        if wall[i] <= usual_wall:
-            continue                      # more work, but no time lost
+        if (wall[i] - usual_wall) * len(c.time) / steps < floor_us:
+            continue                      # no time lost that matters
         site = Counter(s for s in c.site if s).most_common(1)
         flags.append(Flag("rank", c.rank, c.op, c.kind, None,
                           (int(c.step.min()), int(c.step.max())), site[0][0] if site else None,
