@@ -349,6 +349,7 @@ class Trainer:
                 for ev in pending[t]:       # only the state of a step that really completed
                     ev.synchronize()
                 self.save_checkpoint(done)
+            runtime.profiler.step()     # a step per iteration in a profile (the first: set-up)
         self.compute.synchronize()
         self.comm_stream.synchronize()
         if self.start < args.steps:

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import checkpoint
+import runtime
 import training_args
 import hccl.torch_backend  # noqa: F401  (registers the "hccl" backend; torch_npu: import torch_npu)
 
@@ -75,9 +76,10 @@ def batch_rows(step: int, batch: int) -> slice:
     return slice(start, start + batch)
 
 
-def train(model, opt, data, args, rows_of_rank=None, progress=None, start=0, save=None):
+def train(model, opt, data, args, rows_of_rank=None, progress=None, start=0, save=None,
+          mark=None):
     """SGD steps ``start`` to ``args.steps``; a rank trains on its slice of every global batch;
-    ``save(done)`` runs after every step (rank 0's checkpoints)."""
+    ``save(done)`` runs after every step (rank 0's checkpoints), ``mark()`` ends each step."""
     x, y = data
     for step in range(start, args.steps):
         rows = batch_rows(step, args.batch)
@@ -92,6 +94,8 @@ def train(model, opt, data, args, rows_of_rank=None, progress=None, start=0, sav
             progress(step, loss)
         if save:
             save(step + 1)
+        if mark:
+            mark()
 
 
 def make_optimizer(params, args):
@@ -212,7 +216,8 @@ def main(argv=None) -> int:
         def save(done):
             save_checkpoint(model, opt, args, world, done)
     t0 = time.perf_counter()
-    train(ddp, opt, data, args, mine, progress, start, save)
+    # a step per iteration in a profile (npurun --profile DIR; the first is set-up)
+    train(ddp, opt, data, args, mine, progress, start, save, mark=runtime.profiler.step)
     dist.barrier()
     elapsed = time.perf_counter() - t0
     if rank == 0:

@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--no-python", "--no_python", dest="no_python", action="store_true",
         default=bool(_env_default("no_python")),
         help="run the script argument as a program, without python")
+    add("--profile", dest="profile", metavar="DIR", default=None,
+        help="profile every rank (NPUSIM_PROFILE_DIR=DIR): per-rank traces, a merged timeline "
+             "and, at the end, a summary of where the time went (see docs/profiling.md)")
     add("training_script", nargs="?", help="the script (or module, or program) each rank runs")
     add("training_script_args", nargs=REMAINDER, help="its arguments")
     return p
@@ -261,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             tee=Std.parse(args.tee, "--tee"),
             console_ranks=ranks_filter(args.local_ranks_filter),
         )
+        if args.profile:
+            spec.base_env["NPUSIM_PROFILE_DIR"] = os.path.abspath(args.profile)
         if layout.nnodes == 1:
             rdzv = LocalRendezvous(master_port=layout.master_port,
                                    nproc_per_node=layout.nproc_per_node, run_id=args.run_id,
@@ -286,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             pass
         try:
             result = agent.run()
-            _merge_traces(agent)
+            _merge_traces(agent, args.profile)
         finally:
             diagnoser.finish()
             diagnoser.close()
@@ -305,9 +310,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _merge_traces(agent) -> None:
-    """With NPUSIM_PROFILE_DIR, merge the ranks' traces into one timeline (one process per rank)."""
-    d = os.environ.get("NPUSIM_PROFILE_DIR")
+def _merge_traces(agent, profile: str | None = None) -> None:
+    """With --profile or NPUSIM_PROFILE_DIR, merge the ranks' traces into one timeline (one
+    process per rank) and print the summary of where the time went."""
+    d = profile or os.environ.get("NPUSIM_PROFILE_DIR")
     if not d or agent.job is None:
         return
     from launcher.tracemerge import merge  # noqa: PLC0415
@@ -321,6 +327,12 @@ def _merge_traces(agent) -> None:
                   "(open it in https://ui.perfetto.dev)", file=sys.stderr)
         except (OSError, ValueError) as e:
             print(f"npurun: could not merge the traces in {d}: {e}", file=sys.stderr)
+        from launcher.profsummary import summarize_dir  # noqa: PLC0415
+        try:
+            print("npurun: " + "\n".join(summarize_dir(d, paths)), file=sys.stderr)
+        except Exception as e:  # noqa: BLE001 - the job's result must not depend on its summary
+            print(f"npurun: could not summarize the traces in {d}: {type(e).__name__}: {e}",
+                  file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -152,7 +152,7 @@ class Graph:
                     raise
                 if prof:
                     profiler.record(s.id, node.name, node.category, t0, profiler.now_us(),
-                                    node.meta)
+                                    node.meta, node.site)
 
         site = callsite(2)
         if sanitizer.on and self._accesses:

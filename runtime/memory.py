@@ -458,7 +458,8 @@ def run_sync(s, name: str, category: str, site: str | None, nbytes: int, fn, *ar
         t0 = profiler.now_us()
         fn()
         if profiler.active():
-            profiler.record(s.id, name, category, t0, profiler.now_us(), meta)
+            profiler.record(s.id, name, category, t0, profiler.now_us(), meta,
+                            site or callsite(3))
         return
     s.enqueue(fn, name, category, meta, site or callsite(3))
     s.synchronize()

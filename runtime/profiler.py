@@ -1,7 +1,21 @@
-"""Chrome-trace / Perfetto JSON of every task, one track per stream.
+"""Chrome-trace / Perfetto JSON of every task, one track per stream; steps, ranges, memory.
 
 Timestamps are wall-clock microseconds (a perf_counter offset pinned to time.time() at import), so
 traces written by the ranks of one node line up when merged.
+
+What a trace holds beyond the tasks' "X" events (``launcher.profsummary`` reads it, see
+docs/profiling.md):
+
+- each task's call site (``args.site``), its timeline value on its stream (``args.task``) and the
+  CPU time of the thread that ran it (``args.cpu_us``): in a simulation a kernel's wall time also
+  holds the time its thread was descheduled or waited for the GIL, its CPU time does not;
+- ``step()`` marks ("i" events named ``step mark``) with every stream's last issued timeline value
+  at the mark, so the summary attributes each task to the step whose host code enqueued it, and
+  "X" events ``step N`` between consecutive marks on the host track (tid 0);
+- ``range(name)`` blocks as "X" events on the host track;
+- each device's allocated and reserved bytes as counter events ("C", ``NPU<d> memory``), sampled
+  when a task ends at most every MEMORY_SAMPLE_US and at each mark, written only when they
+  changed, and the pools' peaks in the file's ``npusim`` object.
 """
 from __future__ import annotations
 
@@ -16,14 +30,23 @@ from . import config
 
 _P0 = time.perf_counter()
 _W0 = time.time()
+_perf = time.perf_counter
+_cpu = time.thread_time
 _lock = threading.Lock()
 _sinks: tuple = ()                # one list of event tuples per active recording
 _tracks: dict[int, str] = {}      # track id -> name
 
+HOST_TRACK = 0                    # step marks and ranges (stream ids start at 1)
+MEMORY_SAMPLE_US = 1000.0         # at most one memory sample per millisecond of task ends
+_MARK, _COUNTER = "step mark", "memory"   # categories of the non-task records
+_mem_next = 0.0                   # trace time of the next memory sample
+_mem_last: dict[int, tuple] = {}  # device -> (allocated, reserved) last recorded
+_marks = 0                        # step() calls so far in this process
+
 
 def now_us() -> float:
     """Wall-clock microseconds on the trace clock."""
-    return (_W0 + (time.perf_counter() - _P0)) * 1e6
+    return (_W0 + (_perf() - _P0)) * 1e6
 
 
 def active() -> bool:
@@ -34,10 +57,81 @@ def register_track(track: int, name: str) -> None:
     _tracks[track] = name
 
 
-def record(track: int, name: str, cat: str, start_us: float, end_us: float, args=None) -> None:
-    ev = (track, name, cat, start_us, end_us, args)
+def _emit(ev: tuple) -> None:
     for sink in _sinks:            # recordings nest: a profile() block inside NPUSIM_PROFILE_DIR
         sink.append(ev)
+
+
+def record(track: int, name: str, cat: str, start_us: float, end_us: float, args=None,
+           site: str | None = None, task: int | None = None, cpu_us: float | None = None) -> None:
+    """One task (or host-synchronous operation) that ran from ``start_us`` to ``end_us``."""
+    if args:
+        args = dict(args)          # a replayed graph node's meta dict is shared by its replays
+    _emit((track, name, cat, start_us, end_us, args, site, task, cpu_us))
+    if end_us >= _mem_next:
+        _sample_memory(end_us)
+
+
+def task_start() -> tuple[float, float]:
+    """The (trace time, thread CPU time) a stream takes before running a task it records."""
+    return now_us(), _cpu()
+
+
+def task_end(began: tuple[float, float], track: int, name: str, cat: str, args, site, task) -> None:
+    """Record a task that began at ``began`` (``task_start()``) and ends now."""
+    cpu = (_cpu() - began[1]) * 1e6
+    record(track, name, cat, began[0], now_us(), args, site, task, cpu)
+
+
+def _sample_memory(t: float) -> None:
+    """Counter records of every device's allocated / reserved bytes that changed since the last."""
+    global _mem_next
+    _mem_next = t + MEMORY_SAMPLE_US
+    from .context import contexts_by_device
+    for dev, ctx in list(contexts_by_device.items()):
+        pool = ctx.pool
+        now = (pool.allocated, pool.reserved)
+        if _mem_last.get(dev) != now:
+            _mem_last[dev] = now
+            _emit((HOST_TRACK, f"NPU{dev} memory", _COUNTER, t, t,
+                   {"allocated": now[0], "reserved": now[1]}, None, None, None))
+
+
+def step() -> None:
+    """Mark a step boundary (as torch.profiler's ``prof.step()``): call it once per iteration.
+
+    Step N is the work enqueued between marks N-1 and N, so N marks make N-1 steps; what comes
+    before the first mark (set-up, warm-up) and after the last is no step. The summary measures a
+    step on the device timeline: from the end of the previous step's work to the end of its own.
+    Costs nothing when no recording is active.
+    """
+    global _marks
+    if not _sinks:
+        return
+    from .context import contexts_by_device
+    issued = {str(s.id): s.issued for ctx in list(contexts_by_device.values())
+              for s in list(ctx.streams)}
+    t = now_us()
+    with _lock:
+        n, _marks = _marks, _marks + 1
+    _emit((HOST_TRACK, "step mark", _MARK, t, t, {"mark": n, "issued": issued}, None, None, None))
+    _sample_memory(t)
+
+
+@contextlib.contextmanager
+def range(name: str):  # noqa: A001 - torch's record_function / nvtx range, by its usual name
+    """Show the block as a span named ``name`` on the host track of the trace (nesting is fine).
+
+    Costs nothing when no recording is active.
+    """
+    if not _sinks:
+        yield
+        return
+    t0 = now_us()
+    try:
+        yield
+    finally:
+        _emit((HOST_TRACK, str(name), "range", t0, now_us(), None, None, None, None))
 
 
 def _process_label() -> tuple[int, str]:
@@ -47,39 +141,75 @@ def _process_label() -> tuple[int, str]:
     return os.getpid(), f"pid {os.getpid()}"
 
 
+def _peaks() -> dict:
+    from .context import contexts_by_device
+    return {str(dev): {"allocated": ctx.pool.max_allocated, "reserved": ctx.pool.max_reserved}
+            for dev, ctx in list(contexts_by_device.items())}
+
+
 def _dump(path: str, events: list) -> None:
     pid, label = _process_label()
     out = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": label}},
            {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
             "args": {"sort_index": pid}}]
-    for track, tname in sorted(_tracks.items()):
+    tracks = dict(_tracks)
+    tracks[HOST_TRACK] = "host (steps, ranges)"
+    for track, tname in sorted(tracks.items()):
         out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": track,
                     "args": {"name": tname}})
-    for track, name, cat, t0, t1, args in events:
+    last_mark = None
+    for track, name, cat, t0, t1, args, site, task, cpu in events:
+        if cat == _COUNTER:
+            out.append({"name": name, "ph": "C", "pid": pid, "tid": track, "ts": round(t0, 3),
+                        "args": args})
+            continue
+        if cat == _MARK:
+            out.append({"name": name, "cat": cat, "ph": "i", "s": "p", "pid": pid, "tid": track,
+                        "ts": round(t0, 3), "args": args})
+            if last_mark is not None:      # the host's view of the step, for the timeline
+                out.append({"name": f"step {args['mark']}", "cat": "step", "ph": "X", "pid": pid,
+                            "tid": track, "ts": round(last_mark, 3),
+                            "dur": round(t0 - last_mark, 3)})
+            last_mark = t0
+            continue
         ev = {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": track,
               "ts": round(t0, 3), "dur": round(max(t1 - t0, 0.0), 3)}
-        if args:
-            ev["args"] = args
+        if args or site or task is not None:
+            a = dict(args) if args else {}
+            if site:
+                a["site"] = site
+            if task is not None:
+                a["task"] = task
+            if cpu is not None:
+                a["cpu_us"] = round(cpu, 1)
+            ev["args"] = a
         out.append(ev)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump({"traceEvents": out, "displayTimeUnit": "ms"}, f)
+        json.dump({"traceEvents": out, "displayTimeUnit": "ms",
+                   "npusim": {"memory_peak": _peaks()}}, f)
     os.replace(tmp, path)
 
 
 def start() -> list:
     """Begin a recording; returns its sink (pass it to ``stop_and_write``)."""
-    global _sinks
+    global _sinks, _mem_next
     sink: list = []
     with _lock:
         _sinks = _sinks + (sink,)
+        _mem_last.clear()          # the new recording starts with a sample of each device
+        _mem_next = 0.0
     return sink
 
 
 def stop_and_write(sink: list, path: str) -> None:
     """End the recording ``sink`` and write what it recorded (pending tasks are not waited for)."""
     global _sinks
+    try:
+        _sample_memory(now_us())
+    except Exception:  # noqa: BLE001 - a device reset mid-way must not cost the trace
+        pass
     with _lock:
         _sinks = tuple(s for s in _sinks if s is not sink)
     _dump(path, sink)

@@ -243,13 +243,14 @@ class Stream:
         """Run (or skip) one task; the caller holds the execution lock."""
         if task.seq > self._skip_until:
             self._running, self._running_since = task, _perf()
-            t0 = profiler.now_us() if profiler.active() else 0.0
+            t0 = profiler.task_start() if profiler.active() else None
             try:
                 task.fn()
             except BaseException as exc:  # noqa: BLE001 - any failure becomes the stream's error
                 self._fail(task, exc)
-            if t0:
-                profiler.record(self.id, task.name, task.category, t0, profiler.now_us(), task.meta)
+            if t0 is not None:
+                profiler.task_end(t0, self.id, task.name, task.category, task.meta, task.site,
+                                  task.seq)
             self._running = None
         with self._mu:
             self._done = task.seq

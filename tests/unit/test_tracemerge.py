@@ -169,3 +169,21 @@ def test_merges_what_the_runtime_profiler_writes(tmp_path, device, monkeypatch):
         (k,) = [e for e in spans(merged) if e["name"] == f"kernel_of_rank{rank}"]
         assert k["pid"] == rank and k["cat"] == "kernel" and k["dur"] >= 0
         assert tracks(merged)[(rank, k["tid"])].startswith("NPU0 ")
+
+
+@pytest.mark.timeout(10)
+def test_memory_counters_and_step_marks_go_to_their_rank(tmp_path):
+    docs = []
+    for r in (0, 1):
+        d = rank_trace(r, [(1, "k", "kernel", T0 + 10 + r, 5.0)])
+        d["traceEvents"] += [
+            {"name": f"NPU{r} memory", "ph": "C", "pid": 99, "tid": 0, "ts": T0 + 1,
+             "args": {"allocated": 512 * (r + 1), "reserved": 2 << 20}},
+            {"name": "step mark", "cat": "step mark", "ph": "i", "s": "p", "pid": 99, "tid": 0,
+             "ts": T0 + 2, "args": {"mark": 0, "issued": {"1": 0}}}]
+        docs.append(write(tmp_path / f"trace_rank{r}.json", d))
+    merged = tracemerge.merge(docs, str(tmp_path / "m.json"))["traceEvents"]
+    counters = {(e["pid"], e["name"]): e["args"] for e in merged if e.get("ph") == "C"}
+    assert counters == {(0, "NPU0 memory"): {"allocated": 512, "reserved": 2 << 20},
+                        (1, "NPU1 memory"): {"allocated": 1024, "reserved": 2 << 20}}
+    assert sorted(e["pid"] for e in merged if e.get("ph") == "i") == [0, 1]

@@ -1,0 +1,181 @@
+"""Fluctuation detection: operator calls far outside their usual time, and ranks that are slower.
+
+Design note. Two rules, robust to the few wild values a shared machine produces. A *floor* keeps
+what costs little out: ``floor = max(ABS_FLOOR_US, STEP_SHARE * the median step time)``.
+
+- **A call** of an operator on a rank (at least MIN_CALLS calls there) is flagged when its time
+  exceeds ``median + K * max(1.4826 * MAD, REL_FLOOR * median)`` (MAD: the median absolute
+  deviation; 1.4826 * MAD estimates the standard deviation of normal noise; REL_FLOOR keeps an
+  operator with near-constant times from flagging small excursions: a flagged call takes at
+  least 2.5 times its median) and by at least the floor.
+- **A rank** is flagged for an operator that every rank calls equally often (the same work) when
+  its median time is at least (1 + RANK_REL) times the median of the other ranks' medians, and
+  that much beyond the rank's own *factor* (the median of this ratio over all the operators the
+  ranks share: a rank that is slower at everything runs on a slower or busier core, which the
+  slowest-rank line reports, not an operator), at least RANK_SHARE of its calls are slower than
+  every other rank's median, and its wall-time median exceeds the others' by at least the floor
+  per step.
+
+A collective's time here is its transfer time (its duration less its wait for a late peer): a
+late peer is the peer's problem, reported as that peer's lateness, not as the collective's.
+
+In a simulation a kernel's wall time also holds the time its thread was descheduled or waited
+for the GIL: measured on 2 loaded cores, a kernel of 9 ms CPU took a median 42 ms of wall time
+and single calls 20 times their median, while the CPU times of the same kernel on two ranks
+agreed within 2 %; on an idle machine single calls still took 4 times their median wall time
+and twice their median CPU time. So where the trace has each task's thread CPU time (``runtime.profiler``
+records it for every task), both rules judge the CPU time as well: a call must be an
+outlier in wall time *and* in CPU time, each by the floor (in CPU time: the floor scaled by the
+operator's median CPU / wall time, as load stretches wall time and the step, not CPU time); a
+rank's CPU times must pass the rank rule (its wall time must still lose the floor per step). Time lost to the host's scheduler is
+thereby never blamed on an operator; a kernel that sleeps is not flagged either (it does no
+work).
+
+Collectives are left out of the call rule: the transfer time of one call is set by when the OS
+runs every member process, and its CPU time holds spinning waits, so neither tells a slow call
+from a descheduled peer (measured: healthy runs on an idle machine had single AllReduces at 6-10
+times their median). A collective slow call after call is the fail-slow detector's "slow inside
+the collective" (docs/hangs.md); the rank rule compares collectives' transfer times.
+
+Pure: arrays in, findings out; unit-tested in tests/unit/test_profsummary.py.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+MIN_CALLS = 8           # calls of an operator on a rank before its calls are judged
+K = 5.0                 # robust standard deviations above the median
+REL_FLOOR = 0.30        # the deviation is taken as at least this share of the median
+ABS_FLOOR_US = 1000.0   # an excess below 1 ms (a call; a rank: per step) is never flagged
+STEP_SHARE = 0.02       # ... nor one below 2 % of the median step time
+RANK_REL = 0.15         # a rank's median at least this much above the others'
+RANK_SHARE = 0.75       # ... in at least this share of its calls
+MAD_SIGMA = 1.4826
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One finding: ``what`` is "call" (one slow call) or "rank" (a rank slower at an op)."""
+
+    what: str
+    rank: int
+    op: str
+    kind: str
+    step: int | None        # the call's step ("call"); None for "rank" (see steps)
+    steps: tuple            # the steps concerned: (step,) or (first, last)
+    site: str | None
+    time_us: float          # the call's time, or the rank's median
+    usual_us: float         # the operator's median on the rank, or the other ranks' median
+    calls: int
+
+    @property
+    def ratio(self) -> float:
+        return self.time_us / self.usual_us if self.usual_us > 0 else float("inf")
+
+
+@dataclass
+class OpCalls:
+    """The calls of one operator on one rank (in steps): times, CPU times, steps, sites."""
+
+    rank: int
+    op: str
+    kind: str
+    time: np.ndarray          # microseconds (a collective: its transfer time)
+    cpu: np.ndarray           # microseconds, NaN where not recorded
+    step: np.ndarray
+    site: list
+
+
+def _spread(v: np.ndarray) -> tuple[float, float]:
+    m = float(np.median(v))
+    return m, max(MAD_SIGMA * float(np.median(np.abs(v - m))), REL_FLOOR * m)
+
+
+def _outliers(v: np.ndarray, floor_us: float) -> tuple[np.ndarray, float]:
+    m, s = _spread(v)
+    return (v > m + K * s) & (v - m >= floor_us), m
+
+
+def floor_for(step_us: float) -> float:
+    """The least excess worth a flag in a job whose median step takes ``step_us``."""
+    return max(ABS_FLOOR_US, STEP_SHARE * step_us)
+
+
+def _has_cpu(c: OpCalls) -> bool:
+    return len(c.cpu) > 0 and not np.isnan(c.cpu).any()
+
+
+def slow_calls(c: OpCalls, floor_us: float = ABS_FLOOR_US) -> list[Flag]:
+    """The calls of ``c`` far above its usual time (the call rule of the design note)."""
+    if len(c.time) < MIN_CALLS or c.kind == "collective":
+        return []
+    out, m = _outliers(c.time, floor_us)
+    if out.any() and _has_cpu(c):
+        # the floor in the operator's CPU time: a loaded machine stretches wall time (and the
+        # step time the floor comes from), not CPU time
+        scale = min(1.0, float(np.median(c.cpu)) / m) if m > 0 else 1.0
+        out &= _outliers(c.cpu, floor_us * scale)[0]
+    return [Flag("call", c.rank, c.op, c.kind, int(c.step[i]), (int(c.step[i]),), c.site[i],
+                 float(c.time[i]), m, len(c.time)) for i in np.flatnonzero(out)]
+
+
+def _comparable(per_rank: list[OpCalls]) -> bool:
+    counts = {len(c.time) for c in per_rank}
+    return len(per_rank) >= 2 and len(counts) == 1 and counts.pop() >= max(MIN_CALLS // 2, 1)
+
+
+def _measure(per_rank: list[OpCalls]) -> list[np.ndarray]:
+    cpu = all(_has_cpu(c) for c in per_rank)
+    return [c.cpu if cpu else c.time for c in per_rank]
+
+
+def _ratios(per_rank: list[OpCalls]) -> np.ndarray:
+    """Each rank's median over the median of the other ranks' medians."""
+    med = np.asarray([np.median(v) for v in _measure(per_rank)])
+    return np.asarray([med[i] / max(float(np.median(np.delete(med, i))), 1e-9)
+                       for i in range(len(med))])
+
+
+def rank_factors(ops: list[list[OpCalls]]) -> dict[int, float]:
+    """rank -> the median, over the operators every rank calls equally often (each a list of
+    OpCalls, one per rank, in the same rank order), of its time over the others' (>= 1 each)."""
+    ratios = [_ratios(per_rank) for per_rank in ops if _comparable(per_rank)]
+    if not ratios:
+        return {}
+    med = np.median(np.asarray(ratios), axis=0)
+    return {c.rank: max(1.0, float(f)) for c, f in zip(ops[0], med)}
+
+
+def slow_ranks(per_rank: list[OpCalls], steps: int, floor_us: float = ABS_FLOOR_US,
+               factors: dict | None = None) -> list[Flag]:
+    """Ranks markedly slower than the others at one operator they all call equally often
+    (``factors``: ``rank_factors`` of the job, each rank's general slowness)."""
+    if steps <= 0 or not _comparable(per_rank):
+        return []
+    measure = _measure(per_rank)
+    med = np.asarray([np.median(v) for v in measure])
+    wall = np.asarray([np.median(c.time) for c in per_rank])
+    flags = []
+    for i, c in enumerate(per_rank):
+        others = np.delete(med, i)
+        usual = float(np.median(others))
+        factor = (factors or {}).get(c.rank, 1.0)
+        if med[i] < (1 + RANK_REL) * factor * usual:
+            continue
+        if float(np.mean(measure[i] > others.max())) < RANK_SHARE:
+            continue
+        usual_wall = float(np.median(np.delete(wall, i)))
+        if (wall[i] - usual_wall) * len(c.time) / steps < floor_us:
+            continue                      # no time lost that matters
+        site = Counter(s for s in c.site if s).most_common(1)
+        flags.append(Flag("rank", c.rank, c.op, c.kind, None,
+                          (int(c.step.min()), int(c.step.max())), site[0][0] if site else None,
+                          float(wall[i]), usual_wall, len(c.time)))
+    return flags
+
+
+RULES = {"min_calls": MIN_CALLS, "k": K, "rel_floor": REL_FLOOR, "abs_floor_us": ABS_FLOOR_US,
+         "step_share": STEP_SHARE, "rank_rel": RANK_REL, "rank_share": RANK_SHARE}
