@@ -7,6 +7,7 @@ only, so the worker bootstrap imports it before the user's code without slowing 
 """
 from __future__ import annotations
 
+import collections
 import enum
 
 
@@ -47,9 +48,38 @@ HCCL_ERRORS = (("HcclTimeoutError", Failure.TIMEOUT), ("CollectiveMismatchError"
 COLLECTIVE = frozenset({Failure.TIMEOUT, Failure.MISMATCH, Failure.FAILED, Failure.RELEASED})
 
 
+# npusim errors the torch backend handed to torch's C++ as a failed Future (hccl.torch_work).
+# torch carries such an error on as a RuntimeError holding only its text ("Got the following
+# error when running the callback: RemoteRankError: [rank 0] ..."), and DDP raises that from
+# backward(): ``origin`` names the npusim error behind it, so a rank released by a dead peer
+# is recorded as released, not as its own code's error. A few suffice: a rank raises one.
+_HANDED: collections.deque = collections.deque(maxlen=16)
+
+
+def handed_to_torch(exc: BaseException) -> None:
+    """Note that ``exc`` went into torch's C++ as a Future's error (see ``origin``)."""
+    if not _HANDED or _HANDED[-1] is not exc:
+        _HANDED.append(exc)
+
+
+def origin(exc: BaseException) -> BaseException:
+    """The npusim error ``exc`` stands for: ``exc`` itself, or, for the RuntimeError torch made
+    of an error the torch backend handed it, that error (its whole message is in the text)."""
+    if type(exc) is not RuntimeError:
+        return exc
+    text = str(exc)
+    for handed in reversed(_HANDED):
+        message = str(handed)
+        if message and f"{type(handed).__name__}: {message}" in text:
+            return handed
+    return exc
+
+
 def of_exception(exc: BaseException) -> tuple[Failure, str]:
     """(kind, class name) of an exception a rank raised: hccl's own class for a failed stream
-    task (the most derived, not the combined ``TaskError[...]``), else the exception's class."""
+    task (the most derived, not the combined ``TaskError[...]``), else the exception's class;
+    a RuntimeError torch made of an npusim error is that error (``origin``)."""
+    exc = origin(exc)
     names = [c.__name__ for c in type(exc).__mro__]
     for cls_name, kind in HCCL_ERRORS:
         if cls_name in names:

@@ -5,9 +5,20 @@ Design note. A torch collective on this backend is: stage the tensors into devic
 the calling thread), enqueue the hccl collective on the process group's stream, record an event.
 One completer thread per process group then synchronizes those events in call order, copies the
 results back into the tensors and completes each Work's ``torch.futures.Future`` (with the
-output tensors, or with npusim's exception). ``Work.wait()`` and ``Work.get_future()`` (what
-DistributedDataParallel chains its bucket callbacks on) both read that future, so an error
-reaches whoever waits, with npusim's own type and message.
+output tensors, or with npusim's exception).
+
+How a failure reaches torch. ``torch.futures.Future.set_exception`` does not fail the future:
+it stores the exception as the future's *value* and teaches only the Python wrapper to raise
+it. C++ readers of the future never see an error: DistributedDataParallel's reducer, after
+backward, reads each bucket's future as a successful one, finds no tensor in it and indexes
+the empty list (``parseCppCommHookResult``): a SIGSEGV in the backward engine on every rank
+that survived a dead peer. So a Work fails its future the way torch's C++ understands: the
+future ``get_future()`` returns is a ``then`` of an inner one, whose callback raises the
+error; torch marks that future failed (a RuntimeError carrying npusim's message, as gloo's
+"Connection reset by peer"), and DDP raises it from ``backward()``. ``Work.wait()`` raises
+npusim's own exception instead, type and all. The error is noted with
+``hccl.failure.handed_to_torch``, so the bootstrap can tell which npusim error torch's
+RuntimeError stands for (a released rank is a victim, not a culprit).
 
 A stream skips the tasks queued behind a failed one, and a failed collective aborts its
 communicator, so once a Work of a group has failed, every later Work of that group fails with
@@ -27,6 +38,7 @@ from torch.futures import Future
 import runtime
 
 from .errors import HcclError, InvalidArgumentError
+from .failure import handed_to_torch
 
 _DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
            torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
@@ -43,20 +55,32 @@ class Work(dist._Work):
 
     ``wait()`` raises npusim's error (``CollectiveMismatchError``, ``HcclTimeoutError``,
     ``RemoteRankError``, ...) if the collective failed; ``get_future()`` is completed with the
-    output tensors (or that error).
+    output tensors, or failed with a RuntimeError carrying that error's message (torch's C++,
+    DDP's reducer included, reads it; see the module note).
     """
 
     def __init__(self, name: str, outputs: list):
         super().__init__()
         self.name = name
         self._outputs = outputs
-        self._fut: Future = Future()
         self._error: BaseException | None = None
+        # completed with None or the error by ``complete``; ``_fut`` follows it at once, in
+        # torch's terms (the callback holds the outputs, never the Work: no cycle through C++)
+        self._done: Future = Future()
+        self._fut: Future = self._done.then(_outcome(outputs))
         self.source = -1         # the sender of a receive from any source
 
     def wait(self, timeout=None) -> bool:
-        # no deadline of its own: every wait inside the collective is bounded by HCCL_EXEC_TIMEOUT
-        self._fut.wait()
+        # no deadline of its own: every wait inside the collective is bounded by HCCL_EXEC_TIMEOUT.
+        # The outer future, not the inner: it completes last (torch runs the callback after
+        # waking the inner one's waiters), and is_completed() must be true once this returns
+        try:
+            self._fut.wait()
+        except RuntimeError:        # torch's words for our error: raise npusim's own
+            if self._error is None:
+                raise
+        if self._error is not None:
+            raise self._error
         return True
 
     def get_future(self) -> Future:
@@ -85,11 +109,20 @@ class Work(dist._Work):
 
     def complete(self, error: BaseException | None) -> None:
         """Deliver the outputs (``error`` None) or ``error`` to every waiter."""
-        if error is None:
-            self._fut.set_result(self._outputs)
-        else:
-            self._error = error
-            self._fut.set_exception(error)
+        self._error = error
+        self._done.set_result(error)
+
+
+def _outcome(outputs: list):
+    """The callback that turns the inner future's value (None or an error) into the outcome
+    torch reads: the outputs, or a failed future (raising is the one way to fail a future)."""
+    def outcome(done: Future) -> list:
+        error = done.value()
+        if error is not None:
+            handed_to_torch(error)
+            raise error
+        return outputs
+    return outcome
 
 
 class Completer:

@@ -541,4 +541,4 @@ class Agent:
 
 
 def _first_line(text) -> str:
-    return (str(text or "").strip().splitlines() or [""])[0][:160]
+    return (str(text or "").strip().splitlines() or [""])[0]     # whole: the attempts line

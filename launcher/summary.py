@@ -188,7 +188,8 @@ def format_story(title: str, reason: str, culprits: list[Culprit],
 
     The root cause is the verdict's culprit (never the first rank to time out); every other
     failure is one line, listed as released by it; ``tracebacks`` says where the ranks' full
-    tracebacks are.
+    tracebacks are (a path with ``<local_rank>`` in it): the line names the local ranks that
+    wrote one, and is left out when none did (a rank that died by a signal writes none).
     """
     width = 72
     blamed = {c.rank for c in culprits}
@@ -220,7 +221,10 @@ def format_story(title: str, reason: str, culprits: list[Culprit],
         for f in victims:
             parts.append(f"  rank {f.rank}: {describe_exit(f.exitcode)}: "
                          f"{_one_line(f.error_line or f.message)}")
-    parts.append(f"Full tracebacks: {tracebacks}")
+    written = _written(tracebacks, failures)
+    if written:
+        parts.append(f"Full tracebacks: {tracebacks} (local rank{'s' if len(written) > 1 else ''} "
+                     f"{', '.join(map(str, written))})")
     names = ", ".join(str(c.rank) for c in culprits) or "none found"
     if restarting:
         parts.append(f"npurun restarts the job (--max-restarts); culprit rank(s): {names}")
@@ -234,6 +238,19 @@ def format_story(title: str, reason: str, culprits: list[Culprit],
     return "\n".join(parts)
 
 
+def _written(pattern: str, failures: list[ProcessFailure]) -> list[int]:
+    """The local ranks of ``failures`` whose file ``pattern`` (``<local_rank>`` filled in)
+    exists: a report points only to files that are there."""
+    if "<local_rank>" not in pattern:
+        return [f.local_rank for f in failures] if os.path.isfile(pattern) else []
+    return sorted({f.local_rank for f in failures
+                   if os.path.isfile(pattern.replace("<local_rank>", str(f.local_rank)))})
+
+
 def _one_line(text: str, limit: int = 220) -> str:
+    """The first line of ``text``, shortened at a word (never inside one) to ``limit``."""
     line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
-    return line if len(line) <= limit else line[:limit - 3] + "..."
+    if len(line) <= limit:
+        return line
+    cut = line[:limit - 3]
+    return (cut.rsplit(" ", 1)[0] if " " in cut else cut) + "..."

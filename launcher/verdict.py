@@ -7,8 +7,11 @@ collective the job is stuck in: the one whose failure came first (a timeout or a
 an abort that only echoes another rank's failure), else the oldest in-flight one. Every member of
 that communicator is then:
 
-- ``dead``: its process is gone by a signal, or by an exit that was not an hccl error;
-- ``completed``: it finished that seq;
+- ``dead``: its process is gone by a signal, or by an exit that was not an hccl error; where
+  it was comes from its last published state, up to an interval older than its death: when
+  the others got further than that state (``_last_position``), its position is unknown;
+- ``completed``: it finished that seq, or it exited 0 (what it called completed) when another
+  rank died or failed by itself;
 - ``mismatch``: it called a different collective (op, count, dtype, reduce op, root) at that seq
   than the majority of ranks;
 - ``not_entered``: alive (or exited 0) and never started that seq: still in user code, or its
@@ -106,15 +109,31 @@ def describe_call(rec: dict) -> str:
 
 
 def _focus(infos: list[RankInfo]) -> dict | None:
-    failed, inflight = [], []
+    """The record the job is stuck in. A published state is a snapshot up to an interval old, so
+    the in-flight records of a rank whose process has ended say where it was some time before
+    it ended: they come last, after what the ranks still running wait in and where the
+    released ones were caught. A rank that exited 0 finished what it called, and a record
+    queued behind a failed one never runs: neither is in flight."""
+    failed, live, ended = [], [], []
     for info in infos:
-        for r in _records(info.state):
+        recs = _records(info.state)
+        # a record queued behind a failed one of its communicator never runs (the stream
+        # skips it, the communicator is aborted): not where the rank waits
+        behind = {}
+        for r in recs:
             if r.get("state") == "failed":
                 failed.append(r)
-            elif r.get("state") in ("enqueued", "started"):
-                inflight.append(r)
+                cid = r.get("comm_id")
+                behind[cid] = min(behind.get(cid, r.get("seq") or 0), r.get("seq") or 0)
+        for r in recs:
+            if r.get("state") not in ("enqueued", "started") or info.exit == 0:
+                continue
+            if (r.get("seq") or 0) > behind.get(r.get("comm_id"), float("inf")):
+                continue
+            (live if info.exit is None else ended).append(r)
     primary = [r for r in failed if not _is_echo(r)]
-    for group, key in ((primary, "t_completed"), (inflight, "t_enqueued"), (failed, "t_completed")):
+    for group, key in ((primary, "t_completed"), (live, "t_enqueued"), (failed, "t_completed"),
+                       (ended, "t_enqueued")):
         if group:
             return min(group, key=lambda r: (r.get(key) or 0, r.get("seq") or 0))
     return None
@@ -148,11 +167,20 @@ def _error_detail(info: RankInfo, seq=None, comm=None, rec=None) -> str:
     return text
 
 
-def _reason(states: set) -> str:
+def _reason(states: set, failed: bool = True) -> str | None:
+    """The class of a verdict from its ranks' states; ``timeout`` when a rank failed otherwise
+    (it waited for a peer past HCCL_EXEC_TIMEOUT), None while no rank has failed (a live view
+    of a job that waits: no timeout has happened)."""
     for kind in CLASSES:
         if kind.value in states:
             return kind.value
-    return Failure.TIMEOUT.value
+    return Failure.TIMEOUT.value if failed else None
+
+
+def _any_failed(infos: list[RankInfo]) -> bool:
+    """Whether a rank failed: its process ended non-zero, or a collective of it failed."""
+    return any(i.exit not in (None, 0) or any(r.get("state") == "failed" for r in _records(i.state))
+               for i in infos)
 
 
 def classify(infos: list[RankInfo], *, now: float | None = None,
@@ -180,21 +208,27 @@ def classify(infos: list[RankInfo], *, now: float | None = None,
     if majority is None and len(votes) > 1:
         majority = _tie_break(recs, by_rank, members)
     ranks, culprits = {}, []
+    caused = any(_dead(i) or _own_error(i) for i in infos)    # a rank failed by itself
     for g in members:
         info = by_rank.get(g, RankInfo(g))
         rec = recs.get(g)
         done = _progress(info.state, cid)
         age = state_age(info, now)
         if _dead(info):
-            detail = describe_exit(info.exit)
-            if rec is not None and rec.get("state") != "completed":
-                detail += f"; it was in {describe_call(rec)} seq {seq}"
-            ranks[str(g)] = _entry("dead", info, rec, detail, members)
+            where, rec = _last_position(info, rec, seq, cid,
+                                        [by_rank[m] for m in members if m != g and m in by_rank])
+            ranks[str(g)] = _entry("dead", info, rec, f"{describe_exit(info.exit)}; {where}",
+                                   members)
         elif _own_error(info):
             ranks[str(g)] = _entry("error", info, rec,
                                    _error_detail(info, seq, focus.get("comm"), rec), members)
         elif done[1] >= seq or (rec is not None and rec.get("state") == "completed"):
             ranks[str(g)] = _entry("completed", info, rec, f"completed seq {seq}", members)
+        elif info.exit == 0 and (rec is not None or caused):
+            # it ended cleanly: what it called completed (its published state may be up to an
+            # interval older than its end); with a rank dead or failed by itself, that rank
+            # stopped the job, not one that finished its work
+            ranks[str(g)] = _entry("completed", info, None, "exited 0", members)
         elif rec is not None and majority is not None and _fp(rec) != majority:
             ranks[str(g)] = _entry("mismatch", info, rec, f"called {describe_call(rec)} at seq {seq}",
                                    members)
@@ -229,7 +263,7 @@ def classify(infos: list[RankInfo], *, now: float | None = None,
         if waited:
             n = max(waited.values())
             culprits = sorted(r for r, c in waited.items() if c == n)
-    reason = _reason({e["state"] for e in ranks.values()})
+    reason = _reason({e["state"] for e in ranks.values()}, _any_failed(infos))
     others = {}
     for i in infos:
         if i.rank in members:
@@ -249,6 +283,31 @@ def classify(infos: list[RankInfo], *, now: float | None = None,
             "other_ranks": others,
             "verdict": _headline(culprits, ranks, seq, focus, _call_of(majority, recs)),
             "time": now}
+
+
+def _last_position(info: RankInfo, rec: dict | None, seq, cid, others: list[RankInfo]
+                   ) -> tuple[str, dict | None]:
+    """Where a dead rank was, as far as its last published state tells without contradicting
+    the others: (words, its record of the focus seq if it was in it, else None).
+
+    Its state was published up to an interval before it died: a SIGKILLed rank writes nothing
+    more. When the others got further than that state (they completed a seq it had not even
+    enqueued, or finished and exited 0), the state is stale and its position unknown.
+    """
+    others_done = max((_progress(o.state, cid)[1] for o in others), default=0)
+    finished = any(o.exit == 0 for o in others)
+    if not info.state:
+        return "its last seq is unknown (it published no state)", None
+    enq, done = _progress(info.state, cid)
+    if (rec is not None and rec.get("state") != "completed" and others_done < seq
+            and not finished):
+        return f"it was in {describe_call(rec)} seq {seq}", rec
+    if others_done > enq or finished:
+        theirs = (f"the others' progress (seq {others_done} completed)" if others_done > enq
+                  else "the others, which finished and exited 0")
+        return (f"its last seq is unknown: its last published state (seq {enq} enqueued, "
+                f"{done} completed) is older than {theirs}"), None
+    return f"its last published state: seq {enq} enqueued, seq {done} completed", None
 
 
 def _elsewhere(info: RankInfo) -> str | None:
@@ -500,7 +559,8 @@ def _headline(culprits, ranks, seq, focus, majority_call) -> str:
     if split:       # no majority: ranks released before they called seq have no vote
         parts.append(f"no majority among the calls made, so any of ranks {split} may be the odd "
                      "one (ranks that never called it have no vote)")
-    victims = sorted(int(r) for r, e in ranks.items() if int(r) not in culprits)
+    victims = sorted(int(r) for r, e in ranks.items()
+                     if int(r) not in culprits and e["state"] != "completed")
     if victims and any(ranks[str(c)]["state"] in ("error", "dead") for c in culprits):
         parts.append(f"rank(s) {victims} only waited for {'it' if len(culprits) == 1 else 'them'} "
                      "(victims, not causes)")

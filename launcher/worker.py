@@ -37,7 +37,7 @@ import sys
 import time
 import traceback
 
-from hccl.failure import Failure, of_exception
+from hccl.failure import Failure, of_exception, origin
 
 _PR_SET_PDEATHSIG = 1
 _stack_file = None  # kept open for faulthandler for the life of the process
@@ -92,6 +92,8 @@ def error_record(exc: BaseException) -> dict:
     exception carries a traceback; for ``released``, ``abort``: the typed abort record that
     released it (kind, rank, text), when the error carries one.
     """
+    site = user_site(exc.__traceback__)
+    exc = origin(exc)       # npusim's error, when torch handed it on as a RuntimeError
     kind, type_name = of_exception(exc)
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     # a collective's message is a headline and indented details; the user's own error is read
@@ -100,7 +102,6 @@ def error_record(exc: BaseException) -> dict:
     if len(text) > _MAX_TEXT:
         text = text[:_MAX_TEXT - 3] + "..."
     rec = {"kind": kind.value, "type": type_name, "rank": _int_env("RANK"), "text": text}
-    site = user_site(exc.__traceback__)
     if site:
         rec["site"] = site
     if kind is Failure.MISMATCH and getattr(exc, "calls", None):    # the calls the rank compared

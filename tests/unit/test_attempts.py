@@ -48,3 +48,16 @@ def test_failure_class():
     assert failure_class("timeout", -9) == "timeout"
     assert failure_class(None, -9) == "dead"
     assert failure_class("", 3) == "error"
+
+
+def test_a_long_verdict_line_is_kept_whole():
+    """The attempts line carries the verdict's whole first line (it was cut at 160 characters,
+    mid-word: "(victims, not; ...")."""
+    from launcher.agent import _first_line
+    verdict = ("rank 1 is dead (killed by SIGKILL; its last seq is unknown: its last published "
+               "state (seq 86 enqueued, 81 completed) is older than the others' progress (seq "
+               "101 completed)); rank(s) [0, 2] only waited for it (victims, not causes)")
+    a0 = AttemptRecord(0, "failed", [1], "dead", _first_line(verdict + "\nmore"), failed_at=1.0)
+    a1 = AttemptRecord(1, "succeeded")
+    line = format_attempts([a0, a1], 1).splitlines()[1]
+    assert f": {verdict}; the next attempt did not print" in line

@@ -138,3 +138,32 @@ def test_story_summary_blames_the_culprit_not_the_first_to_time_out(tmp_path):
     assert story_exit_code([dead]) == 137
     assert "npurun exits with 137 (culprit rank 1: dead, killed by SIGKILL)" in format_story(
         "npurun t.py", "dead_rank", [dead], [timed_out], tracebacks="x")
+
+
+@pytest.mark.timeout(10)
+def test_story_points_only_to_traceback_files_that_exist(tmp_path):
+    """A rank killed by a signal writes no traceback.log: the summary names the files written
+    (by local rank) and leaves the line out when there is none."""
+    from launcher.summary import Culprit, format_story
+    pattern = str(tmp_path / "attempt_0" / "<local_rank>" / "traceback.log")
+    killed = ProcessFailure(rank=1, local_rank=1, pid=11, exitcode=-9, error_file="",
+                            observed_at=1.0)
+    dead = Culprit(rank=1, state="dead", detail="killed by SIGKILL", local_rank=1, pid=11,
+                   exitcode=-9, failure=killed)
+    released = [ProcessFailure(rank=r, local_rank=r, pid=10 + r, exitcode=1, error_file="",
+                               observed_at=2.0) for r in (0, 2)]
+    text = format_story("npurun t.py", "dead", [dead], [killed, *released], tracebacks=pattern)
+    assert "Full tracebacks" not in text and "<local_rank>" not in text
+    for r in (0, 2):
+        (tmp_path / "attempt_0" / str(r)).mkdir(parents=True)
+        (tmp_path / "attempt_0" / str(r) / "traceback.log").write_text(TB)
+    text = format_story("npurun t.py", "dead", [dead], [killed, *released], tracebacks=pattern)
+    assert f"Full tracebacks: {pattern} (local ranks 0, 2)\n" in text
+
+
+@pytest.mark.timeout(10)
+def test_one_line_is_shortened_at_a_word():
+    from launcher.summary import _one_line
+    text = "RemoteRankError: " + " ".join(["word"] * 80)
+    line = _one_line(text, limit=100)
+    assert len(line) <= 100 and line.endswith(" word...") and _one_line("short\nmore") == "short"

@@ -308,3 +308,88 @@ def test_ranks_text_and_the_notice_name_the_culprit_first():
                             "(ALLREDUCE(count=1024, FP32, SUM)) for 15 s; ranks 0-2 wait for it")
     assert "  rank 3: not_entered: never called seq 2 (last enqueued seq 1); alive" in text
     assert text.index("----- Python stacks of rank 3 (now) -----") < text.index("save_checkpoint")
+
+
+def _peer_killed(survivors_exit=1):
+    """Rank 1 SIGKILLed mid-backward (the torch DDP case of issue 40): the survivors were
+    released in seq 102 (their later buckets queued behind it); rank 1's last published state,
+    an interval older than its death, still says seq 86."""
+    three = (0, 1, 2)
+    def survivor(r):
+        recs = [rec(102, members=three, state="failed", waiting_for=1, t=200.0,
+                    error_type="RemoteRankError")]
+        recs += [rec(s, members=three, state="enqueued", t=200.0) for s in range(103, 107)]
+        return RankInfo(r, st(recs, 106, 101, time=205.0), exit=survivors_exit,
+                        error=RELEASED if survivors_exit else None)
+    dead = RankInfo(1, st([rec(s, members=three, state="enqueued", t=199.0)
+                           for s in range(82, 87)], 86, 81, time=199.5), exit=-9)
+    return [survivor(0), dead, survivor(2)]
+
+
+def test_a_peer_killed_mid_backward_is_the_only_culprit_and_its_stale_seq_is_unknown():
+    v = classify(_peer_killed(), now=210.0)
+    assert v["reason"] == "dead" and v["culprits"] == [1] and v["seq"] == 102, v["verdict"]
+    dead = v["ranks"]["1"]
+    assert dead["state"] == "dead" and dead["seq"] is None
+    assert dead["detail"] == ("killed by SIGKILL; its last seq is unknown: its last published "
+                              "state (seq 86 enqueued, 81 completed) is older than the others' "
+                              "progress (seq 101 completed)")
+    assert {v["ranks"][r]["state"] for r in ("0", "2")} == {"waiting"}
+    assert v["verdict"].endswith("rank(s) [0, 2] only waited for it (victims, not causes)")
+    # before the survivors exit (the verdict npurun takes first): their records queued behind
+    # the failed seq are not where they wait, and they are no culprits
+    v = classify(_peer_killed(survivors_exit=None), now=210.0)
+    assert v["culprits"] == [1] and v["seq"] == 102, v["verdict"]
+
+
+def test_a_dead_rank_the_others_wait_for_was_in_that_seq():
+    three = (0, 1, 2)
+    infos = [RankInfo(0, st([rec(3, members=three, waiting_for=1)], 3, 2)),
+             RankInfo(1, st([rec(3, members=three, t=99.0)], 3, 2), exit=-9),
+             RankInfo(2, st([rec(3, members=three, waiting_for=1)], 3, 2))]
+    v = classify(infos)
+    assert v["culprits"] == [1] and v["ranks"]["1"]["seq"] == 3
+    assert v["ranks"]["1"]["detail"] == ("killed by SIGKILL; it was in ALLREDUCE(count=1024, "
+                                         "FP32, SUM) seq 3")
+    infos[1] = RankInfo(1, st([], 2, 2), exit=-9)     # it never published seq 3
+    v = classify(infos)
+    assert v["culprits"] == [1] and v["ranks"]["1"]["detail"] == (
+        "killed by SIGKILL; its last published state: seq 2 enqueued, seq 2 completed")
+    infos[1] = RankInfo(1, None, exit=-9)
+    assert classify(infos)["ranks"]["1"]["detail"] == (
+        "killed by SIGKILL; its last seq is unknown (it published no state)")
+
+
+def test_peers_that_exited_0_are_not_culprits_of_a_dead_rank():
+    """Rank 1 was killed after its last collective; its peers finished and exited 0, their
+    published states an interval old (one still shows a collective in flight)."""
+    three = (0, 1, 2)
+    infos = [RankInfo(0, st([rec(147, members=three, waiting_for=1)], 151, 146), exit=0),
+             RankInfo(1, st([rec(147, members=three, t=99.0)], 151, 146), exit=-9),
+             RankInfo(2, st([], 140, 140), exit=0)]
+    v = classify(infos)
+    assert v["culprits"] == [1], v["verdict"]
+    assert {r: e["state"] for r, e in v["ranks"].items()} == {
+        "0": "completed", "1": "dead", "2": "completed"}
+    assert "unknown" in v["ranks"]["1"]["detail"] and "exited 0" in v["ranks"]["1"]["detail"]
+    assert "victims" not in v["verdict"]
+    # without a rank failed by itself, a rank that exited 0 and never called the seq the others
+    # wait in is the culprit (it skipped it)
+    hang = [RankInfo(0, st([rec(5, members=three, waiting_for=2)], 5, 4)),
+            RankInfo(1, st([rec(5, members=three, waiting_for=2)], 5, 4)),
+            RankInfo(2, st([], 4, 4), exit=0)]
+    v = classify(hang)
+    assert v["culprits"] == [2] and "exited 0 without calling it" in v["ranks"]["2"]["detail"]
+
+
+def test_a_live_view_says_no_timeout_before_one_happened():
+    three = (0, 1, 2)
+    infos = [RankInfo(0, st([rec(2, members=three, waiting_for=2)], 2, 1), alive=True),
+             RankInfo(1, st([rec(2, members=three, waiting_for=0)], 2, 1), alive=True),
+             RankInfo(2, st([], 1, 1), alive=True)]
+    v = classify(infos, now=150.0)
+    assert v["reason"] is None and v["culprits"] == [2]
+    assert format_report(v, now=150.0).splitlines()[1] == "npusim job verdict"
+    infos[0] = RankInfo(0, st([rec(2, members=three, waiting_for=2, state="failed",
+                                   error_type="HcclTimeoutError")], 2, 1), exit=1, error=TIMEOUT)
+    assert classify(infos, now=150.0)["reason"] == "timeout"
