@@ -259,10 +259,10 @@ class Stream:
                 self._cv.notify_all()
 
     def _fail(self, task: _Task, exc: BaseException) -> None:
+        cls = task_error_class(type(exc))
         with self._cv:
             self._skip_until = _NEVER     # until the error is raised (see the module note)
             if self._error is None:
-                cls = task_error_class(type(exc))
                 where = (f"\n  task '{task.name}' on {self.name} (device {self.device_id}) enqueued at "
                          f"{task.site}")
                 if cls is TaskError:
@@ -278,7 +278,11 @@ class Stream:
                 err.__cause__ = exc
                 self._error, self._error_seq = err, task.seq
         if not isinstance(exc, KeyboardInterrupt):   # a Ctrl-C is no task's failure
-            log.error("task %s on %s failed: %s (enqueued at %s)", task.name, self.name,
+            # A library error (a peer's death, a timeout) is raised at the synchronize with its
+            # own one-line message: logging it here too printed every released rank twice.
+            # A user kernel's exception stays at ERROR, in case nothing ever synchronizes.
+            level = logging.ERROR if cls is TaskError else logging.INFO
+            log.log(level, "task %s on %s failed: %s (enqueued at %s)", task.name, self.name,
                       str(exc).splitlines()[0] if str(exc) else repr(exc), task.site)
 
     # ------------------------------------------------------------------ waiting
