@@ -8,6 +8,8 @@ host buffer may be reused at once, as with ``runtime.memcpy_async``).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 import runtime
@@ -113,11 +115,10 @@ def resize_(self, size, *, memory_format=None):
     if need > have:
         with _device.on(d):
             base = S.new_storage_tensor(need, d)
-            if have:
+            old = S.owner_of(self)
+            if old is not None:         # keep the old bytes (rare: torch resizes empty tensors)
                 runtime.current_stream().synchronize()
-                old = S.owner_of(self)
-                if old is not None:
-                    S.owner_of(base).cpu[:have].copy_(old.cpu[:have])
+                S.owner_of(base).cpu[:have].copy_(old.cpu[:have])
         torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
             _CPU_KS, self, base.untyped_storage(), self.storage_offset(), size, stride)
         return self
@@ -134,6 +135,21 @@ def _redispatch_cpu(op):
 def record_stream(self, s):
     """Nothing to do: the pool orders a free after the allocating stream's work, and npusim's
     stream sanitizer names a free that another stream's work races with."""
+
+
+def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                groups):
+    """torch asks backends other than CPU/CUDA for convolution_overrideable: the CPU one."""
+    return fallback(torch.ops.aten.convolution.default, input, weight, bias, stride, padding,
+                    dilation, transposed, output_padding, groups)
+
+
+def convolution_backward(grad_output, input, weight, stride, padding, dilation, transposed,
+                         output_padding, groups, output_mask):
+    bias_sizes = [weight.size(1) * groups if transposed else weight.size(0)]
+    return fallback(torch.ops.aten.convolution_backward.default, grad_output, input, weight,
+                    bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+                    output_mask)
 
 
 def is_pinned(self, device=None):
@@ -158,6 +174,8 @@ def register() -> None:
         "_copy_from_and_resize": copy_from_and_resize,
         "resize_": resize_,
         "record_stream": record_stream,
+        "convolution_overrideable": convolution,
+        "convolution_backward_overrideable": convolution_backward,
         "set_.source_Storage": _redispatch_cpu(a.set_.source_Storage),
         "set_.source_Storage_storage_offset": _redispatch_cpu(a.set_.source_Storage_storage_offset),
         "set_.source_Tensor": _redispatch_cpu(a.set_.source_Tensor),
@@ -165,8 +183,24 @@ def register() -> None:
     }
     for name, fn in impls.items():
         _aten.impl(name, fn, "PrivateUse1")
+    # operators with a fused CPU kernel that torch would otherwise decompose for a new backend
+    # (other rounding): they take the CPU kernel too, through the fallback
+    for name in _CPU_FUSED:
+        op = torch.ops.aten
+        for part in name.split("."):
+            op = getattr(op, part)
+        if isinstance(op, torch._ops.OpOverloadPacket):
+            op = op.default
+        _aten.impl(name, functools.partial(fallback, op), "PrivateUse1")
     from . import autocast
     autocast.register(_aten)
+
+
+_CPU_FUSED = [n for n in ("native_layer_norm", "native_layer_norm_backward", "native_group_norm",
+                          "native_group_norm_backward", "_softmax", "_log_softmax",
+                          "_softmax_backward_data", "_log_softmax_backward_data",
+                          "_fused_sdp_choice")
+              if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + n, "PrivateUse1")]
 
 
 def _set_empty(self):

@@ -104,7 +104,7 @@ def empty_strided(size, stride, dtype: torch.dtype, device: int) -> torch.Tensor
             break
         numel_span += (n - 1) * s
     if numel_span == 0:         # no bytes: an empty host array stands for the storage
-        base = _from_dlpack(np.empty(0, np.uint8), device)
+        base = _from_dlpack(np.empty(item, np.uint8), device)   # one host element
     else:
         base = new_storage_tensor(numel_span * item, device)
     t = _view_dtype.redispatch(_CPU, base, dtype) if dtype != torch.uint8 else base
