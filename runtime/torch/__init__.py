@@ -8,11 +8,12 @@ of npusim device memory (ops.py), and the kernels that own storage or cross devi
 
 Needs torch's Python route to a PrivateUse1 backend (``torch._C._acc``,
 ``torch.utils.backend_registration._setup_privateuseone_for_python_backend``) and DLPack's
-kDLExtDev mapping to it: torch 2.10 or later (tested: 2.13.0).
+kDLExtDev mapping to it; ``register`` checks for the route and raises ImportError naming the
+installed version without it. Tested on torch 2.13.0 only (what CI pins); older releases that
+have the route are not verified.
 """
 from __future__ import annotations
 
-MIN_TORCH = (2, 10)
 _registered = False
 
 
@@ -29,9 +30,9 @@ def register(module=None) -> None:
     from torch.utils import backend_registration as br
     if not hasattr(torch._C, "_acc") or not hasattr(br, "_setup_privateuseone_for_python_backend"):
         raise ImportError(
-            f"npusim's npu device needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]} (the Python route to a "
-            f"PrivateUse1 backend, torch._C._acc); this is torch {torch.__version__}. "
-            "Install a newer torch: pip install 'torch>=2.10' --index-url https://download.pytorch.org/whl/cpu")
+            "npusim's npu device needs torch's Python route to a PrivateUse1 backend "
+            f"(torch._C._acc), which torch {torch.__version__} lacks; it is tested on torch "
+            "2.13: pip install 'torch==2.13.0' --index-url https://download.pytorch.org/whl/cpu")
     name = torch._C._get_privateuse1_backend_name()
     if name not in ("privateuseone", "npu"):
         raise RuntimeError(f"torch's PrivateUse1 backend is already '{name}': npusim's npu device "
