@@ -25,11 +25,16 @@ def current() -> int:
         return runtime.get_device()
 
 
+_count: list = []        # NPUSIM_DEVICE_COUNT, read once: it is fixed for the process
+
+
 def check_index(index, what: str = "device") -> int:
     """``index`` as a valid device index; torch's RuntimeError with npusim's numbers if not."""
-    n = runtime.device_count()
     if index is None:
         return current()
+    if not _count:
+        _count.append(runtime.device_count())
+    n = _count[0]
     if isinstance(index, torch.device):
         if index.type != "npu":
             raise ValueError(f"{what}={index}: expected an npu device")

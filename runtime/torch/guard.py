@@ -1,11 +1,13 @@
-"""torch's hooks and device guard for the npu device (what a C++ backend registers)."""
+"""torch's hooks and device guard for the npu device (what a C++ backend registers).
+
+torch 2.13's Python device guard (torch/csrc/acc/Module.cpp) only asks Python for ``type_``: its
+device count is fixed at 1 and its current device at 0, so torch's autograd engine sizes its
+per-device queues for one device and a backward on ``npu:N``, N > 0, fails inside torch
+(docs/torch.md, limits). npusim's own device switching is in device.py.
+"""
 from __future__ import annotations
 
 import torch
-
-import runtime
-
-from . import device as _device
 
 
 class Hooks(torch._C._acc.PrivateUse1Hooks):
@@ -20,23 +22,5 @@ class Hooks(torch._C._acc.PrivateUse1Hooks):
 
 
 class DeviceGuard(torch._C._acc.DeviceGuard):
-    """torch's device guard calls these (the autograd engine sizes its per-device queues with
-    ``device_count``)."""
-
     def type_(self):
         return torch._C._autograd.DeviceType.PrivateUse1
-
-    def device_count(self) -> int:
-        return runtime.device_count()
-
-    def get_device(self) -> int:
-        return _device.current()
-
-    def set_device(self, index) -> None:
-        runtime.set_device(int(index))
-
-    def exchangeDevice(self, index) -> int:
-        prev = _device.current()
-        if int(index) != prev:
-            runtime.set_device(int(index))
-        return prev
