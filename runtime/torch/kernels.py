@@ -192,8 +192,9 @@ def register() -> None:
         if isinstance(op, torch._ops.OpOverloadPacket):
             op = op.default
         _aten.impl(name, functools.partial(fallback, op), "PrivateUse1")
-    from . import autocast
+    from . import autocast, serialization
     autocast.register(_aten)
+    serialization.register()
 
 
 _CPU_FUSED = [n for n in ("native_layer_norm", "native_layer_norm_backward", "native_group_norm",

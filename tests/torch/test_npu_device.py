@@ -337,3 +337,26 @@ def test_transfer_to_npu_cuda_script(tmp_path):
     x = torch.randn(4, 8)
     m(x).sum().backward()
     assert r.stdout.split() == ["ok", str(m[0].weight.grad.sum().item())]
+
+
+# ---------------------------------------------------------------------- save / load, default device
+def test_save_load_and_default_device():
+    import io
+    m = torch.nn.Linear(3, 2).npu()
+    buf = io.BytesIO()
+    torch.save(m.state_dict(), buf)
+    buf.seek(0)
+    sd = torch.load(buf)                                  # back onto npu:0
+    assert sd["weight"].device == torch.device("npu", 0)
+    _same(sd["weight"], m.weight)
+    buf.seek(0)
+    assert torch.load(buf, map_location="cpu")["weight"].device.type == "cpu"
+    cpu = io.BytesIO()
+    torch.save(torch.nn.Linear(3, 2).state_dict(), cpu)
+    cpu.seek(0)
+    assert torch.load(cpu, map_location="npu")["bias"].device.type == "npu"
+    torch.set_default_device("npu")
+    try:
+        assert torch.ones(3).device.type == "npu"
+    finally:
+        torch.set_default_device(None)
