@@ -360,3 +360,22 @@ def test_save_load_and_default_device():
         assert torch.ones(3).device.type == "npu"
     finally:
         torch.set_default_device(None)
+
+
+def test_a_real_torch_npu_wins(tmp_path):
+    """npusim's torch_npu loads another torch_npu found on sys.path in its own place."""
+    import os
+    import subprocess
+    import sys
+    fake = tmp_path / "site" / "torch_npu"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("REAL = True\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = "import torch_npu, torch; print(getattr(torch_npu, 'REAL', False), hasattr(torch, 'npu'))"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, str(tmp_path / "site")]))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "False"]
+    env["NPUSIM_TORCH_NPU"] = "1"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.stdout.split() == ["False", "True"], r.stderr[-500:]
