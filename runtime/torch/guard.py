@@ -1,0 +1,26 @@
+"""torch's hooks and device guard for the npu device (what a C++ backend registers).
+
+torch 2.13's Python device guard (torch/csrc/acc/Module.cpp) only asks Python for ``type_``: its
+device count is fixed at 1 and its current device at 0, so torch's autograd engine sizes its
+per-device queues for one device and a backward on ``npu:N``, N > 0, fails inside torch
+(docs/torch.md, limits). npusim's own device switching is in device.py.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class Hooks(torch._C._acc.PrivateUse1Hooks):
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, dev_id) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class DeviceGuard(torch._C._acc.DeviceGuard):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1

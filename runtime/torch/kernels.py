@@ -1,0 +1,210 @@
+"""The npu kernels that own storage or cross devices: empty, empty_strided, resize_, set_,
+_copy_from (host <-> device, device <-> device) and the small ones torch asks every backend for.
+
+Copies keep stream order: a copy to the host waits for the stream (``.cpu()``, ``.item()``,
+``print`` are synchronous, as on a real NPU); a copy from the host runs at once on an idle
+stream, and otherwise is queued behind the stream's work with the source staged (a pageable
+host buffer may be reused at once, as with ``runtime.memcpy_async``).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+import runtime
+from runtime import profiler
+
+from . import device as _device
+from . import storage as S
+from .ops import fallback
+from .site import user_site
+
+_CPU_KS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_lib = None
+_aten = None
+
+
+def _dev(device) -> int:
+    return _device.check_index(device)
+
+
+def empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memory=None,
+                        memory_format=None):
+    dtype = dtype or torch.get_default_dtype()
+    d = _dev(device)
+    size = tuple(size)
+    if memory_format == torch.channels_last and len(size) == 4:
+        n, c, h, w = (max(x, 1) for x in size)
+        stride = (h * w * c, 1, w * c, c)
+    else:
+        stride = S.contiguous_strides(size)
+    with _device.on(d):
+        return S.empty_strided(size, stride, dtype, d)
+
+
+def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    dtype = dtype or torch.get_default_dtype()
+    d = _dev(device)
+    with _device.on(d):
+        return S.empty_strided(tuple(size), tuple(stride), dtype, d)
+
+
+def _stream_of(d: int):
+    with _device.on(d):
+        return runtime.current_stream()
+
+
+def copy_from(src, dst, non_blocking=False):
+    """``dst.copy_(src)`` where either is on the npu (torch's _copy_from)."""
+    if src.device.type == "npu" and dst.device.type == "npu":
+        if src.device.index == dst.device.index:
+            return fallback(torch.ops.aten.copy_.default, dst, src, non_blocking)
+        # between two simulated NPUs: the source's stream first, then a copy on the target's
+        s_src = _stream_of(src.device.index)
+        s_src.synchronize()
+        with _device.on(src.device.index):
+            host = S.cpu_view(src).clone()
+        return copy_from(host, dst, non_blocking)
+    if src.device.type == "npu":               # device -> host: waits for the stream
+        with _device.on(src.device.index):
+            s = runtime.current_stream()
+            if not s.idle():
+                s.synchronize()
+            if runtime.stream_check_enabled():
+                s.synchronize()                 # the host's clock follows the stream's
+            dst.copy_(S.cpu_view(src))
+        return dst
+    # host -> device
+    d = dst.device.index
+    with _device.on(d):
+        s = runtime.current_stream()
+        if s.idle() and not profiler.active() and not runtime.stream_check_enabled():
+            S.cpu_view(dst).copy_(src)
+            return dst
+        site = user_site(2)
+        view = S.cpu_view(dst)
+        staged = src.detach().clone() if src.device.type == "cpu" else src.detach().cpu()
+        if runtime.stream_check_enabled():
+            o = S.owner_of(dst)
+            if o is not None and S.span(dst, o) is not None:
+                runtime.declare_access(s, "copy H2D", site=site, writes=[S.span(dst, o)])
+        s.enqueue(lambda: view.copy_(staged), "copy H2D", "copy", {"bytes": int(view.nbytes)}, site)
+    return dst
+
+
+def copy_from_and_resize(src, dst):
+    if dst.numel() == 0 and src.numel():
+        resize_(dst, src.size())
+    return copy_from(src, dst)
+
+
+def resize_(self, size, *, memory_format=None):
+    """Grow the storage with a new allocation when needed (the old bytes are kept)."""
+    size = tuple(size)
+    stride = S.contiguous_strides(size)
+    need = 1
+    for n, st in zip(size, stride):
+        if n == 0:
+            need = 0
+            break
+        need += (n - 1) * st
+    need = (need + self.storage_offset()) * self.element_size() if need else 0
+    have = self.untyped_storage().nbytes()
+    d = self.device.index
+    if need > have:
+        with _device.on(d):
+            base = S.new_storage_tensor(need, d)
+            old = S.owner_of(self)
+            if old is not None:         # keep the old bytes (rare: torch resizes empty tensors)
+                runtime.current_stream().synchronize()
+                S.owner_of(base).cpu[:have].copy_(old.cpu[:have])
+        torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
+            _CPU_KS, self, base.untyped_storage(), self.storage_offset(), size, stride)
+        return self
+    return torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
+        _CPU_KS, self, self.untyped_storage(), self.storage_offset(), size, stride)
+
+
+def _redispatch_cpu(op):
+    def k(*args, **kwargs):
+        return op.redispatch(_CPU_KS, *args, **kwargs)
+    return k
+
+
+def record_stream(self, s):
+    """Nothing to do: the pool orders a free after the allocating stream's work, and npusim's
+    stream sanitizer names a free that another stream's work races with."""
+
+
+def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                groups):
+    """torch asks backends other than CPU/CUDA for convolution_overrideable: the CPU one."""
+    return fallback(torch.ops.aten.convolution.default, input, weight, bias, stride, padding,
+                    dilation, transposed, output_padding, groups)
+
+
+def convolution_backward(grad_output, input, weight, stride, padding, dilation, transposed,
+                         output_padding, groups, output_mask):
+    bias_sizes = [weight.size(1) * groups if transposed else weight.size(0)]
+    return fallback(torch.ops.aten.convolution_backward.default, grad_output, input, weight,
+                    bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+                    output_mask)
+
+
+def is_pinned(self, device=None):
+    return False
+
+
+def register() -> None:
+    """Register the fallback and the kernels above for the PrivateUse1 key (once)."""
+    global _lib, _aten
+    if _lib is not None:
+        return
+    _lib = torch.library.Library("_", "IMPL")
+    _lib.fallback(fallback, "PrivateUse1")
+    # autocast: every operator falls through but the ones autocast.py casts
+    _lib.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+    _aten = torch.library.Library("aten", "IMPL")
+    a = torch.ops.aten
+    impls = {
+        "empty.memory_format": empty_memory_format,
+        "empty_strided": empty_strided,
+        "_copy_from": copy_from,
+        "_copy_from_and_resize": copy_from_and_resize,
+        "resize_": resize_,
+        "record_stream": record_stream,
+        "convolution_overrideable": convolution,
+        "convolution_backward_overrideable": convolution_backward,
+        "set_.source_Storage": _redispatch_cpu(a.set_.source_Storage),
+        "set_.source_Storage_storage_offset": _redispatch_cpu(a.set_.source_Storage_storage_offset),
+        "set_.source_Tensor": _redispatch_cpu(a.set_.source_Tensor),
+        "set_": _set_empty,
+    }
+    for name, fn in impls.items():
+        _aten.impl(name, fn, "PrivateUse1")
+    # operators with a fused CPU kernel that torch would otherwise decompose for a new backend
+    # (other rounding): they take the CPU kernel too, through the fallback
+    for name in _CPU_FUSED:
+        op = torch.ops.aten
+        for part in name.split("."):
+            op = getattr(op, part)
+        if isinstance(op, torch._ops.OpOverloadPacket):
+            op = op.default
+        _aten.impl(name, functools.partial(fallback, op), "PrivateUse1")
+    from . import autocast, serialization
+    autocast.register(_aten)
+    serialization.register()
+
+
+_CPU_FUSED = [n for n in ("native_layer_norm", "native_layer_norm_backward", "native_group_norm",
+                          "native_group_norm_backward", "_softmax", "_log_softmax",
+                          "_softmax_backward_data", "_log_softmax_backward_data",
+                          "_fused_sdp_choice")
+              if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + n, "PrivateUse1")]
+
+
+def _set_empty(self):
+    return torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
+        _CPU_KS, self, torch._C._acc.create_empty_tensor((0,), self.dtype).untyped_storage(), 0,
+        (0,), (1,))

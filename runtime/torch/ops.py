@@ -1,0 +1,296 @@
+"""Every aten operator on ``npu`` tensors: torch's CPU kernel on CPU views of the device memory.
+
+Design note. One boxed fallback for the PrivateUse1 key takes every operator torch does not
+resolve above it (autograd, composite decompositions); a handful of operators that own storage
+or move data across devices (``empty``, ``empty_strided``, ``_copy_from``, ``set_``, ...) have
+kernels of their own. The fallback classifies an operator once, from its schema:
+
+- a *view* (a return that aliases an argument without writing it: view, as_strided, ...) runs
+  torch's CPU kernel on the npu tensor itself: it only makes new sizes and strides over the same
+  storage, and the result stays on the npu;
+- anything else *computes*. Its arguments become CPU views (storage.cpu_view) and torch's CPU
+  kernel runs on them, so results are bitwise the CPU's. A new result is copied into a new npu
+  tensor (same sizes and strides); a written argument (in place, ``out=``) is written in place.
+
+When it runs. A computing operator is a task on the device's current npusim stream, in stream
+order: its output tensors are allocated at the call, with sizes and strides from torch's meta
+kernels (the operator run on ``meta`` tensors), and the task fills them later. Measured, a task
+costs more than a small operator (the meta run, the enqueue, the hand-off to the worker: see
+benchmarks/npu_ops.py), and a training step is mostly small operators. So when the stream is
+*idle* (nothing queued, no error pending: ``Stream.idle()``), the operator runs at once on the
+calling thread: the stream had nothing that could come before it, so the order is the same as if
+it had been queued and waited for (the runtime's synchronous copies do the same). The task path
+is taken whenever work is queued on the stream (a kernel, a collective, an earlier operator),
+while the profiler records (every operator is then a task on the trace) and while the stream
+sanitizer checks (every operator declares its reads and writes: read-only inputs as reads,
+results and written arguments as writes). Operators whose results depend on the data (``item``,
+``nonzero``, ``equal``; any operator without a meta kernel) wait for the stream, then run at once.
+"""
+from __future__ import annotations
+
+import torch
+
+import runtime
+from runtime import profiler
+
+from . import device as _device
+from . import random as _random
+from . import storage as S
+from .site import user_site
+
+_NPU = "npu"
+_CPU_KS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_info: dict = {}
+
+
+class _Info:
+    """What the fallback needs to know about one operator, from its schema."""
+    __slots__ = ("name", "view", "written", "sync", "gen")
+
+    def __init__(self, op):
+        schema = op._schema
+        self.name = schema.name + ("." + schema.overload_name if schema.overload_name else "")
+        rets = schema.returns
+        self.view = any(r.alias_info is not None and not r.alias_info.is_write for r in rets)
+        # argument positions / names a kernel writes (in place, out=)
+        self.written = tuple((i, a.name) for i, a in enumerate(schema.arguments)
+                             if a.alias_info is not None and a.alias_info.is_write)
+        # results that are not tensors (a Scalar, a bool) need the data: run synchronously
+        self.sync = any(not _tensor_type(str(r.type)) for r in rets)
+        # a random operator given no generator draws from its npu device's (random.py)
+        self.gen = next(((k, a.name) for k, a in enumerate(schema.arguments)
+                         if a.name == "generator"), None)
+
+
+def _tensor_type(t: str) -> bool:
+    return t in ("Tensor", "Tensor[]", "Optional[Tensor]", "List[Tensor]", "Tensor?", "Tensor?[]",
+                 "List[Optional[Tensor]]")
+
+
+def info(op) -> _Info:
+    i = _info.get(op)
+    if i is None:
+        i = _info[op] = _Info(op)
+    return i
+
+
+# ---------------------------------------------------------------------- argument walks
+def _devices(args, kwargs, name):
+    """The npu device index of the operation; torch's error for an npu / CPU mix."""
+    dev = None
+    cpu = None
+    for a in _tensors(args, kwargs):
+        t = a.device.type
+        if t == _NPU:
+            i = a.device.index
+            if dev is None:
+                dev = i
+            elif i != dev:
+                raise RuntimeError(f"Expected all tensors to be on the same device, but found at "
+                                   f"least two devices, npu:{dev} and npu:{i}! (in {name})")
+        elif a.dim() != 0:        # a 0-dim CPU tensor is a scalar, as on CUDA
+            cpu = a.device
+    if cpu is not None and dev is not None:
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two "
+                           f"devices, npu:{dev} and {cpu}! (in {name}: move the CPU tensor with "
+                           f".to('npu:{dev}') or the npu tensor with .cpu())")
+    return dev
+
+
+def _tensors(args, kwargs):
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, torch.Tensor):
+                    yield b
+    for a in kwargs.values():
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, torch.Tensor):
+                    yield b
+
+
+def _map(args, kwargs, fn):
+    """(args, kwargs) with every npu tensor (also inside lists) replaced by ``fn(tensor)``."""
+    def one(a):
+        if isinstance(a, torch.Tensor):
+            return fn(a) if a.device.type == _NPU else a
+        if isinstance(a, (list, tuple)) and a and any(isinstance(b, torch.Tensor) for b in a):
+            return type(a)(fn(b) if isinstance(b, torch.Tensor) and b.device.type == _NPU else b
+                           for b in a)
+        return a
+    return tuple(one(a) for a in args), {k: one(v) for k, v in kwargs.items()}
+
+
+def _meta(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta")
+
+
+def _cpu(t: torch.Tensor) -> torch.Tensor:
+    return S.cpu_view(t)
+
+
+def _flat(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [o for o in out if isinstance(o, torch.Tensor)]
+    return []
+
+
+def _rebuild(out, fn):
+    if isinstance(out, torch.Tensor):
+        return fn(out)
+    if isinstance(out, (list, tuple)):
+        return type(out)(fn(o) if isinstance(o, torch.Tensor) else o for o in out)
+    return out
+
+
+def _dense_strides(r: torch.Tensor) -> tuple:
+    if r.is_contiguous() or r.is_contiguous(memory_format=torch.channels_last):
+        return r.stride()
+    return S.contiguous_strides(r.size())
+
+
+# ---------------------------------------------------------------------- the fallback
+def fallback(op, *args, **kwargs):
+    i = info(op)
+    if i.view:
+        return op.redispatch(_CPU_KS, *args, **kwargs)
+    dev = _devices(args, kwargs, i.name)
+    if dev is None:               # no npu tensor among the arguments: a factory given device=npu
+        d = kwargs.get("device")
+        dev = _device.check_index(d if d is not None else None)
+    if dev == _device.current():
+        return _compute(op, i, dev, args, kwargs)
+    with _device.on(dev):
+        return _compute(op, i, dev, args, kwargs)
+
+
+def _compute(op, i: _Info, dev: int, args, kwargs):
+    s = runtime.current_stream()
+    if i.gen is not None:
+        args, kwargs = _with_generator(i, dev, args, kwargs)
+    if "device" in kwargs:        # a factory: its CPU kernel makes a CPU result, copied after
+        kwargs = dict(kwargs, device="cpu")
+    if s.idle() and not profiler.active() and not runtime.stream_check_enabled() or i.sync:
+        if not s.idle():
+            s.synchronize()
+        return _run_now(op, i, dev, args, kwargs)
+    try:
+        margs, mkwargs = _map(args, kwargs, _meta)
+        mout = op(*margs, **mkwargs)
+    except Exception:             # no meta kernel, or a data-dependent one: wait, then run
+        s.synchronize()
+        return _run_now(op, i, dev, args, kwargs)
+    return _enqueue(op, i, dev, s, args, kwargs, margs, mkwargs, mout)
+
+
+def _with_generator(i: _Info, dev: int, args, kwargs):
+    pos, name = i.gen
+    if pos < len(args):
+        if args[pos] is None:
+            args = args[:pos] + (_random.generator(dev),) + args[pos + 1:]
+    elif kwargs.get(name) is None:
+        kwargs = dict(kwargs, **{name: _random.generator(dev)})
+    return args, kwargs
+
+
+def _written_args(i: _Info, args, kwargs):
+    """The tensors the operator writes (in place / out=), in schema order."""
+    out = []
+    for pos, name in i.written:
+        a = args[pos] if pos < len(args) else kwargs.get(name)
+        out.extend(_flat(a))
+    return out
+
+
+def _run_now(op, i: _Info, dev: int, args, kwargs):
+    cargs, ckwargs = _map(args, kwargs, _cpu)
+    if not i.written:
+        return _rebuild(op(*cargs, **ckwargs), lambda r: _to_npu(r, dev))
+    before = [(a, c, c.data_ptr(), c.size()) for a, c in
+              zip(_written_args(i, args, kwargs), _written_args(i, cargs, ckwargs))]
+    out = op(*cargs, **ckwargs)
+    # an out= argument the CPU kernel resized now lives in CPU memory: resize the npu one
+    for a, c, ptr, size in before:
+        if c.data_ptr() != ptr or c.size() != size:
+            a.resize_(c.size())
+            if c.stride() != a.stride():
+                a.as_strided_(c.size(), c.stride())
+            S.cpu_view(a).copy_(c)
+    # results that alias a written argument are that argument (in place, out=)
+    by_id = {}
+    for a, c in zip(_flat_all(args, kwargs), _flat_all(cargs, ckwargs)):
+        by_id[id(c)] = a
+    def back(r):
+        a = by_id.get(id(r))
+        return a if a is not None else _to_npu(r, dev)
+    return _rebuild(out, back)
+
+
+def _flat_all(args, kwargs):
+    return [t for t in _tensors(args, kwargs)]
+
+
+def _to_npu(r: torch.Tensor, dev: int) -> torch.Tensor:
+    """A new npu tensor holding CPU result ``r`` (same sizes, dense strides)."""
+    if r.device.type == _NPU:
+        return r
+    t = S.empty_strided(r.size(), _dense_strides(r), r.dtype, dev)
+    if r.numel():
+        S.cpu_view(t).copy_(r)
+    return t
+
+
+def _enqueue(op, i: _Info, dev: int, s, args, kwargs, margs, mkwargs, mout):
+    site = user_site(3)
+    # the meta results: written arguments come back as themselves, new ones get npu tensors
+    meta_to_npu = {id(m): a for m, a in zip(_flat_all(margs, mkwargs), _flat_all(args, kwargs))}
+    fresh = []
+
+    def npu_of(m):
+        a = meta_to_npu.get(id(m))
+        if a is not None:
+            return a
+        t = S.empty_strided(m.size(), m.stride(), m.dtype, dev)
+        fresh.append(t)
+        return t
+    result = _rebuild(mout, npu_of)
+    written = [t for t in _written_args(i, args, kwargs) if t.device.type == _NPU]
+    # out= arguments the meta kernel resized: resize the npu ones before their views are taken
+    for a, m in zip(_written_args(i, args, kwargs), _written_args(i, margs, mkwargs)):
+        if a.device.type == _NPU and a.size() != m.size():
+            a.resize_(m.size())
+    if runtime.stream_check_enabled():
+        wset = {id(t) for t in written}
+        reads = [t for t in _flat_all(args, kwargs) if t.device.type == _NPU and id(t) not in wset]
+        runtime.declare_access(s, i.name, site=site, reads=_spans(reads),
+                               writes=_spans(written + fresh))
+    cargs, ckwargs = _map(args, kwargs, _cpu)
+    cfresh = [S.cpu_view(t) for t in fresh]
+    fresh_ids = {id(t) for t in fresh}
+    # which positions of the flat result are new tensors, to copy the CPU results into
+    slots = [k for k, t in enumerate(_flat(result)) if id(t) in fresh_ids]
+
+    def task():
+        out = _flat(op(*cargs, **ckwargs))
+        for k, c in zip(slots, cfresh):
+            c.copy_(out[k])
+    s.enqueue(task, i.name, "kernel", None, site)
+    return result
+
+
+def _spans(ts):
+    out = []
+    for t in ts:
+        o = S.owner_of(t)
+        if o is not None:
+            sp = S.span(t, o)
+            if sp is not None:
+                out.append(sp)
+    return out

@@ -1,0 +1,149 @@
+"""The storage of an ``npu`` tensor: a DeviceArray of npusim device memory, owned by torch.
+
+Design note. A torch tensor on ``npu:N`` must own its data in the way every torch tensor does,
+through its storage: views, ``nn.Parameter``, ``.data``, ``torch.save`` all share or copy the
+storage, never a Python attribute of one tensor object. Pure Python cannot register a C++
+allocator for the PrivateUse1 key, but DLPack hands torch memory *with an owner*: a tensor made by
+``torch.from_dlpack`` keeps the exporter's object alive until its storage dies, then calls the
+exporter's deleter. So an allocation is
+
+    runtime.empty(nbytes, uint8)      -> DeviceArray (the pool counts it; OOM raises there)
+    _Owner: a uint8 numpy view of its bytes, holding the DeviceArray
+    numpy's DLPack capsule of the _Owner, its device field set to kDLExtDev (12), which torch
+        maps to PrivateUse1, i.e. ``npu:N``
+    torch.from_dlpack(capsule)        -> a uint8 ``npu:N`` tensor whose storage owns the _Owner
+
+and a tensor of any dtype / shape is ``set_`` onto that storage. When the storage's last user goes,
+torch calls the deleter, the _Owner dies, the DeviceArray is garbage-collected and its memory
+goes back to the pool in the order of the stream it was allocated on (runtime.free_from_gc).
+
+``_live`` maps the storage's address to a weak reference of its _Owner: the CPU view of an npu
+tensor (``cpu_view``) is a CPU tensor on the same bytes (the device memory *is* host memory in
+npusim), with the tensor's dtype, sizes, strides and offset; torch's CPU kernels run on it.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+
+import numpy as np
+import torch
+
+import runtime
+
+_KDL_EXT_DEV = 12                 # DLPack's kDLExtDev: torch's PrivateUse1
+_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_view_dtype = torch.ops.aten.view.dtype
+_as_strided = torch.ops.aten.as_strided.default
+
+_capsule_ptr = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_ptr.restype = ctypes.c_void_p
+_capsule_ptr.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+_lock = threading.Lock()
+_live: dict = {}                  # storage address -> weakref to its _Owner
+
+
+class _Owner(np.ndarray):
+    """The uint8 numpy view of one allocation that torch's storage keeps alive (see the note);
+    ``dev`` is the DeviceArray, ``cpu`` a CPU uint8 tensor of the same bytes, ``index`` the
+    device index."""
+
+
+def _forget(addr: int, ref) -> None:
+    with _lock:
+        if _live.get(addr) is ref:
+            del _live[addr]
+
+
+def _from_dlpack(arr: np.ndarray, device: int) -> torch.Tensor:
+    """A uint8 ``npu:device`` tensor on the bytes of numpy array ``arr``, keeping ``arr`` alive."""
+    cap = arr.__dlpack__()
+    p = _capsule_ptr(cap, b"dltensor")
+    # DLTensor: void *data; DLDevice {int32 device_type; int32 device_id}; ...
+    dl_device = (ctypes.c_int32 * 2).from_address(p + 8)
+    dl_device[0], dl_device[1] = _KDL_EXT_DEV, device
+    return torch.from_dlpack(cap)
+
+
+def new_storage_tensor(nbytes: int, device: int) -> torch.Tensor:
+    """A uint8 tensor of ``nbytes`` (> 0) on ``npu:device`` owning a new allocation of it.
+
+    The current runtime device must be ``device`` (the caller switches to it).
+    Raises runtime.errors.OutOfMemoryError with the pool's numbers past the capacity.
+    """
+    dev = runtime.empty((nbytes,), np.uint8)
+    view = dev._np()
+    owner = view.view(_Owner)
+    owner.dev, owner.index = dev, device
+    owner.cpu = torch.from_numpy(view)          # a second view of the bytes, not of the owner
+    t = _from_dlpack(owner, device)
+    addr = view.ctypes.data
+    with _lock:
+        _live[addr] = weakref.ref(owner, lambda r, a=addr: _forget(a, r))
+    return t
+
+
+def owner_of(t: torch.Tensor) -> _Owner | None:
+    """The _Owner of an npu tensor's storage (None for a storage without bytes)."""
+    addr = t.untyped_storage().data_ptr()
+    ref = _live.get(addr)
+    return ref() if ref is not None else None
+
+
+def empty_strided(size, stride, dtype: torch.dtype, device: int) -> torch.Tensor:
+    """An uninitialised npu tensor with these sizes and strides (the current runtime device
+    must be ``device``)."""
+    size, stride = tuple(size), tuple(stride)
+    item = _ITEMSIZE.get(dtype) or torch.empty((), dtype=dtype).element_size()
+    numel_span = 1
+    for n, s in zip(size, stride):
+        if n == 0:
+            numel_span = 0
+            break
+        numel_span += (n - 1) * s
+    if numel_span == 0:         # no bytes: an empty host array stands for the storage
+        base = _from_dlpack(np.empty(item, np.uint8), device)   # one host element
+    else:
+        base = new_storage_tensor(numel_span * item, device)
+    t = _view_dtype.redispatch(_CPU, base, dtype) if dtype != torch.uint8 else base
+    return _as_strided.redispatch(_CPU, t, size, stride, 0)
+
+
+_ITEMSIZE = {d: torch.empty((), dtype=d).element_size() for d in (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
+    torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128)}
+
+
+def contiguous_strides(size) -> tuple:
+    strides, acc = [], 1
+    for n in reversed(tuple(size)):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def cpu_view(t: torch.Tensor, owner: _Owner | None = None) -> torch.Tensor:
+    """A CPU tensor on the bytes of npu tensor ``t``: same dtype, sizes, strides and offset.
+
+    Raises runtime.errors.MemoryAccessError when the memory is gone (its device was reset).
+    """
+    if owner is None:
+        owner = owner_of(t)
+    if owner is None:               # no bytes: a CPU tensor of the same (empty) shape
+        return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
+    runtime.buffer_nbytes(owner.dev)          # validates: live, and its device not reset
+    out = torch.empty((0,), dtype=t.dtype)
+    return out.set_(owner.cpu.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+
+
+def span(t: torch.Tensor, owner: _Owner):
+    """``(DevicePtr, nbytes)`` of the bytes ``t`` can reach, for the stream sanitizer."""
+    item = t.element_size()
+    n = 1
+    for s, st in zip(t.size(), t.stride()):
+        if s == 0:
+            return None
+        n += (s - 1) * st
+    return (owner.dev.ptr + t.storage_offset() * item, n * item)

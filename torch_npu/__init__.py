@@ -1,0 +1,51 @@
+"""npusim's torch_npu: ``import torch_npu`` gives torch an ``npu`` device backed by npusim.
+
+A torch_npu script runs unchanged on simulated NPUs: tensors on ``npu:N`` live in npusim device
+memory of simulated NPU N, their operators run on npusim streams with torch's CPU kernels, and
+``torch.npu`` has torch_npu's names (docs/torch.md, "The npu device").
+
+It never shadows a real torch_npu: when another ``torch_npu`` package is importable from
+``sys.path`` (Huawei's, for real Ascend NPUs), importing this one loads that one in its place.
+``NPUSIM_TORCH_NPU=1`` forces npusim's (e.g. to simulate on a machine that has both).
+"""
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _real_torch_npu():
+    """The spec of a torch_npu package other than this one on sys.path, or None."""
+    if os.environ.get("NPUSIM_TORCH_NPU") == "1":
+        return None
+    others = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("torch_npu", others)
+    if spec is None or spec.origin is None:
+        return None
+    if os.path.dirname(os.path.dirname(os.path.abspath(spec.origin))) == _HERE:
+        return None
+    return spec
+
+
+_spec = _real_torch_npu()
+if _spec is not None:
+    # the real torch_npu takes this module's place: ``import torch_npu`` returns it
+    _real = importlib.util.module_from_spec(_spec)
+    sys.modules[__name__] = _real
+    _spec.loader.exec_module(_real)
+else:
+    try:
+        import torch
+    except ImportError as e:            # pragma: no cover - the [torch] extra
+        raise ImportError("torch_npu (npusim) needs torch: pip install torch --index-url "
+                          "https://download.pytorch.org/whl/cpu") from e
+    import runtime.torch as _rt
+
+    from . import npu
+    _rt.register(npu)
+    __version__ = "npusim-" + torch.__version__.split("+")[0]
+    npu_device = "npu"
