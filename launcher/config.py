@@ -2,63 +2,100 @@
 
 npurun also reads knobs of runtime and hccl (the log level, HCCL_CONNECT_TIMEOUT, the exec timeout
 it shows in a notice, the job secret): those are their tables' entries, parsed by the same rules.
-``check()`` parses every knob npurun reads, and those of runtime's and hccl's tables that its
-ranks will read, before a rank starts, so a value the ranks would refuse is refused by npurun with
-the same text (as ConfigError). SLURM's variables are inputs, not knobs: ``launcher.slurm`` reads
-them from the mapping it is given (``environment()``).
+``check()`` parses every knob npurun's ranks inherit from it before a rank starts, so a value the
+ranks would refuse is refused by npurun with the same text (as ConfigError). SLURM's variables are
+inputs, not knobs: ``launcher.slurm`` reads them from the mapping it is given (``environment()``).
+
+Light on purpose: launcher.worker, the rank's bootstrap, imports this module before the user's
+code, and importing runtime (numpy, ml_dtypes) there would delay every rank's stack dump and
+death guard by seconds on a loaded machine. So the tables (runtime's machinery) are built on first
+use, and the worker's own variables, which npurun sets for it (NPUSIM_STACK_FILE,
+TORCHELASTIC_ERROR_FILE, NPUSIM_LAUNCHER_PID, RANK, LOCAL_RANK), are read with their rule inline:
+paths as text, pids and ranks as decimal integers (anything else: unset).
 """
 from __future__ import annotations
 
+import os
 import sys
 
-from hccl import config as hccl_config
 from launcher.errors import ConfigError
-from runtime import config as runtime_config
-from runtime.config import EnvError, Table, Var
 
-TABLE = Table("launcher", [
-    Var("NPUSIM_STOP_GRACE", "seconds", 5.0, "seconds between SIGTERM and SIGKILL when npurun "
-        "stops its workers", "launcher.agent, launcher.spawning", lo=0),
-    Var("NPUSIM_NODE_TIMEOUT", "seconds", 30.0, "seconds without a heartbeat after which a node's "
-        "npurun is taken for dead (multi-node jobs)", "launcher.rendezvous", lo=0),
-    Var("NPUSIM_HANG_NOTICE", "seconds", 15.0, "seconds the ranks of a collective may wait for one "
-        "that does not come before npurun names it, with its state and stack, as a notice (0 off)",
-        "launcher.diagnose", lo=0),
-    Var("NPUSIM_HANG_REMIND", "seconds", 300.0, "seconds between two reminders of the same stall",
-        "launcher.diagnose", lo=0),
-    Var("NPUSIM_DEADLOCK_STABLE", "seconds", 3.0, "seconds a wait-for cycle must stay the same "
-        "before npurun calls it a deadlock", "launcher.diagnose", lo=0),
-    Var("XDG_RUNTIME_DIR", "path", None, "the per-user directory for the loopback multi-node "
-        "secret file", "launcher.secret"),
-    Var("PYTHON_EXEC", "path", None, "the interpreter that runs the workers (as torchrun)",
-        "launcher.env", shown="this one"),
-    Var("PET_<FLAG>", "text", None, "torchrun's defaults of npurun's flags (e.g. "
-        "PET_NPROC_PER_NODE)", "launcher.cli"),
-    Var("NPUSIM_LAUNCHER_PID", "int", None, "npurun's pid (set by npurun): a rank whose launcher "
-        "died before it armed its parent-death signal exits", "launcher.worker"),
-    Var("TORCHELASTIC_ERROR_FILE", "path", None, "where a failing rank writes its error record "
-        "(set by npurun, as torchrun)", "launcher.worker"),
-    Var("NPUSIM_STACK_FILE", "path", None, "where a rank dumps its Python stacks on SIGUSR1 (set "
-        "by npurun)", "launcher.worker"),
-])
+_ROWS = [
+    # (name, type, default, meaning, readers, extra)
+    ("NPUSIM_STOP_GRACE", "seconds", 5.0, "seconds between SIGTERM and SIGKILL when npurun "
+     "stops its workers", "launcher.agent, launcher.spawning", {"lo": 0}),
+    ("NPUSIM_NODE_TIMEOUT", "seconds", 30.0, "seconds without a heartbeat after which a node's "
+     "npurun is taken for dead (multi-node jobs)", "launcher.rendezvous", {"lo": 0}),
+    ("NPUSIM_HANG_NOTICE", "seconds", 15.0, "seconds the ranks of a collective may wait for one "
+     "that does not come before npurun names it, with its state and stack, as a notice (0 off)",
+     "launcher.diagnose", {"lo": 0}),
+    ("NPUSIM_HANG_REMIND", "seconds", 300.0, "seconds between two reminders of the same stall",
+     "launcher.diagnose", {"lo": 0}),
+    ("NPUSIM_DEADLOCK_STABLE", "seconds", 3.0, "seconds a wait-for cycle must stay the same "
+     "before npurun calls it a deadlock", "launcher.diagnose", {"lo": 0}),
+    ("XDG_RUNTIME_DIR", "path", None, "the per-user directory for the loopback multi-node "
+     "secret file", "launcher.secret", {}),
+    ("PYTHON_EXEC", "path", None, "the interpreter that runs the workers (as torchrun)",
+     "launcher.env", {"shown": "this one"}),
+    ("PET_<FLAG>", "text", None, "torchrun's defaults of npurun's flags (e.g. "
+     "PET_NPROC_PER_NODE)", "launcher.cli", {}),
+    ("NPUSIM_LAUNCHER_PID", "int", None, "npurun's pid (set by npurun): a rank whose launcher "
+     "died before it armed its parent-death signal exits", "launcher.worker", {}),
+    ("TORCHELASTIC_ERROR_FILE", "path", None, "where a failing rank writes its error record "
+     "(set by npurun, as torchrun)", "launcher.worker", {}),
+    ("NPUSIM_STACK_FILE", "path", None, "where a rank dumps its Python stacks on SIGUSR1 (set "
+     "by npurun)", "launcher.worker", {}),
+]
+_table = None
 
-# the knobs of runtime's and hccl's tables npurun reads itself (check() parses all of theirs)
-SHARED = ("ASCEND_GLOBAL_LOG_LEVEL", "HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT",
-          "NPUSIM_JOB_SECRET", "NPUSIM_DEVICE_COUNT", "NPUSIM_PROFILE_DIR", "HCCL_IF_IP")
+
+def table():
+    """The launcher's Table (built on first use: it needs runtime.config's machinery)."""
+    global _table
+    if _table is None:
+        from runtime.config import Table, Var  # noqa: PLC0415 - see the module docstring
+        _table = Table("launcher", [Var(n, t, d, m, r, **x) for n, t, d, m, r, x in _ROWS])
+    return _table
+
+
+def __getattr__(name: str):
+    if name == "TABLE":
+        return table()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _tables():
+    from hccl import config as hccl_config  # noqa: PLC0415 - see the module docstring
+    from runtime import config as runtime_config  # noqa: PLC0415
+    return table(), hccl_config.TABLE, runtime_config.TABLE
+
+
+def _raw(name: str) -> str | None:
+    """The variable's text, stripped; None when unset or blank (the text rule)."""
+    value = os.environ.get(name)
+    return value.strip() if value is not None and value.strip() else None
+
+
+def worker_int(name: str) -> int | None:
+    """A variable npurun sets for its worker, as a decimal integer (anything else: None)."""
+    value = _raw(name)
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def get(name: str):
     """The parsed value of ``name`` (the launcher's table, else hccl's, else runtime's);
     ConfigError with the table's message when its value is refused."""
-    table = next(t for t in (TABLE, hccl_config.TABLE, runtime_config.TABLE) if name in t)
+    from runtime.config import EnvError  # noqa: PLC0415 - see the module docstring
+    tab = next(t for t in _tables() if name in t)
     try:
-        return table.get(name)
+        return tab.get(name)
     except EnvError as e:
         raise ConfigError(str(e)) from None
 
 
 # set by npurun for each worker, whatever its own environment holds: not the user's knobs
-SET_FOR_WORKERS = runtime_config.JOB_VARS + (
+SET_FOR_WORKERS = ("NPUSIM_JOB_ID", "TORCHELASTIC_RESTART_COUNT", "RANK", "LOCAL_RANK",
+                   "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "GROUP_RANK", "NPUSIM_DIAG", "NPUSIM_FLIGHT_FILE", "NPUSIM_LAUNCHER_PID",
     "TORCHELASTIC_ERROR_FILE", "NPUSIM_STACK_FILE")
 
@@ -66,8 +103,8 @@ SET_FOR_WORKERS = runtime_config.JOB_VARS + (
 def check() -> None:
     """Parse every knob of the three tables that npurun's workers inherit from it (npurun's start):
     ConfigError for a refused value, with the text the ranks would raise it with."""
-    for table in (TABLE, hccl_config.TABLE, runtime_config.TABLE):
-        for var in table:
+    for tab in _tables():
+        for var in tab:
             if not var.name.endswith(">") and var.name not in SET_FOR_WORKERS:
                 get(var.name)
 
@@ -75,7 +112,7 @@ def check() -> None:
 def environment() -> dict[str, str]:
     """The launcher's whole environment, copied: what it hands on to its workers, and SLURM's
     inputs (never a knob read: knobs go through ``get``)."""
-    return runtime_config.environment()
+    return dict(os.environ)
 
 
 def stop_grace() -> float:
@@ -98,7 +135,7 @@ def node_timeout() -> float:
 def job_secret() -> str | None:
     """NPUSIM_JOB_SECRET in the launcher's own environment: the job's shared secret, as hex text
     (hccl's rule checks it is hex; launcher.secret checks its length)."""
-    return get("NPUSIM_JOB_SECRET") and runtime_config.raw("NPUSIM_JOB_SECRET")
+    return get("NPUSIM_JOB_SECRET") and _raw("NPUSIM_JOB_SECRET")
 
 
 def runtime_dir() -> str | None:
@@ -120,14 +157,14 @@ def log_level() -> int:
 def flag_default(dest: str, default):
     """torchrun's PET_<FLAG> variables (e.g. PET_NPROC_PER_NODE) give a flag's default (the flag's
     own parser checks the text)."""
-    raw = runtime_config.raw("PET_" + dest.upper())
+    raw = _raw("PET_" + dest.upper())
     return default if raw is None else raw
 
 
 def user_device_count() -> str | None:
     """NPUSIM_DEVICE_COUNT as the user set it (runtime's rule checks it), None when unset."""
     get("NPUSIM_DEVICE_COUNT")     # refused here if the ranks would refuse it
-    return runtime_config.raw("NPUSIM_DEVICE_COUNT")
+    return _raw("NPUSIM_DEVICE_COUNT")
 
 
 def profile_dir() -> str | None:
@@ -145,8 +182,8 @@ def hang_notice() -> float:
 def exec_timeout_text() -> str:
     """HCCL_EXEC_TIMEOUT as the ranks see it (parsed by hccl's rule), for a notice: until then a
     stalled job goes on."""
-    if runtime_config.raw("HCCL_EXEC_TIMEOUT") is None:
-        return f"{hccl_config.TABLE.vars['HCCL_EXEC_TIMEOUT'].default:g} (HCCL's default)"
+    if _raw("HCCL_EXEC_TIMEOUT") is None:
+        return f"{_tables()[1].vars['HCCL_EXEC_TIMEOUT'].default:g} (HCCL's default)"
     return f"{get('HCCL_EXEC_TIMEOUT'):g}"
 
 
@@ -163,24 +200,24 @@ def deadlock_stable() -> float:
 
 def launcher_pid() -> int | None:
     """NPUSIM_LAUNCHER_PID (set by npurun): the launcher a rank checks it still has."""
-    return get("NPUSIM_LAUNCHER_PID")
+    return worker_int("NPUSIM_LAUNCHER_PID")
 
 
 def error_file() -> str | None:
     """TORCHELASTIC_ERROR_FILE (set by npurun): where this rank writes its error record."""
-    return get("TORCHELASTIC_ERROR_FILE")
+    return _raw("TORCHELASTIC_ERROR_FILE")
 
 
 def stack_file() -> str | None:
     """NPUSIM_STACK_FILE (set by npurun): where this rank dumps its stacks on SIGUSR1."""
-    return get("NPUSIM_STACK_FILE")
+    return _raw("NPUSIM_STACK_FILE")
 
 
 def rank() -> int | None:
-    """RANK (runtime's table): this worker's rank, None outside a launcher."""
-    return get("RANK")
+    """RANK as npurun set it for this worker (decimal; None outside a launcher)."""
+    return worker_int("RANK")
 
 
 def local_rank() -> int | None:
-    """LOCAL_RANK (runtime's table): this worker's rank on its node, None outside a launcher."""
-    return get("LOCAL_RANK")
+    """LOCAL_RANK as npurun set it for this worker (decimal; None outside a launcher)."""
+    return worker_int("LOCAL_RANK")

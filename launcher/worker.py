@@ -76,7 +76,7 @@ def _user_traceback(tb):
 
 
 def _int_env(name: str) -> int | None:
-    raw = "" if config.get(name) is None else str(config.get(name))
+    raw = "" if config.worker_int(name) is None else str(config.worker_int(name))
     return int(raw) if raw.lstrip("-").isdigit() else None
 
 

@@ -162,3 +162,18 @@ def test_the_environment_page_is_generated_from_the_tables():
     for table in TABLES:
         for var in table:
             assert f"| `{var.name}` |" in page
+
+
+def test_the_ranks_bootstrap_reads_its_variables_without_importing_runtime():
+    """launcher.worker runs before the user's code: importing numpy there would delay every rank's
+    stack dump and death guard by seconds on a loaded machine (launcher/config.py's note)."""
+    import subprocess
+    import sys
+    code = ("import sys, launcher.worker as w, launcher.config as c\n"
+            "assert c.stack_file() == '/tmp/x' and c.rank() == 3 and c.launcher_pid() is None\n"
+            "print(sorted(m for m in ('runtime', 'numpy', 'hccl.config') if m in sys.modules))")
+    env = dict(os.environ, PYTHONPATH=ROOT, NPUSIM_STACK_FILE=" /tmp/x ", RANK="3",
+               NPUSIM_LAUNCHER_PID="x")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
