@@ -9,9 +9,9 @@ Two kinds of interval are measured:
   and npurun's exit): the stated bound plus SCHED_SLACK. Such an interval costs a few wake-ups and
   a little CPU; at load 12-26 the excess over the stated bound was at most 0.6 s (2.50-3.07 s
   for a stated 2.5 s, 15.5 s for 15.5 s: docs/reliability.md), so 3 s is five times that;
-- intervals that include starting interpreters (a whole npurun run): the start-up is measured in
-  the same test (``launcher_start_s``: `npurun --help` at the same load) instead of guessed, and
-  each start counted in the interval adds it.
+- intervals that include starting interpreters (a whole npurun run): the start-up is measured
+  in the same test (``launcher_start_s``: an npurun refusing a missing script, at the same load)
+  instead of guessed, and each start counted in the interval adds it.
 No bound here is "twice" or "a minute": a test that needs more than this shows a bug of the code
 or of the test, never a reason to widen a bound.
 """
@@ -69,11 +69,14 @@ def never_arrive_asserted(start_s: float) -> float:
 
 
 def launcher_start_s() -> float:
-    """Seconds `npurun --help` takes now (interpreter start and npurun's imports): the start-up
-    cost at this moment's load, measured in the test that adds it to a bound."""
+    """Seconds an npurun takes now to start and refuse a missing script (interpreter start, its
+    imports and its check of the environment, all it does before it waits for nodes): the
+    start-up cost at this moment's load, measured in the test that adds it to a bound."""
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-m", "launcher", "--help"], capture_output=True, timeout=120,
-                   check=True)
+    res = subprocess.run([sys.executable, "-m", "launcher", "--nproc-per-node", "1",
+                          "/nonexistent/npusim-bounds.py"], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 1 and "no such script" in res.stderr, res.stderr
     return time.monotonic() - t0
 
 
