@@ -177,7 +177,7 @@ class FlightRecorder:
         with self._lock:
             records = [r.to_dict() for r in self._records]
             progress = self._progress_list()
-        return {"pid": os.getpid(), "rank": os.environ.get("RANK"), "time": time.time(),
+        return {"pid": os.getpid(), "rank": config.rank_text(), "time": time.time(),
                 "records": records, "in_flight": self.in_flight(), "progress": progress}
 
     def dump_to(self, path: str) -> str:

@@ -103,7 +103,7 @@ def init_comm() -> Comm:
     one, rank 0 of 1, and says so in one line on stderr, as MPI's singleton init does; a partial
     set is an error naming what is missing."""
     global _init_calls
-    env = os.environ
+    env = config.launcher_vars()   # the set ones, each checked by its table's rule
     launcher_keys = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NPUSIM_JOB_SECRET")
     missing = [k for k in launcher_keys if not env.get(k)]
     if len(missing) == len(launcher_keys):

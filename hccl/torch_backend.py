@@ -501,7 +501,7 @@ def _create(dist_opts, backend_opts=None) -> HcclProcessGroup:
         runtime.get_device()
     except NpuError:     # torch_npu scripts call torch.npu.set_device; here the backend binds it
         # mp.spawn sets no LOCAL_RANK: one device per rank then
-        runtime.set_device(int(os.environ.get("LOCAL_RANK", dist_opts.group_rank)))
+        runtime.set_device(config.local_rank(dist_opts.group_rank))
     ranks = list(dist_opts.global_ranks_in_group)
     with _world_lock:
         world = _world

@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime
 import importlib
 import itertools
-import os
 
 import torch.distributed as dist
 
@@ -123,7 +122,7 @@ def _env_handler(url: str, timeout=DEFAULT_TIMEOUT, **kwargs):
     if secret is None:        # not an npusim job: torch's own env:// (its TCPStore)
         yield from _torch_env_handler(url, timeout, **kwargs)
         return
-    env = os.environ
+    env = config.launcher_vars()   # the set ones, each checked by its table's rule
     try:
         rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
         host, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])

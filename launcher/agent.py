@@ -44,7 +44,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from launcher import proc, shm, stacks
+from launcher import config, proc, shm, stacks
 from launcher.attempts import RESUMED_MARKER, AttemptRecord, failure_class, format_attempts
 from launcher.env import JobInfo, worker_env
 from launcher.errors import Interrupted, describe_exit, signal_name
@@ -82,7 +82,7 @@ class WorkerSpec:
     redirects: Std | dict = Std.NONE
     tee: Std | dict = Std.NONE
     console_ranks: set | None = None    # --local-ranks-filter: local ranks shown on the console
-    base_env: dict = field(default_factory=lambda: dict(os.environ))
+    base_env: dict = field(default_factory=config.environment)
 
 
 @dataclass

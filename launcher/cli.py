@@ -240,6 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.status is not None:     # `npurun --status` after other flags
         from launcher.status import query_status  # noqa: PLC0415
         return query_status(int(args.status) if args.status.isdigit() else None)
+    try:
+        config.check()     # a knob the ranks would refuse is refused here, with their text
+    except ConfigError as e:
+        print(f"npurun: error: {e}", file=sys.stderr)
+        return 1
     logging.basicConfig(level=[logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR]
                         [min(max(config.log_level(), 0), 3)], format="%(asctime)s %(message)s")
     logging.getLogger("launcher").info("npurun: starting (pid %d)", os.getpid())
@@ -250,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     from launcher.rendezvous import LocalRendezvous, NodeRendezvous  # noqa: PLC0415
     try:
         _check_entry(args)
-        layout = resolve(args, os.environ)
+        layout = resolve(args, config.environment())
         spec = WorkerSpec(
             cmd=worker_command(args.training_script, list(args.training_script_args),
                                module=args.module, no_python=args.no_python),
@@ -313,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
 def _merge_traces(agent, profile: str | None = None) -> None:
     """With --profile or NPUSIM_PROFILE_DIR, merge the ranks' traces into one timeline (one
     process per rank) and print the summary of where the time went."""
-    d = profile or os.environ.get("NPUSIM_PROFILE_DIR")
+    d = profile or config.profile_dir()
     if not d or agent.job is None:
         return
     from launcher.tracemerge import merge  # noqa: PLC0415

@@ -75,7 +75,7 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *,
         payload_path = os.path.join(tmp, "payload.pkl")
         with open(payload_path, "wb") as f:
             f.write(payload)
-        base = dict(os.environ)
+        base = config.environment()
         python = config.python_exec()
         for rank in range(nprocs):
             files = LogFiles(os.path.join(tmp, str(rank)))

@@ -38,6 +38,7 @@ import time
 import traceback
 
 from hccl.failure import Failure, of_exception, origin
+from launcher import config
 
 _PR_SET_PDEATHSIG = 1
 _stack_file = None  # kept open for faulthandler for the life of the process
@@ -54,7 +55,7 @@ def _set_parent_death_signal() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: the janitor still cleans up
         pass
-    expected = os.environ.get("NPUSIM_LAUNCHER_PID", "")
+    expected = str(config.launcher_pid() or "")
     if expected.isdigit() and os.getppid() != int(expected):
         try:
             os.kill(int(expected), 0)
@@ -75,7 +76,7 @@ def _user_traceback(tb):
 
 
 def _int_env(name: str) -> int | None:
-    raw = os.environ.get(name, "")
+    raw = "" if config.worker_int(name) is None else str(config.worker_int(name))
     return int(raw) if raw.lstrip("-").isdigit() else None
 
 
@@ -130,7 +131,7 @@ def user_site(tb) -> str | None:
 def write_error_file(exc: BaseException, tb_text: str, path: str | None = None) -> None:
     """Write the torchrun error-file JSON for ``exc`` (fields torchrun reads, plus ours:
     ``error``, the typed record of ``error_record``)."""
-    path = path or os.environ.get("TORCHELASTIC_ERROR_FILE")
+    path = path or config.error_file()
     if not path:
         return
     now = time.time()
@@ -175,7 +176,7 @@ def _console_text(exc: BaseException | None, text: str) -> str:
     ``traceback.log`` next to the error file. Any other exception prints in full, as Python
     does.
     """
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    path = config.error_file()
     interrupted = _interrupt(exc) is not None
     if exc is None or not path or (of_exception(exc)[0] is Failure.ERROR and not interrupted):
         return text
@@ -208,7 +209,7 @@ def _interrupt(exc: BaseException | None) -> BaseException | None:
 def _install_stack_dump() -> None:
     global _stack_file
     faulthandler.enable(all_threads=True)
-    path = os.environ.get("NPUSIM_STACK_FILE")
+    path = config.stack_file()
     if not path or not hasattr(signal, "SIGUSR1"):
         return
     pending = f"{path}.pending"
@@ -252,7 +253,7 @@ def _run_spawn(payload_path: str, result_path: str) -> None:
     sys.path[:] = list(payload["sys_path"]) + [p for p in sys.path if p not in payload["sys_path"]]
     import cloudpickle
     fn, args = cloudpickle.loads(payload["fn"])
-    value = fn(int(os.environ["RANK"]), *args)
+    value = fn(config.rank(), *args)
     tmp = f"{result_path}.tmp"
     with open(tmp, "wb") as f:
         f.write(cloudpickle.dumps(value))

@@ -1,7 +1,9 @@
 """Hang and desync diagnosis end to end: npurun runs examples/hang_demo.py scenarios and must
-name the culprit, classify every rank, write hang_report.json and stop within
-HCCL_EXEC_TIMEOUT + 15 s on an idle machine (the asserts leave room for a heavily loaded one),
-leaving no process or shared-memory segment behind. The console tells
+name the culprit, classify every rank, write hang_report.json and give its verdict within
+HCCL_EXEC_TIMEOUT + ~5 s of the stall (docs/hangs.md), a mismatch or a dead rank within seconds,
+leaving no process or shared-memory segment behind. The time asserted is the report's own: from
+the first wait of the stalled collective (its ``since``) to the verdict (``time``), so the ranks'
+start-up is not in it; the bounds and their slack are tests/bounds.py's. The console tells
 one story: the verdict first, a summary that blames only culprits, at most ~60 lines."""
 from __future__ import annotations
 
@@ -12,11 +14,33 @@ import time
 
 import pytest
 
+from tests import bounds
 from tests.leakcheck import LeakCheck, run_npurun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO = os.path.join(ROOT, "examples", "hang_demo.py")
-T = 5            # HCCL_EXEC_TIMEOUT for these jobs
+T = bounds.HANG_TIMEOUT   # HCCL_EXEC_TIMEOUT for these jobs
+
+
+def stall_to_verdict(rep) -> float:
+    """Seconds from the earliest wait of the stalled collective to npurun's verdict."""
+    since = [e["since"] for e in rep["ranks"].values() if e.get("since")]
+    assert since, rep["ranks"]
+    return rep["time"] - min(since)
+
+
+def assert_timeout_verdict(rep):
+    """A hang that only the timeout ends: not before HCCL_EXEC_TIMEOUT, and ~5 s after it."""
+    lat = stall_to_verdict(rep)
+    print(f"observed: stall -> verdict {lat:.2f} s (HCCL_EXEC_TIMEOUT={T})")
+    assert T <= lat < bounds.HANG_ASSERTED, lat
+
+
+def assert_early_verdict(rep):
+    """A mismatch or a dead rank: within seconds, whatever HCCL_EXEC_TIMEOUT is."""
+    lat = stall_to_verdict(rep)
+    print(f"observed: stall -> verdict {lat:.2f} s (early)")
+    assert lat < bounds.EARLY_VERDICT_ASSERTED, lat
 
 
 def run_demo(tmp_path, scenario, nproc=4, timeout=T + 115):
@@ -65,7 +89,7 @@ def assert_one_story(res, rep):
 def test_rank_sleeping_in_user_code(tmp_path):
     res, elapsed, rep = run_demo(tmp_path, "sleep")
     assert res.returncode != 0
-    assert elapsed < T + 90, elapsed                   # T, plus start-up and load slack
+    assert_timeout_verdict(rep)
     assert rep["culprits"] == [2] and rep["reason"] == "timeout"
     assert rep["comm"] == "world" and rep["seq"] == 2 and rep["op"].startswith("ALLREDUCE")
     assert states(rep) == {0: "waiting", 1: "waiting", 2: "not_entered", 3: "waiting"}
@@ -89,7 +113,7 @@ def test_rank_sleeping_in_user_code(tmp_path):
 def test_rank_in_a_different_collective(tmp_path, scenario, call):
     res, elapsed, rep = run_demo(tmp_path, scenario)
     assert res.returncode != 0
-    assert elapsed < 90, elapsed             # bounded; rep["reason"] shows it was not the timeout
+    assert_early_verdict(rep)                # rep["reason"] shows it was not the timeout
     st = states(rep)
     assert rep["reason"] == "mismatch" and st[1] == "mismatch", st
     released = [r for r in (2, 3) if st[r] == "not_entered"]
@@ -131,7 +155,7 @@ def test_rank_in_a_different_collective(tmp_path, scenario, call):
 def test_rank_dying_in_a_large_collective(tmp_path, scenario, exit_code, words):
     res, elapsed, rep = run_demo(tmp_path, scenario)
     assert res.returncode != 0
-    assert elapsed < T + 90, elapsed                   # T, plus start-up and load slack
+    assert_early_verdict(rep)
     assert rep["reason"] == "dead" and rep["culprits"] == [1]
     assert rep["ranks"]["1"]["state"] == "dead" and rep["ranks"]["1"]["exit"] == exit_code
     assert words in rep["ranks"]["1"]["detail"]
@@ -148,7 +172,7 @@ def test_rank_dying_in_a_large_collective(tmp_path, scenario, exit_code, words):
 def test_rank_blocked_on_an_event_never_reached(tmp_path):
     res, elapsed, rep = run_demo(tmp_path, "event")
     assert res.returncode != 0
-    assert elapsed < T + 90, elapsed                   # T, plus start-up and load slack
+    assert_timeout_verdict(rep)
     assert rep["culprits"] == [1]
     e = rep["ranks"]["1"]
     assert e["state"] == "not_entered" and "never started" in e["detail"]
@@ -159,7 +183,7 @@ def test_rank_blocked_on_an_event_never_reached(tmp_path):
 def test_hang_inside_a_sub_communicator(tmp_path):
     res, elapsed, rep = run_demo(tmp_path, "subcomm")
     assert res.returncode != 0
-    assert elapsed < T + 90, elapsed                   # T, plus start-up and load slack
+    assert_timeout_verdict(rep)
     assert rep["comm"] == "world.sub[0, 2]" and rep["members"] == [0, 2]
     assert rep["culprits"] == [2]
     assert states(rep) == {0: "waiting", 2: "not_entered"}
@@ -181,10 +205,11 @@ def test_deadlock_across_communicators_is_called_at_once(tmp_path):
     rep = json.loads((logs / "hang_report.json").read_text())
     assert res.returncode != 0
     assert rep["reason"] == "deadlock" and rep["culprits"] == [0, 1]
-    # from the moment both ranks wait to the verdict: under 20 s (NPUSIM_DEADLOCK_STABLE is 3 s;
-    # the rest is slack for a loaded machine), and the whole job far below HCCL_EXEC_TIMEOUT
+    # from the moment both ranks wait to the verdict: NPUSIM_DEADLOCK_STABLE (3 s) and two reads
+    # of the states (tests/bounds.py), and the whole job far below HCCL_EXEC_TIMEOUT
     waited = rep["time"] - max(rep["ranks"][r]["since"] for r in ("0", "1"))
-    assert 0 < waited < 20, waited
+    print(f"observed: deadlock -> verdict {waited:.2f} s")
+    assert bounds.DEADLOCK_STABLE <= waited < bounds.DEADLOCK_ASSERTED, waited
     assert elapsed < 120, elapsed
     cyc = {e["rank"]: e for e in rep["cycle"]}
     assert set(cyc) == {0, 1}
@@ -213,7 +238,8 @@ def test_receives_posted_before_the_sends_on_both_ranks_are_named_a_deadlock(tmp
     assert res.returncode == 1, res.stderr[-2000:]
     assert rep["reason"] == "deadlock" and rep["culprits"] == [0, 1], rep["verdict"]
     waited = rep["time"] - max(rep["ranks"][r]["since"] for r in ("0", "1"))
-    assert 0 < waited < 20, waited
+    print(f"observed: receive cycle -> verdict {waited:.2f} s")
+    assert bounds.DEADLOCK_STABLE <= waited < bounds.DEADLOCK_ASSERTED, waited
     cyc = {e["rank"]: e for e in rep["cycle"]}
     assert {r: (e["op"], e["waits_for"]) for r, e in cyc.items()} == {
         0: ("RECV(count=1024, FP32)", 1), 1: ("RECV(count=1024, FP32)", 0)}

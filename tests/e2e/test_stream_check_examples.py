@@ -3,7 +3,6 @@ StreamRaceError and fail the run), in short variants; and a race under npurun is
 failure, with both enqueue lines in the report."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -51,7 +50,7 @@ def test_single_process_examples(tmp_path, script, args, expect):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+@pytest.mark.needs_torch       # the torch example (tests/conftest.py skips it without torch)
 def test_train_torch_ddp_staging(tmp_path):
     with LeakCheck() as lc:
         res = run_npurun("--nproc-per-node", "2", os.path.join(EXAMPLES, "train_torch_ddp.py"),

@@ -7,7 +7,8 @@ PLAN: ``count`` (float32 elements), ``iters``, ``victim``, ``at`` (iteration), `
 victim does to itself at ``at``: "kill" = SIGKILL, "exit" = os._exit(3), "close" = close its
 transport (the process lives on), "reset" = shut its TCP connections down under the transport and
 pause 3 s; null = the test acts from outside). Files in OUT_DIR:
-``root_info`` (rank 0), ``ready.<rank>`` (pid, after init), ``dying.<rank>`` (victim, the time
+``root_info`` (rank 0), ``ready.<rank>`` (pid, after init), ``running.<rank>`` (its first
+collective checked), ``dying.<rank>`` (victim, the time
 just before it acts), ``result.<rank>`` (iterations done, or the error: type, rank, text, time).
 """
 import json
@@ -91,6 +92,7 @@ def main():
                 want = n * (n + 1) / 2
                 got = y.to_host()
                 assert (got == want).all(), (got[:4], want)
+                write(os.path.join(out, f"running.{rank}"), {"t": time.time()})   # a collective done
             i += 1
         write(os.path.join(out, f"result.{rank}"), {"ok": i})
     except Exception as e:   # what the user would see, and when
