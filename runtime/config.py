@@ -236,10 +236,21 @@ TABLE = Table("runtime", [
         "runtime.config.job, hccl.init"),
     Var("MASTER_PORT", "int", None, "port of the job's store (set by the launcher)",
         "runtime.config.job, hccl.init", lo=1, hi=65535),
+    Var("NPUSIM_NODE", "text", None, "the node npurun started this rank on, '<job id>/<node "
+        "rank>' (set by npurun): shared memory and pid liveness only within it",
+        "runtime.ipc", check=lambda v: "" if (len(v) <= 200 and v.isprintable()
+                                              and not any(c.isspace() for c in v)) else
+        f"a node name ({len(v)} characters): npurun sets it to '<job id>/<node rank>' "
+        "(printable, no whitespace, at most 200 characters); unset it outside npurun"),
 ])
 
 JOB_VARS = ("NPUSIM_JOB_ID", "TORCHELASTIC_RESTART_COUNT", "RANK", "LOCAL_RANK", "WORLD_SIZE",
             "MASTER_ADDR", "MASTER_PORT")
+
+
+def node() -> str | None:
+    """NPUSIM_NODE: the node npurun started this process on, or None without npurun."""
+    return TABLE.get("NPUSIM_NODE")
 
 
 def device_count() -> int:

@@ -30,6 +30,7 @@ import threading
 
 import numpy as np
 
+from . import config
 from .context import contexts_by_device
 from .errors import MemoryAccessError
 
@@ -46,14 +47,7 @@ def launcher_node() -> str | None:
 
     Raises ValueError naming the variable when its value could not travel in the init record
     (a line of text: no whitespace, at most 200 characters)."""
-    raw = os.environ.get(NODE_ENV)
-    if raw is None or raw == "":
-        return None
-    if len(raw) > 200 or any(c.isspace() for c in raw) or not raw.isprintable():
-        raise ValueError(f"{NODE_ENV}={raw[:60]!r} ({len(raw)} characters) is not a node name: "
-                         "npurun sets it to '<job id>/<node rank>' (printable, no whitespace, "
-                         "at most 200 characters); unset it outside npurun")
-    return raw
+    return config.node()
 
 
 def node_id() -> str:
