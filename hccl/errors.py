@@ -8,7 +8,7 @@ in the instance ``__dict__``, rebuilt without calling ``__init__``.
 """
 from __future__ import annotations
 
-from hccl.types import Result
+from hccl.result import Result
 
 
 class HcclError(Exception):

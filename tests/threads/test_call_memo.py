@@ -119,7 +119,7 @@ def test_a_destroyed_communicator_or_stream_is_refused_after_a_validated_call():
 
 
 def test_the_memo_keeps_no_array_alive_and_stays_bounded():
-    from hccl import calls
+    from hccl import call as calls
 
     def body(comm):
         runtime.synchronize()
