@@ -56,13 +56,13 @@ class Call(executor.Context):
 
     __slots__ = ("comm", "op", "stream", "plan", "cid", "fp", "wire_fp", "count", "dtype",
                  "redop", "root", "peer", "inplace", "knobs", "name", "names", "marks", "refs",
-                 "program", "timeout_by_comm", "rec", "on_wait", "__weakref__")
+                 "program", "timeout_by_comm", "rec", "on_wait", "nbytes", "__weakref__")
 
     def __init__(self, comm, op: OpType, bufs: dict, count: int, dtype, redop, root, peer,
                  stream, knobs: tuple, inplace: bool):
         self.comm, self.op, self.stream, self.knobs = comm, op, stream, knobs
         self.count, self.dtype, self.redop, self.root, self.peer = count, dtype, redop, root, peer
-        self.inplace = inplace
+        self.inplace, self.nbytes = inplace, count * dtype.itemsize
         self.plan = pl = plan.collective(op, comm.rank, comm.size, count, dtype, redop, root,
                                          peer, inplace, *knobs)
         self.fp, self.wire_fp = pl.fp, norm_fp(pl.fp)
@@ -101,7 +101,7 @@ class Call(executor.Context):
         meta = None
         if profiler.active():       # the trace's arguments of the task: only when recorded
             meta = {"comm": self.comm.name, "count": self.count, "dtype": self.dtype.name,
-                    "bytes": self.count * self.dtype.itemsize}
+                    "bytes": self.nbytes}
             if self.peer is not None:
                 meta["peer"] = self.peer
         fuse = None
@@ -121,7 +121,7 @@ class Call(executor.Context):
         else:
             seq = comm.take_seqs(1)
         rec = recorder.enqueue(comm, seq, self.plan.rec_fp, stream=self.stream.name, site=site,
-                               peer=peer, nbytes=self.count * self.dtype.itemsize,
+                               peer=peer, nbytes=self.nbytes,
                                names=self.plan.names)
         if meta is not None:
             meta["seq"] = seq

@@ -34,7 +34,7 @@ from hccl.errors import (CollectiveMismatchError, HcclError, HcclTimeoutError,
                          InvalidArgumentError, RemoteRankError)
 from hccl.failure import Failure
 from hccl.flight import recorder
-from hccl.reduction import reduce3, reduce_into
+from hccl.reduction import WIDENED, reduce3, reduce_into, ufunc
 from hccl.schedule import NONE, SCRATCH, Copy, LocalReduce, Recv, Send, buffer_extents, reduces
 from hccl.transport.base import (DONE, Aborted, FingerprintMismatch, PeerGone, PeerTimeout,
                                  TransportClosed, TransportError, norm_fp)
@@ -278,21 +278,24 @@ def _consumer(step: Recv, views: dict, np_dtype, op):
         return consume
     typed = dst.view(np_dtype)
     src = views[step.src][step.offset:step.offset + nb].view(np_dtype) if step.src else None
+    if src is not None and views[step.src] is views[step.buf]:
+        src = None                          # in place: the plain reduce into dst
+    a = typed if src is None else src
+    if np_dtype in WIDENED:                 # fp16 / bf16: widened block by block (reduction.py)
+        def fn(x, y, out):
+            reduce3(out, x, y, op)
+    else:
+        fn = ufunc(op)
     if step.payload_first:                  # dst = payload op src, dst's first write
         def consume(data) -> None:
             if data.nbytes != nb:
                 raise wrong(data)
-            reduce3(typed, np.frombuffer(data, np_dtype), src, op)
-    elif src is None or views[step.src] is views[step.buf]:
+            fn(np.frombuffer(data, np_dtype), a, out=typed)
+    else:                                   # dst = src op payload (src is dst in place)
         def consume(data) -> None:
             if data.nbytes != nb:
                 raise wrong(data)
-            reduce_into(typed, np.frombuffer(data, np_dtype), op)
-    else:                                   # dst = src op payload, dst's first write
-        def consume(data) -> None:
-            if data.nbytes != nb:
-                raise wrong(data)
-            reduce3(typed, src, np.frombuffer(data, np_dtype), op)
+            fn(a, np.frombuffer(data, np_dtype), out=typed)
     return consume
 
 
