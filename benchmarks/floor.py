@@ -29,7 +29,19 @@ import numpy as np
 _FLAGS = 64             # two int64 flags, then each rank's half
 
 
+def _plain() -> None:
+    """Run as a plain program whatever the launcher did to the parent (a rank started in
+    SCHED_BATCH and bound to one core would put both spinning processes on that core)."""
+    try:
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+        if hasattr(os, "SCHED_BATCH") and os.sched_getscheduler(0) == os.SCHED_BATCH:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except OSError:
+        pass
+
+
 def _rank(r: int, path: str, nbytes: int, swaps: int, out) -> None:
+    _plain()
     fd = os.open(path, os.O_RDWR)
     try:
         mm = mmap.mmap(fd, _FLAGS + 2 * nbytes)

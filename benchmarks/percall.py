@@ -29,7 +29,8 @@ run on the caller's thread or the stream's worker):
 
 Rank 0 prints one line per figure and, with ``--json``, writes them. With ``--floor`` rank 0
 first measures ``benchmarks.floor`` (the other ranks wait in a barrier) and prints the eager
-call's ratio to it; ``--worlds`` runs npurun once per world with ``--floor`` and prints the table.
+call's ratio to it; ``--worlds`` measures the floor and runs npurun once per world, alternately, and prints the
+table.
 """
 from __future__ import annotations
 
@@ -150,17 +151,19 @@ def count(comm, x, op, calls: int) -> dict:
 
 
 def table(worlds: list[int], nbytes: int, calls: int) -> int:
-    """Run npurun at each world with ``--floor`` and print one table (rank 0's figures)."""
+    """Measure the floor, then run npurun, for each world, and print one table (rank 0's
+    figures)."""
     rows = []
     for w in worlds:
+        floor_us = floor.measure(nbytes, 5000)     # here, between the worlds: a plain program
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "percall.json")
             cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", str(w), "-m",
-                   "benchmarks.percall", "--floor", "--bytes", str(nbytes), "--calls", str(calls),
+                   "benchmarks.percall", "--bytes", str(nbytes), "--calls", str(calls),
                    "--json", out]
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
             with open(out) as f:
-                rows.append(json.load(f)["results"])
+                rows.append(dict(json.load(f)["results"], floor_us=floor_us))
     print(f"| world | frames / call | allocs / call | eager us | floor us | eager / floor "
           f"| issue us | stream us | exchange us |\n|---|---|---|---|---|---|---|---|---|")
     for r in rows:

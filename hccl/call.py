@@ -134,7 +134,9 @@ class Call(executor.Context):
             self.marks = allocation_marks(objs)
         recorder.start(rec)
         self.rec = rec
-        timeout, by_comm = self.comm.timeout()
+        comm = self.comm
+        by_comm = comm.exec_timeout is not None
+        timeout = comm.exec_timeout if by_comm else comm.timeout()[0]
         try:
             self.program.run(self.cid, seq, self.wire_fp, timeout, self.on_wait)
         except executor.StepFailed as f:
@@ -198,6 +200,9 @@ class Calls:
             call = self._d.get(key)
         except TypeError:       # an unhashable argument: the checks say what is wrong with it
             return None
-        if call is None or not call.holds(objs):
+        if call is None:
             return None
-        return call
+        for ref, b in zip(call.refs, objs):
+            if ref is not None and ref() is not b:
+                return None
+        return call if same_allocations(call.marks, objs) else None
