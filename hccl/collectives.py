@@ -241,7 +241,7 @@ def live(comm, api: str):
     return comm
 
 
-# -- the checks of a call met for the first time (see comm.collective) ---------------------
+# -- the checks of a call met for the first time (see _collective) ---------------------
 
 def _all_reduce_args(comm, bufs, count, dtype, op, root):
     api = "all_reduce"

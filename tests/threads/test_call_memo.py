@@ -1,5 +1,5 @@
 """An eager call that repeats a validated one skips the checks, and nothing a check caught
-slips through (hccl.calls)."""
+slips through (hccl.call: the communicator's Calls)."""
 import gc
 import threading
 
