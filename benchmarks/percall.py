@@ -1,5 +1,6 @@
 """Where an eager small AllReduce's microseconds go: ``npurun --nproc-per-node 2 -m
-benchmarks.percall [--bytes 1024] [--json OUT]``.
+benchmarks.percall [--bytes 1024] [--json OUT]``, or ``python -m benchmarks.percall --worlds 2,4``
+for a table of several worlds against the floor measured in the same run.
 
 Each figure is a median over ``--calls`` calls (every rank runs them together), taken apart
 into what a user's call pays:
@@ -15,21 +16,40 @@ into what a user's call pays:
 - ``exchange`` = replay - stream: the messages, the peers' wake-ups and the reduction.
 
 and, for a step of 8 such calls, eager against the fused replay (benchmarks.graph_step).
-Rank 0 prints one line per figure and, with ``--json``, writes them.
+What one eager call costs in Python is counted too, on every thread of the rank (the task may
+run on the caller's thread or the stream's worker):
+
+- ``frames``: Python function calls per eager call (``sys.setprofile`` "call" events);
+- ``allocs``: memory blocks allocated per eager call and still held at the next Python call
+  or return (``sys.getallocatedblocks`` read at every profile event, the rises summed): a lower
+  bound of the objects a call makes, since objects made and freed between two events, and those
+  CPython recycles through its free lists (tuples, lists, dicts, frames), are not seen;
+- ``growth``: bytes still held after 1000 more eager calls (``tracemalloc``), per call, once
+  the flight recorder's ring (NPUSIM_TRACE_BUFFER records) is full: 0 when nothing accumulates.
+
+Rank 0 prints one line per figure and, with ``--json``, writes them. With ``--floor`` rank 0
+first measures ``benchmarks.floor`` (the other ranks wait in a barrier) and prints the eager
+call's ratio to it; ``--worlds`` measures the floor and runs npurun once per world, alternately, and prints the
+table.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+import tracemalloc
 
 import numpy as np
 
 import hccl
 import runtime
-from benchmarks import graph_step
+from benchmarks import floor, graph_step
 
 
 def _noop():
@@ -74,9 +94,83 @@ def measure(comm, nbytes: int, calls: int, warmup: int) -> dict:
         s.synchronize()
         gate.clear()
     out["issue_us"] = statistics.median(issue_ts) * 1e6
+    out.update(count(comm, x, op, max(50, calls // 10)))
     step = graph_step.measure(comm, s, 8, nbytes, max(50, calls // 4), 10)
     out.update({f"step8_{k}": v for k, v in step.items()})
     return out
+
+
+def count(comm, x, op, calls: int) -> dict:
+    """Python frames and allocated blocks per eager ``comm.all_reduce(x) + synchronize`` (see
+    the module note), on a fresh stream whose worker is profiled too."""
+    n = {"frames": 0, "allocs": 0}
+    last = [sys.getallocatedblocks()]
+    blocks = sys.getallocatedblocks
+
+    def prof(frame, event, arg):
+        b = blocks()
+        if b > last[0]:
+            n["allocs"] += b - last[0]
+        if event == "call":
+            n["frames"] += 1
+        last[0] = blocks()
+
+    threading.setprofile(prof)          # the fresh stream's worker starts under it
+    try:
+        s = runtime.Stream()
+        for _ in range(20):
+            comm.all_reduce(x, op=op, stream=s)
+            s.synchronize()
+        comm.barrier(stream=s)
+        s.synchronize()
+        sys.setprofile(prof)
+        n["frames"] = n["allocs"] = 0
+        last[0] = blocks()
+        for _ in range(calls):
+            comm.all_reduce(x, op=op, stream=s)
+            s.synchronize()
+        sys.setprofile(None)
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    out = {"frames": n["frames"] / calls, "allocs": n["allocs"] / calls}
+    tracemalloc.start()
+    try:
+        for _ in range(hccl.config.trace_buffer() + 100):     # the recorder's ring fills up
+            comm.all_reduce(x, op=op, stream=s)
+            s.synchronize()
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(1000):
+            comm.all_reduce(x, op=op, stream=s)
+            s.synchronize()
+        out["growth"] = (tracemalloc.get_traced_memory()[0] - before) / 1000
+    finally:
+        tracemalloc.stop()
+    s.destroy()
+    return out
+
+
+def table(worlds: list[int], nbytes: int, calls: int) -> int:
+    """Measure the floor, then run npurun, for each world, and print one table (rank 0's
+    figures)."""
+    rows = []
+    for w in worlds:
+        floor_us = floor.measure(nbytes, 5000)     # here, between the worlds: a plain program
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "percall.json")
+            cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", str(w), "-m",
+                   "benchmarks.percall", "--bytes", str(nbytes), "--calls", str(calls),
+                   "--json", out]
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            with open(out) as f:
+                rows.append(dict(json.load(f)["results"], floor_us=floor_us))
+    print(f"| world | frames / call | allocs / call | eager us | floor us | eager / floor "
+          f"| issue us | stream us | exchange us |\n|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['world']} | {r['frames']:.0f} | {r['allocs']:.1f} | {r['eager_us']:.1f} | "
+              f"{r['floor_us']:.2f} | {r['eager_us'] / r['floor_us']:.1f}x | {r['issue_us']:.1f} | "
+              f"{r['stream_us']:.1f} | {r['exchange_us']:.1f} |")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -85,14 +179,33 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--json", help="rank 0 writes the figures here")
+    ap.add_argument("--floor", action="store_true",
+                    help="rank 0 measures benchmarks.floor first, in the same run")
+    ap.add_argument("--worlds", help="e.g. 2,4: run npurun per world (with --floor), one table")
     a = ap.parse_args(argv)
+    if a.worlds:
+        return table([int(w) for w in a.worlds.split(",")], a.bytes, a.calls)
     runtime.set_device()
     comm = hccl.init_comm()
+    floor_us = None
+    if a.floor:
+        s = runtime.Stream()
+        if comm.rank == 0:
+            floor_us = floor.measure(a.bytes, 5000)
+        comm.barrier(stream=s)          # the others wait here meanwhile
+        s.synchronize()
+        s.destroy()
     r = measure(comm, a.bytes, a.calls, a.warmup)
     if comm.rank == 0:
         r.update(world=comm.size, bytes=a.bytes, calls=a.calls)
         for k in ("issue_us", "stream_us", "exchange_us", "replay_us", "eager_us"):
             print(f"world {comm.size}, {a.bytes} B all_reduce, {k[:-3]:>9}: {r[k]:8.1f} us")
+        print(f"world {comm.size}, per eager call: {r['frames']:.0f} Python frames, "
+              f"{r['allocs']:.1f} blocks allocated, {r['growth']:.1f} bytes held after")
+        if floor_us is not None:
+            r["floor_us"] = floor_us
+            print(f"world {comm.size}: floor (benchmarks.floor) {floor_us:.2f} us; eager "
+                  f"{r['eager_us'] / floor_us:.1f}x the floor")
         print(f"world {comm.size}, step of 1 kernel + 8 x {a.bytes} B all_reduce: eager "
               f"{r['step8_eager_us']:.0f} us, replay {r['step8_replay_us']:.0f} us, fused replay "
               f"{r['step8_fused_replay_us']:.0f} us; results "

@@ -3,8 +3,11 @@
 See docs/api.md and docs/algorithms.md. Every collective validates at the call and returns at once;
 the result is there when the stream (or an event recorded after it) completes.
 
-Names are imported lazily (PEP 562): ``import hccl.store`` (what npurun needs) does not pull in
-numpy and the runtime.
+Names are imported lazily (PEP 562): ``import hccl.store`` (what npurun needs for the job's
+rendezvous) loads ``hccl.store`` and ``hccl.wire`` over pyzmq and the standard library, nothing
+else of npusim: no numpy, no runtime (``tests/unit/test_call_path_imports.py``). The first
+collective name loads the call path: collectives -> call -> executor -> transport, each module
+once, top to bottom (no import cycles in hccl).
 """
 from __future__ import annotations
 
@@ -21,8 +24,9 @@ _EXPORTS = {
     "DataType": "types", "ReduceOp": "types", "Result": "types",
 }
 
-_SUBMODULES = {"bench", "collectives", "comm", "config", "diag", "errors", "executor", "flight",
-               "init", "reduction", "schedule", "store", "transport", "types", "wire"}
+_SUBMODULES = {"bench", "call", "collectives", "comm", "config", "diag", "errors", "executor",
+               "flight", "fusion", "init", "plan", "reduction", "result", "schedule", "store",
+               "transport", "types", "wire"}
 
 __all__ = sorted([*_EXPORTS, "errors", "flight_recorder"])
 

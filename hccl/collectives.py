@@ -7,10 +7,15 @@ the call's dtype and bounds the call by its own extent. ``recv`` may be ``send``
 as in HCCL, ``send`` may be block ``rank`` of AllGather's ``recv`` and ``recv`` block ``rank`` of
 ReduceScatter's ``send``; any other overlap is refused. ``stream=None`` means the current
 stream. Bad arguments raise ``InvalidArgumentError`` (E_PARA) naming the argument and the
-sizes, before anything is enqueued, so the communicator still works afterwards (a call that
-repeats one already checked, on the very same buffers, skips the checks: ``hccl.calls``). ``site``
+sizes, before anything is enqueued, so the communicator still works afterwards. ``site``
 (keyword only) is the call site the flight recorder shows; by default the first frame outside
 npusim, and a wrapper whose own caller is the user's (the torch backend) passes it.
+
+A call's path: the communicator's remembered ``hccl.call.Call`` for the very same arguments
+(the checks passed before, ``Calls.find``), else the checks of this module and a new Call; then
+``Call.issue``. The same path serves the communicator's methods (``Collectives``, the base of
+``hccl.Comm``, which infer count and dtype from a DeviceArray), so a call goes down through the
+modules once: collectives -> call -> executor -> transport.
 """
 from __future__ import annotations
 
@@ -18,9 +23,12 @@ import numpy as np
 
 import runtime
 from runtime.callsite import callsite
+from runtime.context import resolve_stream
 from runtime.errors import NpuError, describe
+from runtime.memory import DevicePtr
 
-from . import comm as communicator
+from . import config
+from .call import Call
 from .errors import InvalidArgumentError
 from .types import DataType, OpType, ReduceOp
 
@@ -118,48 +126,126 @@ def _no_overlap(api: str, send, send_bytes: int, recv, recv_bytes: int, in_place
 
 def all_reduce(send, recv, count, dtype, op, comm, stream=None, *, site=None):
     """HcclAllReduce: every rank receives the reduction of all ranks' ``count`` elements."""
-    communicator.collective(OpType.ALLREDUCE, _all_reduce_args, comm,
-                            {"send": send, "recv": recv}, count, dtype, op, None, stream, site)
+    _collective(OpType.ALLREDUCE, _all_reduce_args, comm, send, recv, count, dtype, op, None,
+                stream, site)
 
 
 def all_gather(send, recv, send_count, dtype, comm, stream=None, *, site=None):
     """HcclAllGather: recv holds every rank's ``send_count`` elements, in rank order."""
-    communicator.collective(OpType.ALLGATHER, _all_gather_args, comm,
-                            {"send": send, "recv": recv}, send_count, dtype, None, None,
-                            stream, site)
+    _collective(OpType.ALLGATHER, _all_gather_args, comm, send, recv, send_count, dtype, None,
+                None, stream, site)
 
 
 def reduce_scatter(send, recv, recv_count, dtype, op, comm, stream=None, *, site=None):
     """HcclReduceScatter: rank r receives block r (``recv_count`` elements) of the reduction."""
-    communicator.collective(OpType.REDUCE_SCATTER, _reduce_scatter_args, comm,
-                            {"send": send, "recv": recv}, recv_count, dtype, op, None,
-                            stream, site)
+    _collective(OpType.REDUCE_SCATTER, _reduce_scatter_args, comm, send, recv, recv_count, dtype,
+                op, None, stream, site)
 
 
 def broadcast(buf, count, dtype, root, comm, stream=None, *, site=None):
     """HcclBroadcast: every rank's ``buf`` receives root's ``count`` elements."""
-    communicator.collective(OpType.BROADCAST, _broadcast_args, comm,
-                            {"send": buf, "recv": buf}, count, dtype, None, root, stream, site)
+    _collective(OpType.BROADCAST, _broadcast_args, comm, buf, buf, count, dtype, None, root,
+                stream, site)
 
 
 def reduce(send, recv, count, dtype, op, root, comm, stream=None, *, site=None):
     """HcclReduce: root's ``recv`` receives the reduction; ``recv`` may be None elsewhere."""
-    communicator.collective(OpType.REDUCE, _reduce_args, comm,
-                            {"send": send, "recv": recv}, count, dtype, op, root, stream, site)
+    _collective(OpType.REDUCE, _reduce_args, comm, send, recv, count, dtype, op, root, stream,
+                site)
 
 
 def all_to_all(send, send_count, recv, recv_count, dtype, comm, stream=None, *, site=None):
     """HcclAlltoAll: block j of rank i's send goes to block i of rank j's recv."""
-    communicator.collective(OpType.ALLTOALL, _all_to_all_args, comm,
-                            {"send": send, "recv": recv}, (send_count, recv_count), dtype,
-                            None, None, stream, site)
+    _collective(OpType.ALLTOALL, _all_to_all_args, comm, send, recv, (send_count, recv_count),
+                dtype, None, None, stream, site)
 
 
-# -- the checks of a call met for the first time (see comm.collective) ---------------------
+def _collective(op: OpType, check, comm, send, recv, count, dtype, redop, root, stream,
+                site) -> None:
+    """Issue collective ``op``: the communicator's remembered Call when the arguments are the
+    very ones checked before (see ``hccl.call``), else ``check(comm, bufs, count, dtype, redop,
+    root)`` and a new Call. A check raises InvalidArgumentError for a bad argument, else
+    returns (the live comm, the API's name, the Call's normalized arguments). Checks are
+    module-level functions, not closures: a closure would cost every call its cells."""
+    key = None
+    if isinstance(comm, Collectives) and not comm._destroyed:
+        try:
+            s = resolve_stream(stream)
+        except NpuError:        # the check says what is wrong with it
+            s = None
+        if s is not None:
+            key = (op, send if type(send) is DevicePtr else id(send),
+                   recv if type(recv) is DevicePtr else id(recv), type(count), count,
+                   type(dtype), dtype, type(redop), redop, type(root), root, s)
+            objs = (send,) if recv is None else (send, recv)
+            call = comm._calls.find(key, objs)
+            if call is not None:
+                call.issue(objs, site or callsite(3))
+                return
+    bufs = {"send": send, "recv": recv}
+    comm, api, args = check(comm, bufs, count, dtype, redop, root)
+    _new_call(comm, op, api, bufs, stream, site or callsite(3), key, **args)
+
+
+def _new_call(comm, op: OpType, api: str, bufs: dict, stream, site: str, key, *, count: int,
+              dtype: DataType, redop=None, root=None, peer=None) -> None:
+    """Make the Call of checked arguments and issue it; remember it under ``key`` if given."""
+    try:
+        s = resolve_stream(stream)
+    except NpuError as e:
+        raise InvalidArgumentError(f"{api}: stream: {e}") from None
+    for name, b in bufs.items():
+        if b is not None and _device_of(b) not in (s.device_id, -1):
+            raise InvalidArgumentError(
+                f"{api}: {name} is on device {_device_of(b)} but the stream is on device {s.device_id}")
+    send, recv = bufs.get("send"), bufs.get("recv")
+    inplace = send is not None and _same(send, recv)
+    knobs = comm._knobs or _read_knobs()
+    call = Call(comm, op, bufs, count, dtype, redop, root, peer, s, knobs, inplace)
+    comm._knobs = knobs     # kept once a call was planned with them (a bad one is not kept)
+    if key is not None:
+        comm._calls.put(key, call)
+    call.issue(tuple(bufs[k] for k in call.names), site)
+
+
+def _read_knobs() -> tuple:
+    """(HCCL_ALGO, slice bytes) for ``plan.collective``. A communicator keeps them from its first
+    planned collective on; a bad value fails each call until it is fixed, as when read at every
+    call."""
+    algo = config.algo() if config.algo_set() else "auto"   # auto: schedule.choose by size
+    return algo, config.slice_bytes()
+
+
+def _device_of(b) -> int:
+    if isinstance(b, runtime.DeviceArray):
+        return b.ptr.device_id if b.ptr is not None else -1
+    return b.device_id
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return False
+    if a is b:
+        return True
+    pa = a.ptr if isinstance(a, runtime.DeviceArray) else a
+    pb = b.ptr if isinstance(b, runtime.DeviceArray) else b
+    return pa is not None and pb is not None and pa.device_id == pb.device_id and pa.addr == pb.addr
+
+
+def live(comm, api: str):
+    """``comm`` if it is an ``hccl.Comm`` not yet destroyed; else InvalidArgumentError naming
+    ``api``."""
+    if not isinstance(comm, Collectives):
+        raise InvalidArgumentError(f"{api}: comm={comm!r} is not an hccl.Comm")
+    comm._check_alive(api)
+    return comm
+
+
+# -- the checks of a call met for the first time (see _collective) ---------------------
 
 def _all_reduce_args(comm, bufs, count, dtype, op, root):
     api = "all_reduce"
-    comm, dt, n, rop = communicator.live(comm, api), _dtype(dtype, api), _count(count, api), \
+    comm, dt, n, rop = live(comm, api), _dtype(dtype, api), _count(count, api), \
         _redop(op, api)
     send, recv, need = bufs["send"], bufs["recv"], n * dt.itemsize
     _buf(send, need, api, "send", dt, f"count={n} elements")
@@ -170,7 +256,7 @@ def _all_reduce_args(comm, bufs, count, dtype, op, root):
 
 def _all_gather_args(comm, bufs, send_count, dtype, op, root):
     api = "all_gather"
-    comm, dt = communicator.live(comm, api), _dtype(dtype, api)
+    comm, dt = live(comm, api), _dtype(dtype, api)
     n, send, recv = _count(send_count, api, "send_count"), bufs["send"], bufs["recv"]
     _buf(send, n * dt.itemsize, api, "send", dt, f"send_count={n} elements")
     _buf(recv, n * comm.size * dt.itemsize, api, "recv", dt,
@@ -182,7 +268,7 @@ def _all_gather_args(comm, bufs, send_count, dtype, op, root):
 
 def _reduce_scatter_args(comm, bufs, recv_count, dtype, op, root):
     api = "reduce_scatter"
-    comm, dt = communicator.live(comm, api), _dtype(dtype, api)
+    comm, dt = live(comm, api), _dtype(dtype, api)
     n, rop = _count(recv_count, api, "recv_count"), _redop(op, api)
     send, recv = bufs["send"], bufs["recv"]
     _buf(send, n * comm.size * dt.itemsize, api, "send", dt,
@@ -195,7 +281,7 @@ def _reduce_scatter_args(comm, bufs, recv_count, dtype, op, root):
 
 def _broadcast_args(comm, bufs, count, dtype, op, root):
     api = "broadcast"
-    comm, dt, n = communicator.live(comm, api), _dtype(dtype, api), _count(count, api)
+    comm, dt, n = live(comm, api), _dtype(dtype, api), _count(count, api)
     r = _rank(root, comm.size, api, "root")
     _buf(bufs["send"], n * dt.itemsize, api, "buf", dt, f"count={n} elements")
     return comm, api, {"count": n, "dtype": dt, "root": r}
@@ -203,7 +289,7 @@ def _broadcast_args(comm, bufs, count, dtype, op, root):
 
 def _reduce_args(comm, bufs, count, dtype, op, root):
     api = "reduce"
-    comm, dt, n, rop = communicator.live(comm, api), _dtype(dtype, api), _count(count, api), \
+    comm, dt, n, rop = live(comm, api), _dtype(dtype, api), _count(count, api), \
         _redop(op, api)
     r, send, recv = _rank(root, comm.size, api, "root"), bufs["send"], bufs["recv"]
     _buf(send, n * dt.itemsize, api, "send", dt, f"count={n} elements")
@@ -215,7 +301,7 @@ def _reduce_args(comm, bufs, count, dtype, op, root):
 
 def _all_to_all_args(comm, bufs, counts, dtype, op, root):
     api = "all_to_all"
-    comm, dt = communicator.live(comm, api), _dtype(dtype, api)
+    comm, dt = live(comm, api), _dtype(dtype, api)
     sc, rc = _count(counts[0], api, "send_count"), _count(counts[1], api, "recv_count")
     if sc != rc:
         raise InvalidArgumentError(f"{api}: send_count={sc} and recv_count={rc} differ; npusim's "
@@ -242,18 +328,89 @@ def recv(buf, count, dtype, src, comm, stream=None, *, site=None):
 
 
 def _point_to_point(op, api, buf, count, dtype, peer, peer_arg, comm, stream, site):
-    comm, dt, n = communicator.live(comm, api), _dtype(dtype, api), _count(count, api)
+    comm, dt, n = live(comm, api), _dtype(dtype, api), _count(count, api)
     p = _rank(peer, comm.size, api, peer_arg)
     if p == comm.rank:
         raise InvalidArgumentError(f"{api}: {peer_arg}={p} is this rank; {api} needs another rank")
     _buf(buf, n * dt.itemsize, api, "buf", dt, f"count={n} elements")
-    communicator.enqueue(comm, op, api, bufs={api: buf}, count=n, dtype=dt, peer=p, stream=stream,
-                         site=site)
+    _new_call(comm, op, api, {"send" if op == OpType.SEND else "recv": buf}, stream, site, None,
+              count=n, dtype=dt, peer=p)
 
 
 def barrier(comm, stream=None, *, site=None):
     """HcclBarrier: completes on every rank once all ranks have reached it."""
     api = "barrier"
-    comm = communicator.live(comm, api)
-    communicator.enqueue(comm, OpType.BARRIER, api, bufs={}, count=0, dtype=DataType.UINT8, stream=stream,
-                         site=site or callsite(2))
+    comm = live(comm, api)
+    _new_call(comm, OpType.BARRIER, api, {}, stream, site or callsite(2), None, count=0,
+              dtype=DataType.UINT8)
+
+
+_DTYPES = {d.numpy: d for d in DataType}     # numpy dtype -> DataType, for the methods
+
+
+class Collectives:
+    """The collective methods of a communicator (the base of ``hccl.Comm``): count and dtype
+    come from a DeviceArray, and each method returns its result buffer."""
+
+    __slots__ = ()
+
+    def all_reduce(self, send, recv=None, op=ReduceOp.SUM, stream=None):
+        recv = send if recv is None else recv
+        _collective(OpType.ALLREDUCE, _all_reduce_args, self, send, recv, _size(send, "send"),
+                    _arr_dtype(send), op, None, stream, None)
+        return recv
+
+    def all_gather(self, send, recv, stream=None):
+        _collective(OpType.ALLGATHER, _all_gather_args, self, send, recv, _size(send, "send"),
+                    _arr_dtype(send), None, None, stream, None)
+        return recv
+
+    def reduce_scatter(self, send, recv, op=ReduceOp.SUM, stream=None):
+        _collective(OpType.REDUCE_SCATTER, _reduce_scatter_args, self, send, recv,
+                    _size(recv, "recv"), _arr_dtype(recv), op, None, stream, None)
+        return recv
+
+    def broadcast(self, buf, root=0, stream=None):
+        _collective(OpType.BROADCAST, _broadcast_args, self, buf, buf, _size(buf, "buf"),
+                    _arr_dtype(buf), None, root, stream, None)
+        return buf
+
+    def reduce(self, send, recv=None, op=ReduceOp.SUM, root=0, stream=None):
+        _collective(OpType.REDUCE, _reduce_args, self, send, recv, _size(send, "send"),
+                    _arr_dtype(send), op, root, stream, None)
+        return recv
+
+    def all_to_all(self, send, recv, stream=None):
+        n = _size(send, "send")
+        if n % self.size:
+            raise InvalidArgumentError(f"all_to_all: send has {n} elements, not a multiple of the "
+                                       f"communicator size {self.size}")
+        c = n // self.size
+        _collective(OpType.ALLTOALL, _all_to_all_args, self, send, recv, (c, c),
+                    _arr_dtype(send), None, None, stream, None)
+        return recv
+
+    def send(self, buf, dest, stream=None):
+        send(buf, _size(buf, "buf"), _arr_dtype(buf), dest, self, stream, site=callsite(2))
+
+    def recv(self, buf, src, stream=None):
+        recv(buf, _size(buf, "buf"), _arr_dtype(buf), src, self, stream, site=callsite(2))
+        return buf
+
+    def barrier(self, stream=None):
+        barrier(self, stream, site=callsite(2))
+
+
+def _size(a, name) -> int:
+    if not isinstance(a, runtime.DeviceArray):
+        raise InvalidArgumentError(f"{name}={describe(a)}: the Comm methods infer count and dtype from a "
+                                   "DeviceArray; use hccl.<collective>(...) with a count for DevicePtr")
+    return a.size
+
+
+def _arr_dtype(a) -> DataType:
+    dt = _DTYPES.get(a.dtype)
+    if dt is None:
+        raise InvalidArgumentError(f"dtype {a.dtype} of the DeviceArray is not an HCCL data type "
+                                   f"({', '.join(d.name for d in DataType)})")
+    return dt

@@ -2,13 +2,14 @@
 
 Every error is an ``HcclError`` carrying ``.result`` (an HcclResult code) and a message that says
 what happened, with numbers, and what to do. Errors carry their facts as fields (``seq``, ``peer``,
-``ranks``, ...) so the communicator layer can add context (op name, communicator) and the launcher
+``ranks``, ...): the executor builds the user's error once, with its context (op name,
+communicator, seq; ``executor.failure``), and the launcher
 can classify ranks without parsing text. All classes pickle cleanly across processes: fields travel
 in the instance ``__dict__``, rebuilt without calling ``__init__``.
 """
 from __future__ import annotations
 
-from hccl.types import Result
+from hccl.result import Result
 
 
 class HcclError(Exception):

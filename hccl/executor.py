@@ -1,14 +1,27 @@
-"""Runs a schedule (``hccl.schedule``) of one rank over a transport.
+"""Runs one rank's schedule (``hccl.schedule``) over its peers' pairs: bound once, run many times.
 
-Sends are posted zero-copy and not waited for; a Recv blocks (at most ``timeout`` seconds, the
-HCCL_EXEC_TIMEOUT of one wait) and then reduces or copies the payload into its region; a Copy
-moves bytes locally. Before anything writes a region that a still-pending send reads, that send is
-waited for (the write-after-send hazard). Hazards are tracked by memory address, not buffer name,
-so aliased buffers (in place: recv is send) are safe. All sends are waited for before ``run``
-returns, so the caller may reuse every buffer afterwards.
+Design note (gloo's algorithm objects). ``bind`` turns a schedule, the buffers' byte views and
+the peers' pairs (``hccl.transport``: one per peer, siblings with the same calls) into a
+``Program``: one tuple per step holding the pair, the view of the bytes it moves (a memoryview
+for a send, the typed numpy regions and the reduce function for a receive) and the address
+range it touches. ``Program.run`` loops over those tuples; nothing is sliced, looked up or
+allocated per step beyond what the messages themselves need. A ``hccl.call.Call`` binds its
+program once, when the call is first validated, and runs it at every issue.
 
-Transport exceptions become hccl errors carrying the raw facts (comm ranks, seq, waited seconds,
-both fingerprints); the communicator layer adds the op name and context to the message.
+Sends are posted zero-copy and not waited for; a Recv is first tried without waiting
+(``pair.try_recv``: the message is often there already) and only then waited for (at most
+``timeout`` seconds, the HCCL_EXEC_TIMEOUT of one wait), telling ``on_wait`` whom it waits for;
+it then reduces or copies the payload into its region; a Copy moves bytes locally. Before
+anything writes a region that a still-pending send reads, that send is waited for (the
+write-after-send hazard). Hazards are tracked by memory address, not buffer name, so aliased
+buffers (in place: recv is send) are safe. All sends are waited for before ``run`` returns, so
+the caller may reuse every buffer afterwards.
+
+One error translation (``failure``): a transport exception, a consumer's or any other hccl error
+raised while a collective runs becomes the user's exception here, once, with the op, the
+communicator, the seq and the raw facts as fields; the peers are told (the communicator is
+aborted) in the same place. Nothing above rebuilds it (the stream only surfaces it as a
+``TaskError`` of the same type, naming the task).
 """
 from __future__ import annotations
 
@@ -19,15 +32,19 @@ import numpy as np
 from hccl import abortrec
 from hccl.errors import (CollectiveMismatchError, HcclError, HcclTimeoutError,
                          InvalidArgumentError, RemoteRankError)
-from hccl.reduction import reduce3, reduce_into
+from hccl.failure import Failure
+from hccl.flight import recorder
+from hccl.reduction import WIDENED, reduce3, reduce_into, ufunc
 from hccl.schedule import NONE, SCRATCH, Copy, LocalReduce, Recv, Send, buffer_extents, reduces
-from hccl.transport.base import (Aborted, FingerprintMismatch, PeerGone, PeerTimeout,
-                                 TransportClosed, TransportError)
-from hccl.types import DataType, Fingerprint, ReduceOp, Result
+from hccl.transport.base import (DONE, Aborted, FingerprintMismatch, PeerGone, PeerTimeout,
+                                 TransportClosed, TransportError, norm_fp)
+from hccl.types import DataType, Fingerprint, ReduceOp, Result, describe_call
 
 _EMPTY = np.empty(0, np.uint8)
+_EMPTY_MV = memoryview(b"")
 _U8 = np.dtype(np.uint8)
 GIL_COPY_BYTES = 256 << 10      # copies up to this size keep the GIL (see copy_bytes)
+_SEND, _RECV, _COPY, _REDUCE = 0, 1, 2, 3
 
 
 class _Pending:
@@ -39,10 +56,6 @@ class _Pending:
         self.items: list[tuple[int, int, object, int, int]] = []   # lo, hi, handle, peer, step
         self.timeout = timeout
         self.on_wait = on_wait      # (peer, sending): sending=True, for delivery of our send
-
-    def add(self, lo: int, hi: int, handle, peer: int, step: int) -> None:
-        if hi > lo and not handle.done():
-            self.items.append((lo, hi, handle, peer, step))
 
     def settle(self, lo: int, hi: int) -> None:
         """Wait every pending send that reads any byte of [lo, hi)."""
@@ -101,19 +114,6 @@ def _address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
-class _Addresses(dict):
-    """Base address of each view, looked up only when a hazard check needs it (most small
-    collectives have no pending send, and reading an address costs microseconds)."""
-
-    def __init__(self, views: dict):
-        super().__init__()
-        self.views = views
-
-    def __missing__(self, name: str) -> int:
-        a = self[name] = _address(self.views[name])
-        return a
-
-
 def prepare_buffers(steps, buffers: dict) -> dict[str, np.ndarray]:
     """Flat uint8 views of ``buffers``, checked against what ``steps`` touch; allocates scratch.
 
@@ -141,10 +141,168 @@ def prepare_buffers(steps, buffers: dict) -> dict[str, np.ndarray]:
     return views
 
 
+class Program:
+    """A schedule bound to views and pairs (``bind``); ``run`` executes it, any number of times
+    (one at a time: its scratch is its own)."""
+
+    __slots__ = ("ops", "views")
+
+    def __init__(self, ops: tuple, views: dict):
+        self.ops, self.views = ops, views
+
+    def run(self, comm_id: int, seq: int, fp, timeout: float | None,
+            on_wait: Callable[[int, bool], None] | None = None) -> None:
+        """Execute the program for ``seq``; raises ``StepFailed`` (the transport's or the
+        consumer's exception and the step it failed in) for ``failure`` to translate."""
+        pending = None
+        op = None
+        try:
+            for op in self.ops:
+                kind = op[0]
+                if kind == _SEND:
+                    handle = op[1].send(comm_id, seq, op[3], fp, op[2])
+                    if handle is not DONE and op[5] > op[4] and not handle.done():
+                        if pending is None:
+                            pending = _Pending(timeout, on_wait)
+                        pending.items.append((op[4], op[5], handle, op[6], op[3]))
+                elif kind == _RECV:
+                    if pending is not None and pending.items:   # the region's readers first: the
+                        pending.settle(op[4], op[5])    # consumer may run inside the pair's poll
+                    if not op[1].try_recv(comm_id, seq, op[2], fp, op[3]):
+                        if on_wait is not None:
+                            on_wait(op[6], False)
+                        op[1].recv_into(comm_id, seq, op[2], fp, timeout, op[3])
+                elif kind == _COPY:
+                    if pending is not None and pending.items:
+                        pending.settle(op[4], op[5])
+                    copy_bytes(op[1], op[2])
+                else:
+                    if pending is not None and pending.items:
+                        pending.settle(op[4], op[5])
+                    reduce_into(op[1], op[2], op[3])
+            op = None
+            if pending is not None:
+                pending.drain()
+        except (TransportError, HcclError) as e:
+            raise StepFailed(e, op) from e
+
+
+class StepFailed(Exception):
+    """What ``Program.run`` raises: ``error`` (a TransportError or HcclError) in step ``op``."""
+
+    def __init__(self, error: BaseException, op):
+        super().__init__(str(error))
+        self.error, self.op = error, op
+
+    @property
+    def peer(self) -> int | None:
+        """The comm rank the failing step talked to (None for a local step or after the loop)."""
+        return None if self.op is None or self.op[0] > _RECV else self.op[6]
+
+    @property
+    def is_recv(self) -> bool:
+        return self.op is not None and self.op[0] == _RECV
+
+
+def bind(steps: Sequence, views: dict, op: ReduceOp | None, dtype, pairs: Sequence) -> Program:
+    """The ``Program`` of ``steps`` on ``views`` (``prepare_buffers``' flat uint8 views) with
+    ``pairs[r]`` the pair of comm rank r. Raises InvalidArgumentError for a reducing schedule
+    without op and dtype, or an unknown step."""
+    np_dtype = None if dtype is None else \
+        (dtype if type(dtype) is DataType else DataType.of(dtype)).numpy
+    if reduces(steps):
+        if np_dtype is None or op is None:
+            raise InvalidArgumentError("a reducing schedule needs op and dtype")
+        op = ReduceOp.of(op)
+    base = {name: _address(v) if v.nbytes else 0 for name, v in views.items()}
+    ops = []
+    for step in steps:
+        kind = type(step)
+        if kind is Send:
+            off, nb = step.offset, step.nbytes
+            payload = memoryview(views[step.buf][off:off + nb]) if nb else _EMPTY_MV
+            lo = base[step.buf] + off
+            ops.append((_SEND, pairs[step.peer], payload, step.step, lo, lo + nb, step.peer))
+        elif kind is Recv:
+            lo = base[step.buf] + step.offset
+            ops.append((_RECV, pairs[step.peer], step.step, _consumer(step, views, np_dtype, op),
+                        lo, lo + step.nbytes, step.peer))
+        elif kind is Copy:
+            nb = step.nbytes
+            if not nb or (views[step.src_buf] is views[step.dst_buf]
+                          and step.src_off == step.dst_off):
+                continue        # a self-copy (in place) moves nothing
+            lo = base[step.dst_buf] + step.dst_off
+            if base[step.src_buf] + step.src_off == lo:
+                continue
+            ops.append((_COPY, views[step.dst_buf][step.dst_off:step.dst_off + nb],
+                        views[step.src_buf][step.src_off:step.src_off + nb], None, lo, lo + nb))
+        elif kind is LocalReduce:
+            nb = step.nbytes
+            if not nb:
+                continue
+            lo = base[step.dst_buf] + step.dst_off
+            ops.append((_REDUCE,
+                        views[step.dst_buf][step.dst_off:step.dst_off + nb].view(np_dtype),
+                        views[step.src_buf][step.src_off:step.src_off + nb].view(np_dtype),
+                        op, lo, lo + nb))
+        else:
+            raise InvalidArgumentError(f"unknown schedule step {step!r}")
+    return Program(tuple(ops), views)
+
+
+def _consumer(step: Recv, views: dict, np_dtype, op):
+    """What a Recv does with its payload: check the size, then reduce or copy it into place.
+
+    Built once per bound step. It never waits (the executor settled the region's pending sends
+    before the Recv): a pair may call it while it holds the lock of the peer's ring."""
+    nb = step.nbytes
+    dst = views[step.buf][step.offset:step.offset + nb]
+
+    def wrong(data):
+        return HcclError(
+            f"rank {step.peer} sent {data.nbytes} bytes for step {step.step}, expected {nb}; "
+            "the ranks disagree on the buffer layout", Result.E_INTERNAL, peer=step.peer,
+            step=step.step)
+
+    if not nb:
+        def consume(data) -> None:
+            if data.nbytes:
+                raise wrong(data)
+        return consume
+    if not step.reduce:
+        def consume(data) -> None:
+            if data.nbytes != nb:
+                raise wrong(data)
+            copy_bytes(dst, np.frombuffer(data, np.uint8))
+        return consume
+    typed = dst.view(np_dtype)
+    src = views[step.src][step.offset:step.offset + nb].view(np_dtype) if step.src else None
+    if src is not None and views[step.src] is views[step.buf]:
+        src = None                          # in place: the plain reduce into dst
+    a = typed if src is None else src
+    if np_dtype in WIDENED:                 # fp16 / bf16: widened block by block (reduction.py)
+        def fn(x, y, out):
+            reduce3(out, x, y, op)
+    else:
+        fn = ufunc(op)
+    if step.payload_first:                  # dst = payload op src, dst's first write
+        def consume(data) -> None:
+            if data.nbytes != nb:
+                raise wrong(data)
+            fn(np.frombuffer(data, np_dtype), a, out=typed)
+    else:                                   # dst = src op payload (src is dst in place)
+        def consume(data) -> None:
+            if data.nbytes != nb:
+                raise wrong(data)
+            fn(a, np.frombuffer(data, np_dtype), out=typed)
+    return consume
+
+
 def run(steps: Sequence, buffers: dict, op: ReduceOp | None, dtype, transport, comm_id: int,
         seq: int, fp, peers: Sequence[int], timeout: float | None,
         on_wait: Callable[[int, bool], None] | None = None, *, rank: int | None = None) -> None:
-    """Execute ``steps`` (one rank's schedule) and return when this rank's part is complete.
+    """Bind ``steps`` to ``buffers`` and ``transport``'s pairs and run them once (tests, tools).
 
     Args:
         buffers: ``{"send": ..., "recv": ...}`` (numpy arrays, any dtype, C-contiguous; viewed as
@@ -156,101 +314,21 @@ def run(steps: Sequence, buffers: dict, op: ReduceOp | None, dtype, transport, c
         peers: comm rank -> world rank (the transport's rank numbers).
         timeout: the longest single wait for a peer, in seconds (None = forever).
         on_wait: called with the comm rank before each blocking wait for that peer, and True
-            when the wait is for the delivery of this rank's own send (its link, not the peer,
-            is then the slow part), else False.
+            when the wait is for the delivery of this rank's own send.
         rank: this rank's comm rank, only used to fill error fields.
 
     Raises ``HcclTimeoutError``, ``CollectiveMismatchError``, ``RemoteRankError`` (peer abort),
     ``HcclError`` (E_UNAVAIL: transport closed; E_INTERNAL: a message of the wrong size) and
-    ``InvalidArgumentError`` (buffers do not fit the schedule). Sends still in flight when an
-    error is raised are not waited for: treat the buffers as in use until the communicator is
-    aborted or destroyed.
+    ``InvalidArgumentError`` (buffers do not fit the schedule), through ``failure`` without a
+    communicator (nothing is aborted).
     """
-    views = prepare_buffers(steps, buffers)
-    addr = _Addresses(views)
-    if dtype is None:
-        np_dtype = None
-    else:
-        np_dtype = (dtype if type(dtype) is DataType else DataType.of(dtype)).numpy
-    if reduces(steps):
-        if np_dtype is None or op is None:
-            raise InvalidArgumentError("a reducing schedule needs op and dtype")
-        op = ReduceOp.of(op)
-    pending = _Pending(timeout, on_wait)
-    world = peers if type(peers) is list else list(peers)
-    step = None
+    world = list(peers)
+    prog = bind(steps, prepare_buffers(steps, buffers), op, dtype,
+                [transport.pair(p) for p in world])
     try:
-        for step in steps:
-            kind = type(step)
-            if kind is Send:
-                off, nb = step.offset, step.nbytes
-                payload = views[step.buf][off:off + nb] if nb else _EMPTY
-                handle = transport.send(world[step.peer], comm_id, seq, step.step, fp, payload)
-                if nb and not handle.done():
-                    lo = addr[step.buf] + off
-                    pending.add(lo, lo + nb, handle, step.peer, step.step)
-            elif kind is Recv:
-                if pending.items and step.nbytes:     # the region's readers first: the consumer
-                    lo = addr[step.buf] + step.offset  # may run inside the transport's poll of
-                    pending.settle(lo, lo + step.nbytes)   # this peer, where it must not wait
-                if on_wait is not None:
-                    on_wait(step.peer, False)
-                transport.recv_into(world[step.peer], comm_id, seq, step.step, fp, timeout,
-                                    _consumer(step, views, np_dtype, op, seq))
-            elif kind is Copy:
-                nb = step.nbytes
-                if nb and not (views[step.src_buf] is views[step.dst_buf]
-                               and step.src_off == step.dst_off):
-                    dst_lo = addr[step.dst_buf] + step.dst_off if pending.items else 0
-                    if not pending.items or addr[step.src_buf] + step.src_off != dst_lo:
-                        pending.settle(dst_lo, dst_lo + nb)
-                        copy_bytes(views[step.dst_buf][step.dst_off:step.dst_off + nb],
-                                   views[step.src_buf][step.src_off:step.src_off + nb])
-            elif kind is LocalReduce:
-                nb = step.nbytes
-                if nb:
-                    if np_dtype is None or op is None:
-                        raise InvalidArgumentError("a reducing schedule needs op and dtype")
-                    if pending.items:
-                        dst_lo = addr[step.dst_buf] + step.dst_off
-                        pending.settle(dst_lo, dst_lo + nb)
-                    reduce_into(views[step.dst_buf][step.dst_off:step.dst_off + nb].view(np_dtype),
-                                views[step.src_buf][step.src_off:step.src_off + nb].view(np_dtype), op)
-            else:
-                raise InvalidArgumentError(f"unknown schedule step {step!r}")
-        step = None
-        pending.drain()
-    except TransportError as e:
-        raise _translate(e, world, seq, fp, timeout, rank, step) from e
-
-
-def _consumer(step: Recv, views: dict, np_dtype, op, seq: int):
-    """What a Recv does with its payload: check the size, then reduce or copy it into place.
-
-    It never waits (the executor settled the region's pending sends before the Recv): a
-    transport may call it while it holds the lock of the peer's ring."""
-    def consume(data) -> None:
-        nb = step.nbytes
-        if data.nbytes != nb:
-            raise HcclError(
-                f"seq {seq}: rank {step.peer} sent {data.nbytes} bytes for step "
-                f"{step.step}, expected {nb}; the ranks disagree on the buffer layout",
-                Result.E_INTERNAL, seq=seq, peer=step.peer, step=step.step)
-        if nb:
-            dst = views[step.buf][step.offset:step.offset + nb]
-            if step.reduce:
-                src = views[step.src] if step.src else None
-                if step.payload_first:          # dst = payload op src, dst's first write
-                    reduce3(dst.view(np_dtype), np.frombuffer(data, np_dtype),
-                            src[step.offset:step.offset + nb].view(np_dtype), op)
-                elif src is None or src is views[step.buf]:
-                    reduce_into(dst.view(np_dtype), np.frombuffer(data, np_dtype), op)
-                else:                           # dst = src op payload, dst's first write
-                    reduce3(dst.view(np_dtype), src[step.offset:step.offset + nb].view(np_dtype),
-                            np.frombuffer(data, np_dtype), op)
-            else:
-                copy_bytes(dst, np.frombuffer(data, np.uint8))
-    return consume
+        prog.run(comm_id, seq, norm_fp(fp), timeout, on_wait)
+    except StepFailed as f:
+        raise failure(f, world, seq, fp, timeout, rank) from f.error
 
 
 def _comm_rank(world: list[int], world_rank: int) -> int | None:
@@ -260,45 +338,131 @@ def _comm_rank(world: list[int], world_rank: int) -> int | None:
         return None
 
 
-def _translate(e: TransportError, world: list[int], seq: int, fp, timeout, rank,
-               step) -> HcclError:
-    """The hccl error for a transport exception, with comm ranks and raw facts as fields."""
-    tag = getattr(step, "step", None)
+class Context:
+    """What ``failure`` says about the collective that failed, and whom it tells: ``comm``
+    (its name, rank, comm_id, world), ``op``, ``cid`` (the id its messages carry) and
+    ``timeout_by_comm`` (whether ``comm.set_exec_timeout`` set the timeout). A
+    ``hccl.call.Call`` is one."""
+
+    __slots__ = ()
+
+
+def failure(f: StepFailed, world: list[int], seq: int, fp, timeout, rank,
+            ctx: Context | None = None) -> HcclError:
+    """The user's exception for ``f`` (the one translation, see the module note).
+
+    With ``ctx`` the message starts ``[rank r] OP(comm=..., seq=..., ...)`` and the peers are
+    told through an abort of the communicator where the failure is this rank's (a timeout, a
+    mismatch, a local error); without it (``run``) the message is the bare facts."""
+    e, tag = f.error, (f.op[2] if f.is_recv else None)
+    call = None
+    if ctx is not None:
+        c = ctx.comm
+        rank = c.rank
+        call = describe_call(ctx.op, fp.count, fp.dtype, fp.redop, fp.root, comm=c.name, seq=seq)
     if isinstance(e, PeerTimeout):
         peer = _comm_rank(world, e.peer)
         what = "a message from"
         if hasattr(e, "send_step"):
             what, tag = "delivery to", e.send_step
-        msg = (f"seq {seq}: waited {e.waited:.1f} s for {what} rank {peer} (step {tag}); "
-               f"rank {peer} has not reached this collective or is stuck; raise "
-               "HCCL_EXEC_TIMEOUT if it is only slow")
+        facts = (f"seq {seq}: waited {e.waited:.1f} s for {what} rank {peer} (step {tag}); "
+                 f"rank {peer} has not reached this collective or is stuck; raise "
+                 "HCCL_EXEC_TIMEOUT if it is only slow")
+        if ctx is None:
+            msg = facts
+        else:
+            source = (f"comm.set_exec_timeout({timeout:g})" if ctx.timeout_by_comm else
+                      f"HCCL_EXEC_TIMEOUT={timeout:g}")
+            last_enq, last_done = recorder.last(c.comm_id, c.rank)
+            msg = (f"[rank {rank}] {call} timed out after {timeout:.1f} s (the timeout set by "
+                   f"{source}); last enqueued seq {last_enq}, last completed seq {last_done}"
+                   f"\n  {facts}")
+            _abort(ctx, Failure.TIMEOUT, f"rank {rank} timed out in {call} waiting for rank "
+                   f"{peer}", waited_for=peer)
         return HcclTimeoutError(msg, peer=peer, world_peer=e.peer, seq=seq, waited=e.waited,
                                 timeout=timeout, rank=rank, step=tag)
     if isinstance(e, FingerprintMismatch):
         peer = _comm_rank(world, e.peer)
         calls = [_describe(e.mine), _describe(e.theirs)]
-        return CollectiveMismatchError(seq=e.seq, ranks=[rank, peer], calls=calls)
+        inner = CollectiveMismatchError(seq=e.seq, ranks=[rank, peer], calls=calls)
+        if ctx is None:
+            return inner
+        _abort(ctx, Failure.MISMATCH, str(inner))
+        return CollectiveMismatchError(f"[rank {rank}] {call}: collective mismatch: {inner}",
+                                       seq=seq, ranks=[rank, peer], calls=[str(x) for x in calls])
     if isinstance(e, Aborted):
         peer = _comm_rank(world, e.peer)
         ab = abortrec.read(e.reason, e.peer)
         e.reason = ab["text"]       # the chained Aborted prints the text, not the record
-        err = RemoteRankError(f"seq {seq}: communicator aborted by rank {peer}: {ab['text']}",
-                              rank=peer, world_peer=e.peer, reason=ab["text"], seq=seq)
-        err.abort = ab
+        waiting = f.peer if f.is_recv else None
+        err = _remote(ab, peer, waiting, seq, rank, call, e.peer)
+        err.abort = ab              # the typed record, for the launcher's error file
         # whom this rank was waiting for when the abort came: when a peer times out waiting for
         # this rank, the chain goes on from here (the first rank to time out is often a victim)
-        err.waiting_for = step.peer if type(step) is Recv else None
+        err.waiting_for = waiting
         return err
     if isinstance(e, PeerGone):
         peer = _comm_rank(world, e.peer)
-        return RemoteRankError(f"seq {seq}: rank {peer}'s process has exited in the middle of the "
-                               f"collective ({e.detail})", rank=peer, world_peer=e.peer,
-                               reason=f"rank {peer}'s process has exited", seq=seq)
+        reason = f"rank {peer}'s process has exited"
+        if ctx is None:
+            return RemoteRankError(f"seq {seq}: {reason} in the middle of the collective "
+                                   f"({e.detail})", rank=peer, world_peer=e.peer, reason=reason,
+                                   seq=seq)
+        err = RemoteRankError(f"[rank {rank}] {call} aborted: {reason}", rank=peer,
+                              world_peer=e.peer, reason=reason, seq=seq)
+        err.abort = abortrec.read(reason, peer)
+        return err
     if isinstance(e, TransportClosed):
-        return HcclError(f"seq {seq}: the transport was closed during the collective ({e}); "
-                         "the communicator was destroyed or the process is shutting down",
-                         Result.E_UNAVAIL, seq=seq)
-    return HcclError(f"seq {seq}: transport error: {e}", Result.E_INTERNAL, seq=seq)
+        err = HcclError(f"seq {seq}: the transport was closed during the collective ({e}); "
+                        "the communicator was destroyed or the process is shutting down",
+                        Result.E_UNAVAIL, seq=seq)
+    elif isinstance(e, TransportError):
+        err = HcclError(f"seq {seq}: transport error: {e}", Result.E_INTERNAL, seq=seq)
+    else:
+        err = e                     # an hccl error of a step (a consumer's, a bad buffer)
+        if getattr(err, "seq", None) is None:
+            err.seq = seq
+    if ctx is None:
+        return err
+    msg = f"[rank {rank}] {call} failed: {err}"
+    out = type(err).__new__(type(err))
+    Exception.__init__(out, msg)
+    out.__dict__.update(err.__dict__)
+    _abort(ctx, Failure.FAILED, f"rank {rank} failed in {call}: {str(err).splitlines()[0]}")
+    return out
+
+
+def _remote(ab: dict, peer, waiting, seq, rank, call, world_peer) -> HcclError:
+    """The error of an abort a peer (or the launcher) announced, by the abort's kind."""
+    text, kind = ab["text"], ab["kind"]
+    if call is None:
+        return RemoteRankError(f"seq {seq}: communicator aborted by rank {peer}: {text}",
+                               rank=peer, world_peer=world_peer, reason=text, seq=seq)
+    if kind == Failure.DEAD:     # seen by a rank's transport, or by the launcher
+        stopping = "" if "seen_by" in ab else "; the job is being stopped"
+        return RemoteRankError(f"[rank {rank}] {call} failed: {text}{stopping}",
+                               rank=ab["rank"], world_peer=world_peer, reason=text, seq=seq)
+    if kind in (Failure.DEADLOCK, Failure.STOPPED, Failure.ERROR):  # the text: the cause
+        return RemoteRankError(f"[rank {rank}] {call} failed: {text}", rank=ab["rank"],
+                               world_peer=world_peer, reason=text, seq=seq)
+    if kind == Failure.MISMATCH:
+        return CollectiveMismatchError(
+            f"[rank {rank}] {call}: collective mismatch reported by rank {peer}: {text}",
+            seq=seq, ranks=[peer], calls=[])
+    if kind in (Failure.TIMEOUT, Failure.FAILED):   # the text names who waited for whom
+        chain = (f"; rank {rank} was itself waiting for rank {waiting}"
+                 if kind == Failure.TIMEOUT and waiting is not None else "")
+        return RemoteRankError(f"[rank {rank}] {call} aborted: {text}{chain}", rank=peer,
+                               world_peer=world_peer, reason=text, seq=seq)
+    return RemoteRankError(f"[rank {rank}] {call} failed: rank {peer} failed or aborted the "
+                           f"communicator: {text}", rank=peer, world_peer=world_peer,
+                           reason=text, seq=seq)
+
+
+def _abort(ctx: Context, kind: Failure, text: str, **extra) -> None:
+    """Tell every peer that this rank's collective failed (an abort of its communicator)."""
+    c = ctx.comm
+    c.world.transport.abort(ctx.cid, abortrec.record(kind, c.world.rank, text, **extra))
 
 
 def _describe(fp):

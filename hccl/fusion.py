@@ -34,7 +34,7 @@ import numpy as np
 import runtime
 from runtime.graph import Fusable
 
-from . import comm as comms, plan, schedule   # comm imports this module too: use at call time
+from . import executor, plan, schedule
 from .flight import recorder
 from .types import OpType
 
@@ -42,49 +42,39 @@ _ORDERED = ("oneshot", "star")      # AllReduce algorithms that reduce each elem
 
 
 class Member(NamedTuple):
-    """One captured AllReduce: what its part of a fused replay needs."""
+    """One captured AllReduce: its Call and the buffers of its issue."""
 
-    bufs: dict
-    pl: plan.Plan
-    count: int
+    call: object            # the hccl.call.Call
+    objs: tuple             # its buffers, in the Call's ``names`` order
     site: str
     regions: tuple          # ((device, start, end, writes), ...): its bytes in device memory
-    inplace: bool           # send and recv are one buffer
 
 
-def fusable(comm, bufs: dict, pl, count: int, dtype, redop, knobs: tuple, site: str,
-            stream_name: str, cid: int, timeout, by_comm: bool, inplace: bool) -> Fusable | None:
-    """The ``Fusable`` of a captured AllReduce, or None when it runs on its own."""
-    algo, slice_bytes = knobs
-    nbytes = count * dtype.itemsize
-    if algo != "auto" or comm.size < 2 or count == 0:
+def fusable(call, objs: tuple, site: str) -> Fusable | None:
+    """The ``Fusable`` of a captured AllReduce ``call`` (issued with ``objs``), or None when it
+    runs on its own."""
+    comm, dtype = call.comm, call.dtype
+    algo, slice_bytes = call.knobs
+    nbytes = call.count * dtype.itemsize
+    if algo != "auto" or comm.size < 2 or call.count == 0:
         return None
     chosen = schedule.choose(OpType.ALLREDUCE, nbytes, comm.size)
     if chosen not in _ORDERED:
         return None
     regions = []
-    for k, b in bufs.items():
-        if b is not None:
-            start = _address(b)
-            regions.append((b.device_id if not isinstance(b, runtime.DeviceArray)
-                            else b.ptr.device_id, start, start + pl.nbytes[k], k == "recv"))
-    member = Member(bufs, pl, count, site, tuple(regions), inplace)
-    key = ("allreduce", cid, int(dtype), int(redop), chosen)
+    for k, b in zip(call.names, objs):
+        ptr = b.ptr if isinstance(b, runtime.DeviceArray) else b
+        regions.append((ptr.device_id, ptr.addr, ptr.addr + call.plan.nbytes[k], k == "recv"))
+    member = Member(call, objs, site, tuple(regions))
+    key = ("allreduce", call.cid, int(dtype), int(call.redop), chosen)
 
     def fits(items: list, item: Member) -> bool:
-        total = (sum(m.count for m in items) + item.count) * dtype.itemsize
+        total = (sum(m.call.count for m in items) + item.call.count) * dtype.itemsize
         if schedule.choose(OpType.ALLREDUCE, total, comm.size) != chosen:
             return False
         return not any(_conflict(a, b) for m in items for a in m.regions for b in item.regions)
 
-    def combine(items: list):
-        return _fused(comm, items, dtype, redop, knobs, stream_name, cid, timeout, by_comm)
-
-    return Fusable(key, member, fits, combine)
-
-
-def _address(b) -> int:
-    return b.ptr.addr if isinstance(b, runtime.DeviceArray) else b.addr
+    return Fusable(key, member, fits, _Fused)
 
 
 def _conflict(a, b) -> bool:
@@ -92,39 +82,62 @@ def _conflict(a, b) -> bool:
     return a[0] == b[0] and (a[3] or b[3]) and a[1] < b[2] and b[1] < a[2]
 
 
-def _fused(comm, items: list, dtype, redop, knobs, stream_name, cid, timeout, by_comm):
-    """The ``make()`` of a fused group: planned once here, built at every replay."""
-    k = len(items)
-    total = sum(m.count for m in items)
-    pl = plan.collective(OpType.ALLREDUCE, comm.rank, comm.size, total, dtype, redop, None, None,
-                         True, *knobs)
-    fp = pl.fp._replace(root=k)         # root is unused by AllReduce: it carries the group size
-    size = dtype.itemsize
-    offsets, at = [], 0
-    for m in items:
-        offsets.append(at)
-        at += m.count * size
-    staging_bytes = max(pl.nbytes["recv"], at)
+class _Fused:
+    """The ``make`` of a fused group: planned and bound once (on its own staging buffer), run
+    at every replay."""
 
-    def make():
-        seq0 = comms.take_seqs(comm, k)
-        recs = tuple(recorder.enqueue(comm, seq0 + i, m.pl.rec_fp, stream=stream_name,
-                                      site=m.site, nbytes=m.count * size, names=m.pl.names)
-                     for i, m in enumerate(items))
+    def __init__(self, items: list):
+        first = items[0].call
+        comm, dtype = first.comm, first.dtype
+        self.items, self.first, self.k = items, first, len(items)
+        total = sum(m.call.count for m in items)
+        pl = plan.collective(OpType.ALLREDUCE, comm.rank, comm.size, total, dtype, first.redop,
+                             None, None, True, *first.knobs)
+        self.fp = pl.fp._replace(root=self.k)   # root is unused by AllReduce: the group's size
+        self.wire_fp = tuple(self.fp)
+        size = dtype.itemsize
+        self.offsets, at = [], 0
+        for m in items:
+            self.offsets.append(at)
+            at += m.call.count * size
+        self.staging = np.empty(max(pl.nbytes["recv"], at), np.uint8)
+        t = comm.world.transport
+        views = executor.prepare_buffers(pl.steps, {"send": self.staging, "recv": self.staging})
+        self.program = executor.bind(pl.steps, views, first.redop, dtype,
+                                     [t.pair(w) for w in comm.ranks])
 
-        def task():
-            staging = np.empty(staging_bytes, np.uint8)
-            outs = []
-            for m, off in zip(items, offsets):
-                n = m.count * size
-                src = runtime.host_view(m.bufs["send"], n, name="send")
-                staging[off:off + n] = src
-                recv = m.bufs.get("recv")
-                outs.append(src if recv is None or m.inplace else
-                            runtime.host_view(recv, n, name="recv"))
-            comms.execute(comm, OpType.ALLREDUCE, pl.steps, {"send": staging, "recv": staging},
-                          redop, dtype, cid, seq0, fp, timeout, by_comm, recs)
-            for out, off in zip(outs, offsets):
-                out[:] = staging[off:off + out.size]
-        return task
-    return make
+    def __call__(self):
+        first, k = self.first, self.k
+        comm = first.comm
+        seq0 = comm.take_seqs(k)
+        recs = tuple(recorder.enqueue(comm, seq0 + i, m.call.plan.rec_fp,
+                                      stream=first.stream.name, site=m.site,
+                                      nbytes=m.call.count * first.dtype.itemsize,
+                                      names=m.call.plan.names)
+                     for i, m in enumerate(self.items))
+        return lambda: self.run(seq0, recs)
+
+    def run(self, seq0: int, recs: tuple) -> None:
+        staging, size, first = self.staging, self.first.dtype.itemsize, self.first
+        outs = []
+        for m, off in zip(self.items, self.offsets):
+            n = m.call.count * size
+            bufs = dict(zip(m.call.names, m.objs))
+            src = runtime.host_view(bufs["send"], n, name="send")
+            staging[off:off + n] = src
+            recv = bufs.get("recv")
+            outs.append(src if recv is None or m.call.inplace else
+                        runtime.host_view(recv, n, name="recv"))
+        for rec in recs:
+            recorder.start(rec)
+        timeout, by_comm = first.comm.timeout()
+        first.rec = recs[0]
+        try:
+            self.program.run(first.cid, seq0, self.wire_fp, timeout, first.on_wait)
+        except executor.StepFailed as f:
+            first.timeout_by_comm = by_comm
+            raise first.failed(f, seq0, timeout, recs, self.fp) from f.error
+        for rec in recs:
+            recorder.complete(rec)
+        for out, off in zip(outs, self.offsets):
+            out[:] = staging[off:off + out.size]

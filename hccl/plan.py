@@ -9,13 +9,23 @@ depends only on its secret (the keyed HMAC) or its fingerprint (normalizing it t
 64 KiB and below that work costs as much as the copy, so it is done once and looked up.
 
 The plans are a ``functools.lru_cache`` of 512 shapes (its hit path is C: a Python-level lookup
-measured 0.2-0.3 us more per call); the others are a ``Memo``: a dict bounded by a size, emptied
-whole when full (a job uses a handful of secrets and fingerprints; one that churns them pays one
-rebuild per bound, never unbounded memory).
-Values are immutable (frozen dataclasses, tuples, read-only mappings), so sharing one between
-threads and calls needs no lock and a caller cannot corrupt the next call's plan. The keyed HMAC
-objects in ``MACS`` are the one exception: they are only ever ``copy()``'d, never updated.
-``clear()`` empties them all (tests; a process that wants its memory back).
+measured 0.2-0.3 us more per call); the fingerprints a ``Memo``: a dict bounded by a size,
+emptied whole when full (a job uses a handful of fingerprints; one that churns them pays one
+rebuild per bound, never unbounded memory). Values are immutable (frozen dataclasses, tuples,
+read-only mappings), so sharing one between threads and calls needs no lock and a caller cannot
+corrupt the next call's plan.
+
+Where the other caches live, and why not here:
+- the keyed HMAC per job secret: ``hccl.wire.MACS`` (only ever ``copy()``'d), beside the wire
+  format, so that ``import hccl.store`` stays free of numpy and the runtime; ``sizes()`` and
+  ``clear()`` cover it;
+- a communicator's validated calls: ``hccl.call.Calls``, one per communicator (``BOUND``
+  calls), since a call holds that communicator's buffers' views and pairs; ``comm.destroy()``
+  empties it;
+- a task graph's captured calls and fused groups: the graph's nodes (``hccl.fusion``), freed
+  with the graph.
+``clear()`` empties this module's caches and the MACs (tests; a process that wants its memory
+back).
 """
 from __future__ import annotations
 
@@ -24,7 +34,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
-from hccl import schedule
+from hccl import schedule, wire
 from hccl.flight import recorder
 from hccl.types import DataType, Fingerprint, OpType
 
@@ -60,19 +70,20 @@ class Memo:
 
 
 FINGERPRINTS = Memo("fingerprints", 4096)   # any fingerprint -> its tuple of 5 Python ints
-MACS = Memo("macs", 64)                 # job secret -> its keyed HMAC-SHA256 object
 
 
 def clear() -> None:
-    """Empty every cache of this module."""
+    """Empty every cache of this module, and the keyed MACs (``hccl.wire.MACS``)."""
     collective.cache_clear()
     for m in _MEMOS:
         m.clear()
+    wire.MACS.clear()
 
 
 def sizes() -> dict[str, int]:
     """Entries held per cache, by name (for tests and diagnostics)."""
-    return {"plans": collective.cache_info().currsize, **{m.name: len(m) for m in _MEMOS}}
+    return {"plans": collective.cache_info().currsize, "macs": len(wire.MACS),
+            **{m.name: len(m) for m in _MEMOS}}
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ _UFUNCS = {
     ReduceOp.MAX: np.maximum,
     ReduceOp.MIN: np.minimum,
 }
-_WIDENED = (DataType.FP16.numpy, DataType.BFP16.numpy)
+WIDENED = (DataType.FP16.numpy, DataType.BFP16.numpy)   # reduced in fp32, rounded back
 # Elements widened at once for fp16/bf16: bounds the fp32 temporaries (2 x 1 MiB) and keeps them
 # in cache.
 _BLOCK = 1 << 18
@@ -39,7 +39,7 @@ def reduce_into(dst: np.ndarray, src: np.ndarray, op: ReduceOp) -> None:
                          " must have the same dtype and size")
     if dst.shape != src.shape:
         src = src.reshape(dst.shape)
-    if dst.dtype in _WIDENED:
+    if dst.dtype in WIDENED:
         _reduce_widened(dst.reshape(-1), src.reshape(-1), fn)
     else:
         fn(dst, src, out=dst)
@@ -53,7 +53,7 @@ def reduce3(dst: np.ndarray, a: np.ndarray, b: np.ndarray, op: ReduceOp) -> None
     if not (dst.dtype == a.dtype == b.dtype and dst.size == a.size == b.size):
         raise ValueError(f"reduce3: dst {dst.dtype}[{dst.size}], a {a.dtype}[{a.size}] and b "
                          f"{b.dtype}[{b.size}] must have the same dtype and size")
-    if dst.dtype in _WIDENED:
+    if dst.dtype in WIDENED:
         _reduce_widened(dst.reshape(-1), b.reshape(-1), fn, a.reshape(-1))
     else:
         fn(a, b, out=dst)

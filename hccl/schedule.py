@@ -3,7 +3,7 @@
 Design note.
 
 A builder takes ``(rank, size, count, itemsize, slice_bytes)`` (plus ``root`` / ``peer`` /
-``inplace``) and returns what ONE rank does, in order. ``hccl.executor.run`` interprets the list:
+``inplace``) and returns what ONE rank does, in order. ``hccl.executor`` binds and runs the list:
 a Send is posted and not waited for (zero-copy), a Recv blocks until the message arrives and then
 reduces it into, or copies it to, its region; a Copy moves bytes between local buffers. Offsets
 and sizes are bytes; buffers are named: ``"send"`` and ``"recv"`` (the user's), ``"scratch"``

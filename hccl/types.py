@@ -6,21 +6,19 @@ user expects. Every enum prints as its name (``str(DataType.FP32) == "FP32"``), 
 """
 from __future__ import annotations
 
-import enum
 from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
 
+from hccl.errors import InvalidArgumentError
+from hccl.result import NamedIntEnum, Result
 
-class _NamedIntEnum(enum.IntEnum):
-    """An IntEnum that prints and formats as its name."""
+__all__ = ["DataType", "Fingerprint", "OpType", "ReduceOp", "Result", "describe_call"]
 
-    def __str__(self) -> str:
-        return self.name
 
-    def __format__(self, spec: str) -> str:
-        return format(self.name, spec)
+class _NamedIntEnum(NamedIntEnum):
+    """An enumeration that parses its members, codes and names (E_PARA otherwise)."""
 
     @classmethod
     def _parse(cls, x, what: str):
@@ -37,8 +35,6 @@ class _NamedIntEnum(enum.IntEnum):
             except ValueError:
                 pass
         valid = ", ".join(cls.__members__)
-        from hccl.errors import InvalidArgumentError
-
         raise InvalidArgumentError(f"unknown {what} {x!r}; valid: {valid}")
 
 
@@ -100,8 +96,6 @@ class DataType(_NamedIntEnum):
             dt = None
         if dt is not None and dt in _FROM_NUMPY:
             return _FROM_NUMPY[dt]
-        from hccl.errors import InvalidArgumentError
-
         valid = ", ".join(f"{m.name} ({_TO_NUMPY[m].name})" for m in cls)
         raise InvalidArgumentError(f"unsupported data type {x!r}; HCCL supports {valid}")
 
@@ -141,33 +135,6 @@ class ReduceOp(_NamedIntEnum):
     def of(cls, x) -> "ReduceOp":
         """Resolve a ReduceOp, its int value or its name (case-insensitive)."""
         return cls._parse(x, "reduce op")
-
-
-class Result(_NamedIntEnum):
-    """HcclResult codes."""
-
-    SUCCESS = 0
-    E_PARA = 1
-    E_PTR = 2
-    E_MEMORY = 3
-    E_INTERNAL = 4
-    E_NOT_SUPPORT = 5
-    E_NOT_FOUND = 6
-    E_UNAVAIL = 7
-    E_SYSCALL = 8
-    E_TIMEOUT = 9
-    E_OPEN_FILE_FAILURE = 10
-    E_TCP_CONNECT = 11
-    E_ROCE_CONNECT = 12
-    E_TCP_TRANSFER = 13
-    E_ROCE_TRANSFER = 14
-    E_RUNTIME = 15
-    E_DRV = 16
-    E_PROFILING = 17
-    E_CCE = 18
-    E_NETWORK = 19
-    E_AGAIN = 20
-    E_REMOTE = 21
 
 
 class OpType(_NamedIntEnum):

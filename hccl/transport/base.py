@@ -30,10 +30,20 @@ so no wake-up falls between the look and the sleep. The bell is a counter under 
 (``CondBell``) unless the transport brings another one (the shared-memory channel's futex word,
 which a peer's process can ring).
 
-Implementations. A transport subclasses ``Transport`` and implements ``send``,
-``broadcast_abort`` and, if it owns resources, ``close``; it files what arrives with ``deliver``
-and ``apply_abort``, and may answer ``dead_peer`` and ``timeout_note``. Nothing else is meant to
-be overridden.
+Pairs (gloo's Device / Pair). A transport reaches each peer through one *pair*
+(``pair(peer)``), and every pair has the same calls: ``send``, ``try_recv`` (take the message if
+it is there, never wait), ``recv_into`` (wait for it, then hand its payload to a consumer) and
+``drain``. The executor binds a collective's steps to its peers' pairs once and calls them
+directly; ``Transport.send`` / ``recv_into`` / ``recv`` route to the same pairs. Pairs whose
+messages are filed into the mailboxes by someone else (a receiver thread, another in-process
+rank) share ``MailboxPair``'s receives; a pair with its own medium (``local.LocalPair``: a
+shared-memory ring that the waiting thread drains) brings its own and ends in the same wait
+loop.
+
+Implementations. A transport subclasses ``Transport`` and implements ``pair`` (one pair per
+peer, made at connect or at first use: a pair may be made lazily), ``broadcast_abort`` and, if
+it owns resources, ``close``; it files what arrives with ``deliver`` and ``apply_abort``, and
+may answer ``dead_peer`` and ``timeout_note``. Nothing else is meant to be overridden.
 """
 from __future__ import annotations
 
@@ -182,6 +192,11 @@ class Transport:
         self._closed = False
 
     # -- the interface -------------------------------------------------------------------
+    def pair(self, peer: int) -> "Pair":
+        """The pair that reaches ``peer`` (this rank included: a loopback). ValueError for a
+        rank this transport has no link to."""
+        raise NotImplementedError
+
     def send(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
              payload: Any) -> SendHandle:
         """Send ``payload`` (a C-contiguous buffer) to ``peer`` without blocking.
@@ -189,7 +204,8 @@ class Transport:
         The caller must not modify ``payload`` until ``handle.wait()`` returns. Raises
         ``Aborted`` if ``comm_id`` is aborted, ``TransportClosed`` after ``close``.
         """
-        raise NotImplementedError
+        self.check_peer(peer)
+        return self.pair(peer).send(comm_id, seq, step, norm_fp(fp), as_bytes_view(payload))
 
     def recv(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
              timeout: float | None) -> memoryview:
@@ -199,35 +215,49 @@ class Transport:
         Raises ``FingerprintMismatch``, ``Aborted``, ``PeerTimeout`` (after ``timeout`` s; None
         waits forever) or ``TransportClosed``, see the module note for precedence.
         """
+        out = []
+        self.recv_into(peer, comm_id, seq, step, fp, timeout,
+                       lambda view: out.append(memoryview(bytearray(view))))
+        return out[0]
+
+    def recv_into(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
+                  timeout: float | None, consume: Callable[[memoryview], None]) -> None:
+        """``recv``, then ``consume(payload)``: the payload is valid only during the call.
+
+        Lets a pair hand out a view of the sender's memory instead of a copy (and tell the
+        sender once ``consume`` returns); raises what ``recv`` raises, and what ``consume`` does.
+        """
         self.check_peer(peer)
-        fp = norm_fp(fp)
-        return self.wait_for(self.taker(peer, comm_id, seq, step, fp), comm_id, peer, timeout)
+        self.pair(peer).recv_into(comm_id, seq, step, norm_fp(fp), timeout, consume)
+
+    def pop(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint):
+        """The payload filed for the tag ``(comm_id, seq, step)`` from ``peer``, popped, or None;
+        ``FingerprintMismatch`` if ``peer`` used another fingerprint for ``(comm_id, seq)``
+        (``fp`` normalized). Call with the lock held."""
+        key = (peer, comm_id, seq)
+        box = self._boxes.get(key)
+        if box is None:
+            return None
+        for theirs in box.fps:
+            if theirs != fp:
+                raise FingerprintMismatch(peer, seq, theirs, fp)
+        q = box.steps.get(step)
+        if not q:
+            return None
+        payload = q.popleft()
+        if not q:
+            del box.steps[step]
+            if not box.steps:
+                del self._boxes[key]
+        return payload
 
     def taker(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint):
-        """``ready`` for ``wait_for``: pops the message tagged ``(comm_id, seq, step)`` from
-        ``peer``, or raises ``FingerprintMismatch`` (``fp`` normalized)."""
-        key = (peer, comm_id, seq)
-
-        def take():
-            box = self._boxes.get(key)
-            if box is None:
-                return None
-            for theirs in box.fps:
-                if theirs != fp:
-                    raise FingerprintMismatch(peer, seq, theirs, fp)
-            q = box.steps.get(step)
-            if not q:
-                return None
-            payload = q.popleft()
-            if not q:
-                del box.steps[step]
-                if not box.steps:
-                    del self._boxes[key]
-            return payload
-        return take
+        """``ready`` for ``wait_for``: ``pop`` of that tag (``fp`` normalized)."""
+        return lambda: self.pop(peer, comm_id, seq, step, fp)
 
     def wait_for(self, ready: Callable[[], Any], comm_id: int, peer: int,
-                 timeout: float | None, drain: Callable[[], Any] | None = None) -> Any:
+                 timeout: float | None, drain: Callable[[], Any] | None = None,
+                 sleep: Callable[[int, float], None] | None = None) -> Any:
         """Wait until ``ready()`` (called with the lock held) returns a value other than None,
         and return that; ``TransportClosed`` / ``Aborted`` (``comm_id``) take precedence,
         ``PeerTimeout`` (naming ``peer``) after ``timeout`` seconds. ``drain()``, called before
@@ -238,6 +268,10 @@ class Transport:
         reason, what ``peer`` sent before dying still counts for ``DEAD_PEER_GRACE`` seconds (it
         may be in flight); then ``comm_id`` is aborted on every rank with a reason naming ``peer``
         and this wait raises ``PeerGone``.
+
+        ``sleep(seen, seconds)`` replaces the bell's wait where the awaited event does not ring
+        the bell (a socket's zero-copy send completing inside libzmq): it returns at the event or
+        after ``seconds``, and the loop looks again.
         """
         wait = None             # made at the first miss: most waits find their message at once
         bell, lock = self.bell, self._lock
@@ -256,22 +290,20 @@ class Transport:
             pause = wait.pause()
             if pause is None:
                 raise self._peer_gone(comm_id, peer, wait.gone)
-            bell.wait(seen, pause)
+            (sleep or bell.wait)(seen, pause)
 
     def take_now(self, ready: Callable[[], Any]) -> Any:
         """``ready()`` (a ``taker``) under the lock, without waiting: None if nothing is there."""
         with self._lock:
             return ready()
 
-    def would_take(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint) -> bool:
-        """Whether a message tagged ``(comm_id, seq, step)`` from ``peer`` with ``fp``, handed
-        to this thread now, would be the one its wait takes next: nothing is held for that tag,
-        no other fingerprint was seen for ``(comm_id, seq)``, nothing was closed or aborted."""
-        with self._lock:
-            if self._closed or self._failed is not None or comm_id in self._aborted:
-                return False
-            box = self._boxes.get((peer, comm_id, seq))
-            return box is None or not (box.steps.get(step) or any(x != fp for x in box.fps))
+    def expects(self, peer: int, comm_id: int, seq: int) -> bool:
+        """Whether a message for ``(comm_id, seq)`` from ``peer``, handed to this thread now, is
+        one its wait would take as it is: nothing is held for that call (so no other
+        fingerprint was seen for it), nothing was closed or aborted. Lock-free: each read is
+        atomic, and a message filed just after the look is found by the next one."""
+        return not (self._closed or self._failed is not None or comm_id in self._aborted
+                    or (peer, comm_id, seq) in self._boxes)
 
     def _take(self, ready: Callable[[], Any], comm_id: int) -> Any:
         """``ready()``; if nothing is ready, raise when the transport was closed or ``comm_id``
@@ -314,15 +346,6 @@ class Transport:
         return self.wait_for(
             lambda: next((p for p, seq in want.items() if (p, comm_id, seq) in boxes), None),
             comm_id, -1, timeout, drain)
-
-    def recv_into(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
-                  timeout: float | None, consume: Callable[[memoryview], None]) -> None:
-        """``recv``, then ``consume(payload)``: the payload is valid only during the call.
-
-        Lets a transport hand out a view of the sender's memory instead of a copy (and tell the
-        sender once ``consume`` returns); raises what ``recv`` raises, and what ``consume`` does.
-        """
-        consume(self.recv(peer, comm_id, seq, step, fp, timeout))
 
     def abort(self, comm_id: int, reason: str) -> None:
         """Abort ``comm_id``: wake local waiters with ``Aborted`` and tell every peer (once)."""
@@ -383,11 +406,10 @@ class Transport:
         if not (isinstance(peer, int) and 0 <= peer < self.size):
             raise ValueError(f"rank {self.rank}: peer {peer!r} is not in [0, {self.size})")
 
-    def check_send(self, peer: int, comm_id: int) -> None:
-        """What every ``send`` checks first: ``peer``, ``close``, an abort of ``comm_id``."""
+    def check_open(self, comm_id: int) -> None:
+        """What every pair's ``send`` checks first: ``close``, an abort of ``comm_id``."""
         # without the lock: each read is atomic, and an abort that lands just after the check
         # fails the receiver's wait anyway (messages to an aborted comm_id are dropped)
-        self.check_peer(peer)
         if self._closed:
             raise TransportClosed(f"rank {self.rank}: transport closed")
         ab = self._aborted.get(comm_id) or self._failed
@@ -443,6 +465,72 @@ class Transport:
             self._boxes.clear()
         self.bell.ring()
         return True
+
+
+class Pair:
+    """One peer of a transport (see the module note): the calls every sibling has. ``t`` is
+    the transport whose mailboxes, aborts and wait loop it shares; ``peer`` the rank."""
+
+    __slots__ = ()
+
+    def send(self, comm_id: int, seq: int, step: int, fp: Fingerprint,
+             mv: memoryview) -> SendHandle:
+        """Send ``mv`` (flat bytes) tagged ``(comm_id, seq, step)`` without blocking (``fp``
+        normalized); see ``Transport.send``."""
+        raise NotImplementedError
+
+    def try_recv(self, comm_id: int, seq: int, step: int, fp: Fingerprint,
+                 consume: Callable[[memoryview], None]) -> bool:
+        """If the message tagged ``(comm_id, seq, step)`` is there and may be taken at once,
+        ``consume`` its payload and return True; else False, having waited for nothing (the
+        caller then calls ``recv_into``, which raises whatever ends the wait)."""
+        raise NotImplementedError
+
+    def recv_into(self, comm_id: int, seq: int, step: int, fp: Fingerprint,
+                  timeout: float | None, consume: Callable[[memoryview], None]) -> None:
+        """Wait for the message tagged ``(comm_id, seq, step)`` (the transport's wait loop and
+        precedence), then ``consume`` its payload, valid during the call."""
+        raise NotImplementedError
+
+    def drain(self) -> None:
+        """File into the mailboxes what waits for this thread to take it (nothing by default)."""
+
+
+class MailboxPair(Pair):
+    """A pair whose inbound messages are filed into the transport's mailboxes by someone else
+    (another in-process rank, a socket receiver thread): its receives look there."""
+
+    __slots__ = ()
+
+    def try_recv(self, comm_id, seq, step, fp, consume) -> bool:
+        t = self.t
+        if (self.peer, comm_id, seq) not in t._boxes:     # lock-free: the usual miss
+            return False
+        with t._lock:
+            payload = t.pop(self.peer, comm_id, seq, step, fp)
+        if payload is None:
+            return False
+        consume(payload)
+        return True
+
+    def recv_into(self, comm_id, seq, step, fp, timeout, consume) -> None:
+        t, peer = self.t, self.peer
+        consume(t.wait_for(lambda: t.pop(peer, comm_id, seq, step, fp), comm_id, peer, timeout))
+
+
+class LoopbackPair(MailboxPair):
+    """This rank itself: a send files a copy into its own mailbox."""
+
+    __slots__ = ("t", "peer")
+
+    def __init__(self, t: Transport):
+        self.t, self.peer = t, t.rank
+
+    def send(self, comm_id, seq, step, fp, mv) -> SendHandle:
+        t = self.t
+        t.check_open(comm_id)
+        t.deliver(t.rank, comm_id, seq, step, fp, memoryview(bytearray(mv)))
+        return DONE
 
 
 class PeerWait:

@@ -1,14 +1,15 @@
 """Ranks as threads of one process: the transport behind the fast threaded collective tests.
 
-``send`` copies the payload into the peer's mailbox at once, so every handle is complete on
-return; matching, mismatch, abort and timeout semantics are those of ``base.Transport``.
+One ``InprocPair`` per peer: its ``send`` copies the payload into the peer's mailbox at once, so
+every handle is complete on return; its receives are ``base.MailboxPair``'s, and matching,
+mismatch, abort and timeout semantics are those of ``base.Transport``.
 """
 from __future__ import annotations
 
 import threading
 from typing import Any
 
-from hccl.transport.base import DONE, Fingerprint, SendHandle, Transport, as_bytes_view, norm_fp
+from hccl.transport.base import DONE, LoopbackPair, MailboxPair, SendHandle, Transport
 
 
 class InprocFabric:
@@ -39,19 +40,35 @@ class InprocFabric:
             t.close()
 
 
+class InprocPair(MailboxPair):
+    """Rank ``peer`` of the fabric, seen from ``t``."""
+
+    __slots__ = ("t", "peer", "_to")
+
+    def __init__(self, t: "InprocTransport", peer: int, to: "InprocTransport"):
+        self.t, self.peer, self._to = t, peer, to
+
+    def send(self, comm_id, seq, step, fp, mv) -> SendHandle:
+        t = self.t
+        t.check_open(comm_id)
+        self._to.deliver(t.rank, comm_id, seq, step, fp, memoryview(bytearray(mv)))  # reusable
+        return DONE
+
+
 class InprocTransport(Transport):
     """One rank's endpoint on an ``InprocFabric``."""
 
     def __init__(self, fabric: InprocFabric, rank: int):
         super().__init__(rank, fabric.size)
         self._fabric = fabric
+        self._pairs: dict = {rank: LoopbackPair(self)}
 
-    def send(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
-             payload: Any) -> SendHandle:
-        self.check_send(peer, comm_id)
-        data = memoryview(bytearray(as_bytes_view(payload)))   # the copy: payload is reusable
-        self._fabric.transport(peer).deliver(self.rank, comm_id, seq, step, norm_fp(fp), data)
-        return DONE
+    def pair(self, peer: int):
+        p = self._pairs.get(peer)
+        if p is None:
+            self.check_peer(peer)
+            p = self._pairs[peer] = InprocPair(self, peer, self._fabric.transport(peer))
+        return p
 
     def broadcast_abort(self, comm_id: int, reason: str) -> None:
         for r in range(self.size):

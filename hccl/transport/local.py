@@ -28,7 +28,7 @@ import logging
 import numpy as np
 
 from hccl import wire
-from hccl.transport.base import DONE, PeerGone, SendHandle, TransportError
+from hccl.transport.base import DONE, Pair, PeerGone, SendHandle, TransportError
 from hccl.transport.zmq import ACK_STEP, SocketPair
 from runtime import ipc
 from runtime.errors import MemoryAccessError
@@ -78,9 +78,11 @@ class _AckHandle(SendHandle):
         return self.acked
 
 
-class LocalPair:
+class LocalPair(Pair):
     """Rank ``peer`` of this node, reached through ``channel``; ``overflow`` (its socket pair)
     takes what the ring cannot. ``t`` is the transport whose mailboxes it fills."""
+
+    __slots__ = ("t", "channel", "peer", "overflow", "min_notice", "capacity", "_handle")
 
     def __init__(self, t, channel, peer: int, overflow: SocketPair, min_notice: int):
         self.t, self.channel, self.peer, self.overflow = t, channel, peer, overflow
@@ -91,6 +93,7 @@ class LocalPair:
     # -- sending ---------------------------------------------------------------------------
     def send(self, comm_id: int, seq: int, step: int, fp, mv: memoryview) -> SendHandle:
         ch, n, t = self.channel, mv.nbytes, self.t
+        t.check_open(comm_id)
         where = None
         if n > self.capacity or n >= self.min_notice:
             where = ipc.export(np.frombuffer(mv, np.uint8))
@@ -115,6 +118,17 @@ class LocalPair:
         """File every message waiting in this peer's ring (None: ``wait_for``'s drain)."""
         self.channel.poll(self.peer, self._handle)
 
+    def try_recv(self, comm_id: int, seq: int, step: int, fp, consume) -> bool:
+        """The awaited message straight from its slot into ``consume`` when it is the first in
+        the ring and nothing is held for its call (``base.Transport.expects``); else False
+        (``recv_into`` decides by the mailbox rules; see ``base.Pair``).
+
+        ``consume`` then runs under this peer's ring lock: it must not wait (the executor
+        settles its pending sends before a Recv, so its consumer never does)."""
+        t, peer = self.t, self.peer
+        return t.expects(peer, comm_id, seq) and \
+            self.channel.take(peer, _DATA, comm_id, seq, step, fp, consume)
+
     def recv_into(self, comm_id: int, seq: int, step: int, fp, timeout: float | None,
                   consume) -> None:
         """Wait for the message tagged ``(comm_id, seq, step)``, then ``consume`` its payload
@@ -124,12 +138,10 @@ class LocalPair:
 
         def direct(kind, n, c, s, st, f, value, view):
             """The awaited message goes from its slot straight into ``consume``, the rest (and
-            this one when anything else is held for the same call) to the mailboxes.
-
-            ``consume`` then runs under this peer's ring lock: it must not wait (the executor
-            settles its pending sends before a Recv, so its consumer never does)."""
+            this one when anything else is held for the same call) to the mailboxes (``consume``
+            runs under the ring's lock, as in ``try_recv``)."""
             if not took and st == step and s == seq and c == comm_id and kind == _DATA \
-                    and f == fp and n <= len(view) and t.would_take(peer, c, s, st, f):
+                    and f == fp and n <= len(view) and t.expects(peer, c, s):
                 took.append(True)
                 consume(view[:n])
                 return
@@ -139,7 +151,8 @@ class LocalPair:
             self.channel.poll(peer, direct)
             return _TAKEN if took else None
 
-        data = t.wait_for(t.taker(peer, comm_id, seq, step, fp), comm_id, peer, timeout, drain)
+        data = t.wait_for(lambda: t.pop(peer, comm_id, seq, step, fp), comm_id, peer, timeout,
+                          drain)
         if data is _TAKEN:
             return
         if type(data) is not _Notice:

@@ -1,9 +1,11 @@
 """Ranks as processes: one transport that routes each peer's traffic through a pair.
 
 Design note (gloo's Device / Pair). ``ProcessTransport`` is the router: at ``connect`` it makes
-one pair per peer and every ``send`` / ``recv_into`` goes to that peer's pair. The pairs are
-siblings with the same two calls, ``send(comm_id, seq, step, fp, payload)`` and
-``recv_into(comm_id, seq, step, fp, timeout, consume)``:
+one pair per peer (and a loopback pair for this rank), ``pair(peer)`` hands it out, and the
+executor binds a collective's steps to those pairs once and calls them directly; the
+transport's own ``send`` / ``recv_into`` go to the same pairs. The router picks a pair by rank
+and never asks what kind it is: the pairs are siblings with the same calls (``base.Pair``:
+``send``, ``try_recv``, ``recv_into``, ``drain``):
 
 - ``zmq.SocketPair``: authenticated ZeroMQ over TCP (``zmq.SocketDevice`` owns the sockets and
   the receiver thread that files inbound messages); every peer has one, for data to other
@@ -13,9 +15,15 @@ siblings with the same two calls, ``send(comm_id, seq, step, fp, payload)`` and
   ``shm.available()``: x86-64 Linux): its ring for small messages, notices for device memory
   read in place, the socket pair as overflow.
 
-Matching, fingerprints, aborts, deadlines and the liveness rule are ``base.Transport``'s; waits
-sleep on the channel's futex bell when there is a channel (a peer's post rings it; so does
-everything this process files), else on ``base.CondBell``.
+Matching, fingerprints, aborts, deadlines and the liveness rule are ``base.Transport``'s; every
+wait is its one loop, sleeping on the channel's futex bell when there is a channel (a peer's
+post rings it; so does everything this process files), else on ``base.CondBell``.
+
+Connecting lazily (a rank that talks to few peers): ``pair`` is the only way to a peer, so a
+``connect`` that records the addresses and makes each pair at its first ``pair(peer)`` (the
+socket's DEALER, the ring's mapping) would change nothing above it; the connect barrier of
+``hccl.init`` is what makes a first message usable (docs/transport.md), and it would then have
+to cover the segment of a peer mapped late (the segment names are unlinked after it).
 
 Liveness (``dead_peer``): a peer of this node is dead once its process exits (its identity from
 init, ``watch_processes``); any peer is gone once its socket pair, connected once, disconnects.
@@ -33,8 +41,7 @@ from typing import Any
 
 from hccl import config
 from hccl.transport import shm
-from hccl.transport.base import (DONE, Fingerprint, SendHandle, Transport, as_bytes_view,
-                                 norm_fp)
+from hccl.transport.base import LoopbackPair, Transport
 from hccl.transport.liveness import PeerProcess
 from hccl.transport.local import LocalPair
 from hccl.transport.zmq import MAX_MESSAGE, SocketDevice
@@ -66,7 +73,8 @@ class ProcessTransport(Transport):
         self.node = ipc.node_id()
         self.peer_memory = ipc.PeerMemories()
         self.ring_sends = self.shm_sends = self.shm_recvs = 0
-        self._pairs: dict[int, Any] = {}
+        self._pairs: dict[int, Any] = {rank: LoopbackPair(self)}
+        self._local: set[int] = set()                  # peers reached through the rings
         self._idents: dict[int, str] = {}                # peers' process identities
         self._procs: dict[int, PeerProcess] = {}        # peers of this node: their processes
         self._broken: dict[int, str] = {}               # peers whose connection broke: why
@@ -105,17 +113,17 @@ class ProcessTransport(Transport):
         local = [p for p in here if self.channel is not None and segments.get(p)]
         min_notice = config.shm_min_bytes()
         for p in local:
-            if not isinstance(self._pairs.get(p), LocalPair):
+            if p not in self._local:
                 self.channel.attach(p, segments[p])
         self.sockets.acks_from = self.sockets.acks_from | frozenset(local)
         for p, pair in self.sockets.pairs.items():
             if p in local:
-                if not isinstance(self._pairs.get(p), LocalPair):
+                if p not in self._local:
                     self._pairs[p] = LocalPair(self, self.channel, p, pair, min_notice)
+                    self._local.add(p)
             else:
                 self._pairs.setdefault(p, pair)
-        n_local = sum(isinstance(p, LocalPair) for p in self._pairs.values())
-        crowded = n_local + 1 > sched.cores()
+        crowded = len(self._local) + 1 > sched.cores()
         if self.channel is not None:
             spin = config.shm_spin_us()
             if spin is None:  # more ranks than cores here: a spinning waiter starves its peer
@@ -128,7 +136,7 @@ class ProcessTransport(Transport):
     @property
     def local_peers(self) -> list[int]:
         """The peers reached through shared memory."""
-        return sorted(p for p, pair in self._pairs.items() if isinstance(pair, LocalPair))
+        return sorted(self._local)
 
     def unlink_segment(self) -> None:
         """Remove this rank's segment name: every peer has mapped it (call after the connect
@@ -137,55 +145,24 @@ class ProcessTransport(Transport):
             self.channel.unlink()
 
     # -- data path -------------------------------------------------------------------------
-    def send(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
-             payload: Any) -> SendHandle:
-        self.check_send(peer, comm_id)
-        fp = norm_fp(fp)
-        mv = as_bytes_view(payload)
-        if mv.nbytes > self.max_message:
-            raise ValueError(f"rank {self.rank}: a {mv.nbytes}-byte message exceeds the transport "
-                             f"limit of {self.max_message} bytes; slice it (HCCL_BUFFSIZE)")
-        if peer == self.rank:
-            self.deliver(peer, comm_id, seq, step, fp, memoryview(bytearray(mv)))
-            return DONE
-        return (self._pairs.get(peer) or self._pair(peer)).send(comm_id, seq, step, fp, mv)
-
-    def recv(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
-             timeout: float | None) -> memoryview:
-        pair = self._pairs.get(peer)
-        if not isinstance(pair, LocalPair):       # the mailbox holds buffers the caller may own
-            return Transport.recv(self, peer, comm_id, seq, step, fp, timeout)
-        out = []                                 # a copy the caller owns, as recv promises
-        pair.recv_into(comm_id, seq, step, norm_fp(fp), timeout,
-                       lambda view: out.append(memoryview(bytearray(view))))
-        return out[0]
-
-    def recv_into(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint,
-                  timeout: float | None, consume) -> None:
-        pair = self._pairs.get(peer)
-        if not isinstance(pair, LocalPair):       # sockets (and this rank): the mailbox
-            consume(Transport.recv(self, peer, comm_id, seq, step, fp, timeout))
-            return
-        pair.recv_into(comm_id, seq, step, norm_fp(fp), timeout, consume)
-
-    def first_arrived(self, comm_id: int, want: dict[int, int], timeout: float,
-                      drain=None) -> int:
-        """The base's, draining the rings of the local peers in ``want`` into the mailboxes
-        (a ring is otherwise drained only by a wait on its peer)."""
-        local = [p for p in want if isinstance(self._pairs.get(p), LocalPair)]
-
-        def drain_rings():
-            for p in local:
-                self._pairs[p].drain()
-        return Transport.first_arrived(self, comm_id, want, timeout,
-                                       drain_rings if local else drain)
-
-    def _pair(self, peer: int):
+    def pair(self, peer: int):
         pair = self._pairs.get(peer)
         if pair is None:
+            self.check_peer(peer)
             raise ValueError(f"rank {self.rank}: no link to rank {peer}; call connect() with its "
                              f"address first")
         return pair
+
+    def first_arrived(self, comm_id: int, want: dict[int, int], timeout: float,
+                      drain=None) -> int:
+        """The base's, draining the pairs of the peers in ``want`` into the mailboxes first (a
+        ring is otherwise drained only by a wait on its peer)."""
+        pairs = [self.pair(p) for p in want]
+
+        def drain_pairs():
+            for pair in pairs:
+                pair.drain()
+        return Transport.first_arrived(self, comm_id, want, timeout, drain_pairs)
 
     # -- what ends waits -------------------------------------------------------------------
     def dead_peer(self, peer: int) -> str | None:

@@ -298,6 +298,33 @@ class Channel:
                     u64[h + 8] = tail
         return got
 
+    def take(self, peer: int, kind: int, comm_id: int, seq: int, step: int, fp,
+             consume) -> bool:
+        """If the first message waiting from ``peer`` is of ``kind`` with exactly this tag and
+        fingerprint, pass its payload (a view of its slot, valid during the call) to
+        ``consume``, consume the message and return True; else leave the ring as it is and
+        return False. ``consume`` may raise: the message is consumed anyway."""
+        seg = self.inbox
+        h = seg.heads[peer]
+        u64 = seg.u64
+        if u64[h] == u64[h + 8]:
+            return False
+        with self._recv_locks[peer]:
+            tail = u64[h + 8]
+            if tail == u64[h]:
+                return False
+            off = seg.slot0[peer] + (tail % seg.slots) * seg.slot_bytes
+            k, n, c, s, st, value, *f = SLOT_HDR.unpack_from(seg.mm, off)
+            if k != kind or st != step or s != seq or c != comm_id or n > self.capacity \
+                    or tuple(f) != fp:
+                return False
+            start = off + SLOT_HDR_BYTES
+            try:
+                consume(seg.buf[start:start + n])
+            finally:
+                u64[h + 8] = tail + 1
+        return True
+
     def value(self) -> int:
         """The current bell value: pass it to ``wait`` after checking for work."""
         return self.inbox.u32[0]

@@ -32,13 +32,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 import zmq
 from zmq.utils import monitor as zmq_monitor
 
 from hccl import config, wire
-from hccl.transport.base import DONE, PeerTimeout, SendHandle, TransportClosed
+from hccl.transport.base import DONE, MailboxPair, SendHandle, TransportClosed
 
 log = logging.getLogger("hccl.transport")
 
@@ -49,30 +48,26 @@ _MAX_REASON = 4000
 
 
 class _TrackedHandle(SendHandle):
+    """A zero-copy send: complete once libzmq no longer reads the payload. Its wait is the
+    transport's wait loop (deadline, liveness, abort), sleeping on the tracker instead of the
+    bell: nothing rings the bell when libzmq lets go of a buffer."""
+
     __slots__ = ("_tracker", "_peer", "_t", "_comm")
 
     def __init__(self, tracker: zmq.MessageTracker, peer: int, transport, comm_id: int):
         self._tracker, self._peer, self._t, self._comm = tracker, peer, transport, comm_id
 
     def wait(self, timeout: float | None = None) -> None:
-        # in ticks, so that a dead peer (whose connection never drains) is noticed like in a recv
-        t0 = time.monotonic()
-        deadline = None if timeout is None else t0 + max(0.0, timeout)
-        tick = self._t.liveness_interval
-        while True:
-            left = tick if deadline is None else min(tick, deadline - time.monotonic())
-            try:
-                self._tracker.wait(max(0.0, left))
-                return
-            except zmq.NotDone:
-                pass
-            if deadline is not None and time.monotonic() >= deadline:
-                raise PeerTimeout(self._peer, time.monotonic() - t0) from None
-            if self._t.dead_peer(self._peer) is not None:   # the common wait: grace, abort, PeerGone
-                self._t.wait_for(lambda: True if self._tracker.done else None, self._comm,
-                                 self._peer, None if deadline is None
-                                 else max(0.0, deadline - time.monotonic()))
-                return
+        if not self._tracker.done:
+            tracker = self._tracker
+            self._t.wait_for(lambda: True if tracker.done else None, self._comm, self._peer,
+                             timeout, sleep=self._sleep)
+
+    def _sleep(self, seen: int, seconds: float) -> None:
+        try:
+            self._tracker.wait(seconds)
+        except zmq.NotDone:
+            pass
 
     def done(self) -> bool:
         return self._tracker.done
@@ -86,20 +81,28 @@ class ProtocolError(Exception):
         self.sender = sender
 
 
-class SocketPair:
-    """The outbound DEALER to one peer: ``send`` a payload, ``post`` a header-only message."""
+class SocketPair(MailboxPair):
+    """One peer through ZeroMQ: the outbound DEALER (``send`` a payload, ``post`` a header-only
+    message); its receives are the mailboxes the device's receiver thread files into
+    (``base.MailboxPair``)."""
 
-    __slots__ = ("device", "peer", "sock", "conn", "serial", "lock", "closed", "connected")
+    __slots__ = ("t", "device", "peer", "sock", "conn", "serial", "lock", "closed", "connected")
 
     def __init__(self, device: "SocketDevice", peer: int, sock: zmq.Socket, conn: int):
+        self.t = device.owner
         self.device, self.peer, self.sock, self.conn, self.serial = device, peer, sock, conn, 0
         self.lock = threading.Lock()
         self.closed = False
         self.connected = False       # the TCP connection was up once (monitor thread)
 
     def send(self, comm_id: int, seq: int, step: int, fp, mv: memoryview) -> SendHandle:
-        """Send ``mv`` (at most the device's ``max_message`` bytes) without blocking."""
+        """Send ``mv`` (at most the device's ``max_message`` bytes, else ValueError) without
+        blocking."""
         d = self.device
+        self.t.check_open(comm_id)
+        if mv.nbytes > d.max_message:
+            raise ValueError(f"rank {d.rank}: a {mv.nbytes}-byte message exceeds the transport "
+                             f"limit of {d.max_message} bytes; slice it (HCCL_BUFFSIZE)")
         with self.lock:
             if self.closed:
                 raise TransportClosed(f"rank {d.rank}: transport closed")

@@ -23,11 +23,11 @@ import hccl, runtime
 from hccl import executor
 
 inside = []                                    # the class while a collective runs
-real_run = executor.run
+real_run = executor.Program.run
 def run(*args, **kwargs):
     inside.append(os.sched_getscheduler(0))
     return real_run(*args, **kwargs)
-executor.run = run
+executor.Program.run = run
 
 hold, ready = threading.Event(), threading.Event()
 user_tid = []

@@ -1,5 +1,5 @@
 """An eager call that repeats a validated one skips the checks, and nothing a check caught
-slips through (hccl.calls)."""
+slips through (hccl.call: the communicator's Calls)."""
 import gc
 import threading
 
@@ -119,7 +119,7 @@ def test_a_destroyed_communicator_or_stream_is_refused_after_a_validated_call():
 
 
 def test_the_memo_keeps_no_array_alive_and_stays_bounded():
-    from hccl import calls
+    from hccl import call as calls
 
     def body(comm):
         runtime.synchronize()

@@ -1,0 +1,208 @@
+"""One collective call as an object: validated once, bound once, issued and run many times.
+
+Design note (gloo's algorithm objects). A ``Call`` is made from a call's arguments once
+``hccl.collectives`` has checked them: communicator, collective, buffers, count, data type,
+reduce op, root, peer and stream. Its constructor does everything that depends only on those:
+the plan (``hccl.plan``: the schedule and fingerprints), the host views of the buffers, the
+scratch the schedule needs, the peers' pairs, bound together into an ``executor.Program``, the
+wire fingerprint and the allocation marks of the buffers. ``issue`` does what each call does by
+nature (the sequence number, the flight record, the stream's task) and ``run``, the task,
+executes the program; a failure becomes the user's error there, once (``executor.failure``,
+with this Call as its context).
+
+Who keeps a Call:
+- the communicator, for eager calls (``Calls``, keyed by the arguments as passed, each scalar
+  with its type: ``16.0`` equals ``16`` but is not a count; a DevicePtr by value, any other
+  buffer by identity through a weak reference that never keeps it alive; and the stream). A
+  repeat is taken for the remembered Call only while the communicator and the stream are alive
+  and every buffer is the very object checked and still lies in the same live allocation
+  (``runtime.memory.same_allocations``: a free, a new allocation at the same address or a device
+  reset changes it); otherwise every check runs again and the error is the same as before.
+  At most ``BOUND`` Calls per communicator (emptied when full);
+- a task graph, for each captured collective (its deferred task issues the same Call at every
+  replay; ``hccl.fusion`` fuses adjacent small AllReduces into one exchange).
+
+A task looks once more when it runs (a buffer may be freed after the call): if an allocation
+changed, it rebuilds the views through ``runtime.host_view``, which raises the use-after-free
+error. A Call runs one issue at a time (its stream orders them), so its scratch is its own.
+"""
+from __future__ import annotations
+
+import functools
+import weakref
+
+import runtime
+from runtime import profiler
+from runtime.memory import DevicePtr, allocation_marks, same_allocations
+
+from hccl import diag, executor, fusion, plan
+from hccl.flight import recorder
+from hccl.transport.base import norm_fp
+from hccl.types import OpType
+
+BOUND = 64          # Calls a communicator keeps (a step issues a handful; emptied when full)
+P2P_BIT = 1 << 62   # a point-to-point operation's comm id: its own sequence numbers
+
+API_NAMES = {OpType.ALLREDUCE: "AllReduce", OpType.ALLGATHER: "AllGather",
+             OpType.REDUCE_SCATTER: "ReduceScatter", OpType.BROADCAST: "Broadcast",
+             OpType.REDUCE: "Reduce", OpType.ALLTOALL: "AlltoAll", OpType.SEND: "Send",
+             OpType.RECV: "Recv", OpType.BARRIER: "Barrier"}
+
+
+class Call(executor.Context):
+    """One validated collective call (see the module note). ``bufs``: ``{"send": ..., "recv":
+    ...}`` as checked (None where a rank has no such buffer); ``knobs``: (algorithm, slice
+    bytes) for ``plan.collective``. Raises what the plan and ``runtime.host_view`` raise."""
+
+    __slots__ = ("comm", "op", "stream", "plan", "cid", "fp", "wire_fp", "count", "dtype",
+                 "redop", "root", "peer", "inplace", "knobs", "name", "names", "marks", "refs",
+                 "program", "timeout_by_comm", "rec", "on_wait", "nbytes", "__weakref__")
+
+    def __init__(self, comm, op: OpType, bufs: dict, count: int, dtype, redop, root, peer,
+                 stream, knobs: tuple, inplace: bool):
+        self.comm, self.op, self.stream, self.knobs = comm, op, stream, knobs
+        self.count, self.dtype, self.redop, self.root, self.peer = count, dtype, redop, root, peer
+        self.inplace, self.nbytes = inplace, count * dtype.itemsize
+        self.plan = pl = plan.collective(op, comm.rank, comm.size, count, dtype, redop, root,
+                                         peer, inplace, *knobs)
+        self.fp, self.wire_fp = pl.fp, norm_fp(pl.fp)
+        self.cid = comm.comm_id | P2P_BIT if op in (OpType.SEND, OpType.RECV) else comm.comm_id
+        self.name = f"Hccl{API_NAMES[op]}"
+        self.names = tuple(k for k, b in bufs.items() if b is not None)
+        objs = [bufs[k] for k in self.names]
+        self.marks = allocation_marks(objs)
+        self.refs = tuple(None if type(b) is DevicePtr else weakref.ref(b) for b in objs)
+        self.timeout_by_comm = False
+        self.rec = None
+        self.on_wait = self._waiting
+        self.program = self._bind(objs)
+
+    def _bind(self, objs) -> executor.Program:
+        """The program on the buffers ``objs`` (in ``names`` order) as they are now."""
+        nbytes, t = self.plan.nbytes, self.comm.world.transport
+        views = {k: runtime.host_view(b, nbytes[k], name=k) for k, b in zip(self.names, objs)
+                 if not (self.inplace and k == "recv")}
+        if self.inplace:
+            views["recv"] = views["send"]
+        steps = self.plan.steps
+        return executor.bind(steps, executor.prepare_buffers(steps, views), self.redop,
+                             self.dtype, [t.pair(w) for w in self.comm.ranks])
+
+    # -- per call --------------------------------------------------------------------------
+    def issue(self, objs: tuple, site: str) -> None:
+        """Enqueue one run of the call on its stream (``objs``: its buffers, ``names`` order,
+        kept alive by the task)."""
+        s = self.stream
+        if runtime.stream_check_enabled():     # before the seq is taken: a race leaves no trace
+            nbytes = self.plan.nbytes
+            runtime.declare_access(s, self.name, site=site, reads=[
+                (b, nbytes[k]) for k, b in zip(self.names, objs) if k == "send"], writes=[
+                (b, nbytes[k]) for k, b in zip(self.names, objs) if k == "recv"])
+        meta = None
+        if profiler.active():       # the trace's arguments of the task: only when recorded
+            meta = {"comm": self.comm.name, "count": self.count, "dtype": self.dtype.name,
+                    "bytes": self.nbytes}
+            if self.peer is not None:
+                meta["peer"] = self.peer
+        fuse = None
+        if s.capture is not None and self.op == OpType.ALLREDUCE:
+            fuse = fusion.fusable(self, objs, site)
+        s.enqueue_deferred(functools.partial(self.make, objs, site, meta), name=self.name,
+                           category="collective", meta=meta, site=site, fuse=fuse)
+
+    def make(self, objs: tuple, site: str, meta=None):
+        """The task of one issue: now when eager, at each replay of a task graph."""
+        comm, peer = self.comm, self.peer
+        if peer is not None:
+            key = ("send" if self.op == OpType.SEND else "recv", peer)
+            with comm._lock:
+                seq = comm._p2p.get(key, 0) + 1
+                comm._p2p[key] = seq
+        else:
+            seq = comm.take_seqs(1)
+        rec = recorder.enqueue(comm, seq, self.plan.rec_fp, stream=self.stream.name, site=site,
+                               peer=peer, nbytes=self.nbytes,
+                               names=self.plan.names)
+        if meta is not None:
+            meta["seq"] = seq
+        return functools.partial(self.run, seq, rec, objs)
+
+    def run(self, seq: int, rec, objs: tuple) -> None:
+        """Execute the call as ``seq`` (the task): the user's error on failure."""
+        if not same_allocations(self.marks, objs):
+            self.program = self._bind(objs)         # raises the use-after-free error
+            self.marks = allocation_marks(objs)
+        recorder.start(rec)
+        self.rec = rec
+        comm = self.comm
+        by_comm = comm.exec_timeout is not None
+        timeout = comm.exec_timeout if by_comm else comm.timeout()[0]
+        try:
+            self.program.run(self.cid, seq, self.wire_fp, timeout, self.on_wait)
+        except executor.StepFailed as f:
+            self.timeout_by_comm = by_comm
+            raise self.failed(f, seq, timeout, (rec,)) from f.error
+        recorder.complete(rec)
+
+    def _waiting(self, peer: int, sending: bool) -> None:
+        recorder.waiting(self.rec, peer, sending)
+
+    def failed(self, f: executor.StepFailed, seq: int, timeout, recs: tuple, fp=None):
+        """The user's error for the failure ``f`` of this call's exchange as ``seq``, recorded
+        on the flight records ``recs``; a fused group (``hccl.fusion``) passes its own records
+        and fingerprint ``fp``."""
+        for rec in recs:
+            recorder.fail(rec, f.error)
+        err = executor.failure(f, self.comm.ranks, seq, fp or self.fp, timeout, None, self)
+        for rec in recs:
+            rec.error = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+            # a peer's failure reaching this rank: the verdict looks past it for the cause
+            rec.error_type = "RemoteRankError" if getattr(err, "abort", None) else \
+                type(err).__name__
+        diag.flush()
+        return err
+
+    def holds(self, objs: tuple) -> bool:
+        """Whether ``objs`` are the very buffers this Call was made for, in the same live
+        allocations."""
+        for ref, b in zip(self.refs, objs):
+            if ref is not None and ref() is not b:
+                return False
+        return same_allocations(self.marks, objs)
+
+
+class Calls:
+    """A communicator's Calls by key (see the module note); at most ``BOUND``."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self):
+        self._d: dict = {}
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def put(self, key, call: Call) -> None:
+        d = self._d
+        if len(d) >= BOUND:
+            d.clear()
+        try:
+            d[key] = call
+        except TypeError:       # an unhashable argument: the call is checked every time
+            pass
+
+    def clear(self) -> None:
+        self._d.clear()
+
+    def find(self, key, objs: tuple):
+        """The Call remembered under ``key`` if it still holds for ``objs``, else None."""
+        try:
+            call = self._d.get(key)
+        except TypeError:       # an unhashable argument: the checks say what is wrong with it
+            return None
+        if call is None:
+            return None
+        for ref, b in zip(call.refs, objs):
+            if ref is not None and ref() is not b:
+                return None
+        return call if same_allocations(call.marks, objs) else None
