@@ -37,7 +37,7 @@ from torch.futures import Future
 
 import runtime
 
-from .errors import HcclError, InvalidArgumentError
+from .errors import InvalidArgumentError
 from .failure import handed_to_torch
 
 _DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
@@ -154,21 +154,13 @@ class Completer:
                 if error is None:
                     finish()
             except BaseException as e:  # noqa: BLE001 - every failure goes to the waiter
-                error = self._failed = _unwrap(e)
+                error = self._failed = e   # the stream's error is already hccl's type
             finally:
                 try:
                     cleanup()
                 except Exception:  # releasing staging memory must not mask the result
                     pass
             work.complete(error)
-
-
-def _unwrap(e: BaseException) -> BaseException:
-    """npusim's collective error rather than the stream's TaskError wrapper around it."""
-    cause = e.__cause__
-    if not isinstance(e, HcclError) and isinstance(cause, HcclError):
-        return cause
-    return e
 
 
 # ---------------------------------------------------------------------- tensors <-> device memory

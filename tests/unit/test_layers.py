@@ -125,17 +125,14 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
-HCCL_CYCLES = ("today (issue 37; helper 'callpath' removes them): hccl.comm <-> hccl.collectives, "
-               "hccl.comm <-> hccl.fusion at module level; hccl.types <-> hccl.errors inside "
-               "functions")
 RUNTIME_DEFERRED = ("today, through imports inside functions only: runtime.context -> stream -> "
                     "graph -> context, sanitizer <-> array/memory, event/memory -> graph; "
                     "runtime.acl <-> runtime.acl_mdl")
 
 
 @pytest.mark.parametrize("package,inside_functions", [
-    pytest.param("hccl", False, marks=pytest.mark.xfail(strict=False, reason=HCCL_CYCLES)),
-    pytest.param("hccl", True, marks=pytest.mark.xfail(strict=False, reason=HCCL_CYCLES)),
+    ("hccl", False),
+    ("hccl", True),
     ("runtime", False),
     pytest.param("runtime", True, marks=pytest.mark.xfail(strict=False, reason=RUNTIME_DEFERRED)),
     ("launcher", False),
