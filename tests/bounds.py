@@ -8,7 +8,9 @@ Two kinds of interval are measured:
 - between two events inside processes that already run (a fault and a survivor's error, a failure
   and npurun's exit): the stated bound plus SCHED_SLACK. Such an interval costs a few wake-ups and
   a little CPU; at load 12-26 the excess over the stated bound was at most 0.6 s (2.50-3.07 s
-  for a stated 2.5 s, 15.5 s for 15.5 s: docs/reliability.md), so 3 s is five times that;
+  for a stated 2.5 s, 15.5 s for 15.5 s: docs/reliability.md), but with eight other developers'
+  jobs on the two cores (load ~15, many short-lived processes) an early verdict's excess reached
+  3.15 s (6.15 s for a stated 3 s), so the slack is 5 s;
 - intervals that include starting interpreters (a whole npurun run): the start-up is measured
   in the same test (``launcher_start_s``: an npurun refusing a missing script, at the same load)
   instead of guessed, and each start counted in the interval adds it.
@@ -24,7 +26,7 @@ import time
 from hccl.diag import FLUSH_TIMEOUT
 from hccl.transport.base import DEAD_PEER_GRACE
 
-SCHED_SLACK = 3.0           # s, see above: five times the excess measured at load 12-26
+SCHED_SLACK = 5.0           # s, see above: the largest excess measured under load, + 60 %
 
 # -- a rank that dies, seen by its peers without npurun (tests/faults/test_rank_faults.py) ---------
 LIVENESS = 0.5              # s, NPUSIM_LIVENESS_INTERVAL's default (hccl/config.py)
