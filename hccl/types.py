@@ -9,8 +9,9 @@ from __future__ import annotations
 import enum
 from typing import NamedTuple
 
-import ml_dtypes
 import numpy as np
+
+from runtime.dtypes import DtypeMap
 
 
 class _NamedIntEnum(enum.IntEnum):
@@ -106,7 +107,7 @@ class DataType(_NamedIntEnum):
         raise InvalidArgumentError(f"unsupported data type {x!r}; HCCL supports {valid}")
 
 
-_TO_NUMPY: dict[DataType, np.dtype] = {
+_TO_NUMPY: dict[DataType, np.dtype] = DtypeMap({
     DataType.INT8: np.dtype(np.int8),
     DataType.INT16: np.dtype(np.int16),
     DataType.INT32: np.dtype(np.int32),
@@ -118,11 +119,11 @@ _TO_NUMPY: dict[DataType, np.dtype] = {
     DataType.UINT16: np.dtype(np.uint16),
     DataType.UINT32: np.dtype(np.uint32),
     DataType.FP64: np.dtype(np.float64),
-    DataType.BFP16: np.dtype(ml_dtypes.bfloat16),
-}
-_FROM_NUMPY: dict[np.dtype, DataType] = {dt: m for m, dt in _TO_NUMPY.items()}
+    DataType.BFP16: "bfloat16",     # ml_dtypes, imported on first use (runtime/dtypes.py)
+})
+_FROM_NUMPY: dict[np.dtype, DataType] = _TO_NUMPY.inverse()
 # Byte-order variants (">f4") are not supported: device memory is little endian.
-_ALIASES: dict[str, DataType] = {dt.name: m for m, dt in _TO_NUMPY.items()}
+_ALIASES: dict[str, DataType] = _TO_NUMPY.by_name()
 _ALIASES.update({
     "fp16": DataType.FP16, "half": DataType.FP16, "fp32": DataType.FP32,
     "fp64": DataType.FP64, "double": DataType.FP64, "bf16": DataType.BFP16,
