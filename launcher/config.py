@@ -107,3 +107,23 @@ def deadlock_stable() -> float:
     """NPUSIM_DEADLOCK_STABLE: seconds a wait-for cycle must stay the same before npurun calls it
     a deadlock and stops the job (default 3)."""
     return _float("NPUSIM_DEADLOCK_STABLE", 3.0)
+
+
+def fork_server() -> bool:
+    """NPUSIM_FORKSERVER: 1 (default) starts the ranks of a node from one prepared process that
+    imported numpy, pyzmq, runtime and hccl once (``launcher.forkserver``); 0 starts each rank
+    in a fresh interpreter, as before. Raises ValueError for anything but 1/0."""
+    raw = os.environ.get("NPUSIM_FORKSERVER", "").strip().lower()
+    if raw in ("", "1", "on", "true", "yes"):
+        return True
+    if raw in ("0", "off", "false", "no"):
+        return False
+    raise ValueError(f"NPUSIM_FORKSERVER={raw!r} must be 1 or 0; unset it for the default (1: "
+                     "the ranks are forked from one prepared process)")
+
+
+def fork_server_preload() -> list[str]:
+    """NPUSIM_FORKSERVER_PRELOAD: more modules for the fork server to import before it forks the
+    ranks (comma-separated, e.g. ``torch``), read by the server itself."""
+    return [m.strip() for m in os.environ.get("NPUSIM_FORKSERVER_PRELOAD", "").split(",")
+            if m.strip()]

@@ -141,11 +141,10 @@ def stream_check() -> str:
 
 def bind() -> bool | None:
     """NPUSIM_BIND: 1 makes npurun bind each rank of a node to one core of those it may use
-    (consecutive local ranks share a core, as evenly as the counts allow), 0 never binds; unset
-    (None): npurun binds when the node's ranks outnumber its cores (see runtime/sched.py).
+    (consecutive local ranks share a core, as evenly as the counts allow); 0 or unset (None):
+    npurun never binds (see runtime/sched.py: binding loses on a shared machine).
     Raises ValueError for anything but 1/0 (on/off, true/false, yes/no)."""
-    return _switch01("NPUSIM_BIND", "npurun binds its ranks to cores when they outnumber the "
-                     "node's cores")
+    return _switch01("NPUSIM_BIND", "npurun leaves its ranks free")
 
 
 def _switch01(name: str, default: str) -> bool | None:
@@ -162,8 +161,8 @@ def _switch01(name: str, default: str) -> bool | None:
 def sched_batch() -> bool | None:
     """NPUSIM_SCHED_BATCH: 1 makes npurun start its ranks in Linux's SCHED_BATCH class (a thread
     that wakes another keeps its core until it waits itself), 0 never changes a scheduling
-    class; unset (None): npurun does it when the node's ranks outnumber its cores, and stream
-    workers move themselves when their wake-ups find their work taken (see runtime/sched.py).
+    class; unset (None): as 0 (see runtime/sched.py: SCHED_BATCH loses 8x as soon as another
+    program keeps a core busy). With 1, stream workers also move themselves when their wake-ups
+    find their work taken.
     Raises ValueError for anything but 1/0 (on/off, true/false, yes/no)."""
-    return _switch01("NPUSIM_SCHED_BATCH", "npurun starts ranks in SCHED_BATCH when they "
-                     "outnumber the node's cores")
+    return _switch01("NPUSIM_SCHED_BATCH", "the default class")
