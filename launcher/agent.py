@@ -46,8 +46,10 @@ from typing import Callable
 
 from launcher import config, proc, shm, stacks
 from launcher.attempts import RESUMED_MARKER, AttemptRecord, failure_class, format_attempts
+from launcher.entrycheck import script_problem
 from launcher.env import JobInfo, worker_env
 from launcher.errors import Interrupted, describe_exit, signal_name
+from launcher.forkclient import ForkServerError
 from launcher.janitor import Janitor
 from launcher.output import OutputPump, Std, std_for
 from launcher.proc import LogFiles, WorkerProcess
@@ -212,6 +214,13 @@ class Agent:
             self.job = self.rdzv.join()
             self._janitor.watch_job(self.job.job_id)
             self._setup_logs()
+            problem = script_problem(proc.worker_argv(self.spec.cmd))
+            if problem is not None:     # one message, not one per rank
+                message = f"{self.spec.cmd[4]} does not compile; no rank was started"
+                self.rdzv.report_failure(0, {"node": self.job.node_rank, "rank": None,
+                                             "exitcode": 1, "message": message})
+                say(f"npurun: {message}:\n{problem}")
+                return RunResult(WorkerState.FAILED, 1, 0, message=message)
             while True:
                 self.rdzv.begin(self.attempt)
                 self.attempts.append(AttemptRecord(self.attempt))
@@ -319,7 +328,14 @@ class Agent:
             for w in self.workers:  # all forks first, then the interpreters start in parallel
                 core = sched.core_of(w.local_rank, n) if bind else None
                 with sched.pinned(core):
-                    w.proc.start(self._pump, self._janitor, server, {"core": core, "batch": batch})
+                    try:
+                        w.proc.start(self._pump, self._janitor, server,
+                                     {"core": core, "batch": batch})
+                    except ForkServerError as e:    # it died: its ranks die with it
+                        say(f"npurun: {e}; rank {w.rank} and the next start in fresh "
+                            "interpreters")
+                        server = None
+                        w.proc.start(self._pump, self._janitor)
                 w.state = WorkerState.HEALTHY
         log.info("npurun: attempt %d: started ranks %s (pids %s)", self.attempt,
                  [w.rank for w in self.workers], [w.proc.pid for w in self.workers])
@@ -335,7 +351,7 @@ class Agent:
             self._server = None
         if not config.fork_server() or proc.worker_argv(self.spec.cmd) is None:
             return None
-        from launcher.forkclient import ForkServer, ForkServerError  # noqa: PLC0415
+        from launcher.forkclient import ForkServer  # noqa: PLC0415
         w0 = self.workers[0].proc
         try:
             self._server = ForkServer(self.spec.cmd[0], w0.env, self._janitor,
