@@ -1,4 +1,4 @@
-"""The launch-policy table of #37 / SPEC section 8: npurun's scheduling policies, idle and shared.
+"""The launch-policy table of #37: npurun's scheduling policies, on an idle and a shared machine.
 
     python -m benchmarks.launch_policy [--rounds 3] [--loads 0,1,2] [--world 4]
 

@@ -11,14 +11,17 @@ keeping a core busy, a SCHED_BATCH rank woken by its peer waits for a scheduler 
 1 KiB all_reduce: 4.0 ms per call against 0.47 ms, #37), and a bound rank cannot leave the core
 the other program keeps busy. Measured with ``benchmarks/launch_policy.py`` (world 4, hccl.bench
 medians, policies interleaved; this 2-core machine shared with 7 other jobs, loadavg 10-14),
-1 KiB / 64 KiB all_reduce:
+1 KiB / 64 KiB all_reduce, us:
 
-    machine            batch+bind   bind only    batch only   nothing (now the default)
-    "idle" (others)    8.0/8.1 ms   7.9/8.8 ms   -            0.96/6.1 ms
-    one core busy      5.2/6.7 ms   5.3/7.9 ms   -            3.2/3.2 ms
+    machine            nothing (default)  bind only    batch only   batch+bind (the old default)
+    others' load only  2303/8417          8992/8601    1577/5895    8076/9658
+    one core busy      1035/2531          3639/4471     932/1672    6548/5999
+    two cores busy     1106/2241          6631/8381    1090/7902    7996/8042
+    one core busy (6 rounds, another run): nothing 654/4292, batch only 4157/5454,
+    batch+bind 7852/7991
 
 (the full table: docs/launcher.md and the commit that made it). So npurun changes nothing by
-default: SPEC section 8 asks that what it sets is never slower than setting nothing, and no
+default: what npurun sets must never be slower than setting nothing, and no
 fixed class or binding is, once other programs run. What remains is opt-in, announced on
 npurun's first line, for a machine the job has to itself:
 
