@@ -14,7 +14,7 @@ import socket
 import subprocess
 import time
 
-from launcher.forkserver import _recv, _send
+from launcher.forkserver import recv_message, send_message
 
 
 class ForkServerError(RuntimeError):
@@ -33,7 +33,8 @@ class ForkServer:
         self._next = 0
         try:
             self.proc = subprocess.Popen(
-                [python, "-u", "-m", "launcher.worker", "--fork-server", str(theirs.fileno())], env=env,
+                [python, "-u", "-m", "launcher.worker", "--fork-server", str(theirs.fileno())],
+                env=env,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
                 start_new_session=True, close_fds=True)
         except BaseException:
@@ -63,7 +64,7 @@ class ForkServer:
         r, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
         if not r:
             return False
-        msg, fds = _recv(self.sock)
+        msg, fds = recv_message(self.sock)
         for fd in fds:
             os.close(fd)
         if msg is None:
@@ -107,9 +108,9 @@ class ForkServer:
         self._next += 1
         rid = self._next
         try:
-            _send(self.sock, {"op": "spawn", "id": rid, "argv": list(argv), "env": dict(env),
-                              "cwd": os.getcwd(), "core": core, "batch": batch},
-                  (out_fd, err_fd))
+            send_message(self.sock, {"op": "spawn", "id": rid, "argv": list(argv),
+                                     "env": dict(env), "cwd": os.getcwd(), "core": core,
+                                     "batch": batch}, (out_fd, err_fd))
         except OSError as e:
             raise ForkServerError(f"the fork server (pid {self.proc.pid}) is gone: {e}") from e
         reply = self._wait_for(lambda m: m.get("id") == rid, timeout)
@@ -134,7 +135,7 @@ class ForkServer:
     def close(self, timeout: float = 5.0) -> None:
         """Tell the server to end (it kills any child left) and reap it."""
         try:
-            _send(self.sock, {"op": "bye"})
+            send_message(self.sock, {"op": "bye"})
         except OSError:
             pass
         try:

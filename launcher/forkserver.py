@@ -56,7 +56,7 @@ _MAX_MSG = 1 << 20
 _PR_SET_PDEATHSIG = 1
 
 
-def _send(sock: socket.socket, msg: dict, fds=()) -> None:
+def send_message(sock: socket.socket, msg: dict, fds=()) -> None:
     data = json.dumps(msg).encode()
     if fds:
         socket.send_fds(sock, [data], list(fds))
@@ -64,7 +64,7 @@ def _send(sock: socket.socket, msg: dict, fds=()) -> None:
         sock.send(data)
 
 
-def _recv(sock: socket.socket) -> tuple[dict | None, list[int]]:
+def recv_message(sock: socket.socket) -> tuple[dict | None, list[int]]:
     data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MSG, 4)
     if not data:
         for fd in fds:
@@ -109,7 +109,7 @@ class _Server:
                         pass
                     self.reap()
                     continue
-                msg, fds = _recv(self.sock)
+                msg, fds = recv_message(self.sock)
                 if msg is None or msg.get("op") == "bye":
                     self.finish()
                     return None
@@ -123,7 +123,7 @@ class _Server:
         if threading.active_count() != 1:   # a thread would be lost in the child, its locks held
             for fd in fds:
                 os.close(fd)
-            _send(self.sock, {"op": "error", "id": msg.get("id"),
+            send_message(self.sock, {"op": "error", "id": msg.get("id"),
                               "message": f"the fork server runs {threading.active_count()} "
                                          "threads; it forks only with one"})
             return None
@@ -133,7 +133,7 @@ class _Server:
         for fd in fds:
             os.close(fd)
         self.children.add(pid)
-        _send(self.sock, {"op": "spawned", "id": msg.get("id"), "pid": pid})
+        send_message(self.sock, {"op": "spawned", "id": msg.get("id"), "pid": pid})
         return None
 
     def reap(self) -> None:
@@ -153,7 +153,7 @@ class _Server:
             self.children.discard(pid)
             code = os.waitstatus_to_exitcode(status)
             try:
-                _send(self.sock, {"op": "exit", "pid": pid, "status": code})
+                send_message(self.sock, {"op": "exit", "pid": pid, "status": code})
             except OSError:
                 pass
 
@@ -211,15 +211,16 @@ def _place(core, batch: bool) -> None:
 
 
 def _reset_loggers() -> None:
-    """The npusim loggers tagged their lines with the server's (absent) rank at import."""
+    """The npusim loggers tagged their lines with the server's rank at import."""
     import logging  # noqa: PLC0415
-    from runtime.log import setup  # noqa: PLC0415
+    from runtime import log  # noqa: PLC0415
     for name, logger in list(logging.Logger.manager.loggerDict.items()):
-        if isinstance(logger, logging.Logger) and any(getattr(h, "_npusim", False)
-                                                      for h in logger.handlers):
-            for h in [h for h in logger.handlers if getattr(h, "_npusim", False)]:
+        if isinstance(logger, logging.Logger):
+            ours = [h for h in logger.handlers if log.is_ours(h)]
+            for h in ours:
                 logger.removeHandler(h)
-            setup(name)
+            if ours:
+                log.setup(name)
 
 
 def _die_with_launcher() -> None:
@@ -241,7 +242,7 @@ def main(argv: list[str]) -> None:
     t0 = time.perf_counter()
     from launcher.config import fork_server_preload  # noqa: PLC0415
     done = server.preload([*PRELOAD, *fork_server_preload()])
-    _send(server.sock, {"op": "ready", "pid": os.getpid(), "preloaded": done,
+    send_message(server.sock, {"op": "ready", "pid": os.getpid(), "preloaded": done,
                         "seconds": round(time.perf_counter() - t0, 3)})
     got = server.serve()
     if got is None:
