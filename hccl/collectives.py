@@ -30,7 +30,7 @@ from runtime.memory import DevicePtr
 from . import config
 from .call import Call
 from .errors import InvalidArgumentError
-from .types import DataType, OpType, ReduceOp
+from .types import DataType, OpType, ReduceOp, from_numpy
 
 
 def _dtype(dtype, api) -> DataType:
@@ -345,7 +345,6 @@ def barrier(comm, stream=None, *, site=None):
               dtype=DataType.UINT8)
 
 
-_DTYPES = {d.numpy: d for d in DataType}     # numpy dtype -> DataType, for the methods
 
 
 class Collectives:
@@ -409,7 +408,7 @@ def _size(a, name) -> int:
 
 
 def _arr_dtype(a) -> DataType:
-    dt = _DTYPES.get(a.dtype)
+    dt = from_numpy(a.dtype)
     if dt is None:
         raise InvalidArgumentError(f"dtype {a.dtype} of the DeviceArray is not an HCCL data type "
                                    f"({', '.join(d.name for d in DataType)})")

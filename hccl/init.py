@@ -151,11 +151,12 @@ def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: 
                   f"{transport.address}\n{transport.node}\n{liveness.identity()}".encode())
         keys = [f"{uid}/addr/{r}" for r in range(size)]
         _wait_all(store, keys, timeout, rank, "never arrived")
-        found = {r: _peer_entry(store.get(keys[r]), r) for r in range(size) if r != rank}
+        table = _table(store, uid, rank, size, timeout)
+        found = {r: _peer_entry(table[r][0], r) for r in range(size) if r != rank}
         transport.watch_processes({r: ident for r, (_, _, ident) in found.items()})
         nodes = {r: node for r, (_, node, _) in found.items()}
         addresses = {r: a for r, (a, _, _) in found.items()}
-        segments = {r: store.get(f"{uid}/shm/{r}").decode() for r, n in nodes.items()
+        segments = {r: table[r][1].decode() for r, n in nodes.items()
                     if n == transport.node} if transport.channel is not None else {}
         transport.connect(addresses, nodes, segments)
         # The ordering that makes every first message usable: a rank returns its communicator
@@ -175,6 +176,35 @@ def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: 
     comm = Comm(world, list(range(size)), comm_id_of(uid), "world")
     diag.attach(world, store)
     return comm
+
+
+def _table(store: StoreClient, uid: str, rank: int, size: int,
+           timeout: float) -> list[tuple[bytes, bytes]]:
+    """Every rank's (address entry, segment name), read from the store once per job, not once
+    per rank: rank 0 gets the 2 x size keys and publishes them as one value that the other ranks
+    get with one request each (size requests in all instead of 2 x size^2: 131k at world 256,
+    one store thread serving them while every rank waits)."""
+    key = f"{uid}/table"
+    if rank == 0:
+        entries = [(store.get(f"{uid}/addr/{r}"), store.get(f"{uid}/shm/{r}"))
+                   for r in range(size)]
+        store.set(key, json.dumps([[a.decode("utf-8", "replace"), b.decode("utf-8", "replace")]
+                                   for a, b in entries]).encode())
+        return entries
+    try:
+        raw = store.get(key, timeout=timeout)
+    except StoreTimeout:
+        raise HcclTimeoutError(
+            f"[rank {rank}] communicator init timed out after {timeout:g} s "
+            f"(HCCL_CONNECT_TIMEOUT={timeout:g}): every rank arrived but rank 0 never published "
+            "the table of their addresses; check rank 0's output.", seq=0, waited=timeout,
+            timeout=timeout, rank=rank) from None
+    rows = json.loads(raw)
+    if not isinstance(rows, list) or len(rows) != size:
+        raise HcclError(f"communicator init: rank 0 published a table of "
+                        f"{len(rows) if isinstance(rows, list) else '?'} ranks for a world of "
+                        f"{size}; are all ranks running the same npusim version?")
+    return [(a.encode(), b.encode()) for a, b in rows]
 
 
 def _peer_entry(raw: bytes, peer: int) -> tuple[str, str, str]:

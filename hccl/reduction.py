@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from hccl.types import DataType, ReduceOp
+from runtime.dtypes import DtypeSet
 
 _UFUNCS = {
     ReduceOp.SUM: np.add,
@@ -16,7 +17,7 @@ _UFUNCS = {
     ReduceOp.MAX: np.maximum,
     ReduceOp.MIN: np.minimum,
 }
-WIDENED = (DataType.FP16.numpy, DataType.BFP16.numpy)   # reduced in fp32, rounded back
+WIDENED = DtypeSet("float16", "bfloat16")   # reduced in fp32, rounded back; never imports ml_dtypes
 # Elements widened at once for fp16/bf16: bounds the fp32 temporaries (2 x 1 MiB) and keeps them
 # in cache.
 _BLOCK = 1 << 18

@@ -29,22 +29,22 @@ from __future__ import annotations
 import queue
 import threading
 
-import ml_dtypes
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.futures import Future
 
 import runtime
+from runtime.dtypes import DtypeMap
 
 from .errors import InvalidArgumentError
 from .failure import handed_to_torch
 
-_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
-           torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
+_DTYPES = DtypeMap({torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
+           torch.float16: np.dtype(np.float16), torch.bfloat16: "bfloat16",
            torch.int8: np.dtype(np.int8), torch.int16: np.dtype(np.int16),
            torch.int32: np.dtype(np.int32), torch.int64: np.dtype(np.int64),
-           torch.uint8: np.dtype(np.uint8), torch.bool: np.dtype(np.uint8)}
+           torch.uint8: np.dtype(np.uint8), torch.bool: np.dtype(np.uint8)})
 for _name in ("uint16", "uint32", "uint64"):
     if hasattr(torch, _name):
         _DTYPES[getattr(torch, _name)] = np.dtype(_name)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import ml_dtypes
 import numpy as np
 
 from hccl.errors import InvalidArgumentError
 from hccl.result import NamedIntEnum, Result
+from runtime.dtypes import DtypeMap
 
 __all__ = ["DataType", "Fingerprint", "OpType", "ReduceOp", "Result", "describe_call"]
 
@@ -100,7 +100,7 @@ class DataType(_NamedIntEnum):
         raise InvalidArgumentError(f"unsupported data type {x!r}; HCCL supports {valid}")
 
 
-_TO_NUMPY: dict[DataType, np.dtype] = {
+_TO_NUMPY: dict[DataType, np.dtype] = DtypeMap({
     DataType.INT8: np.dtype(np.int8),
     DataType.INT16: np.dtype(np.int16),
     DataType.INT32: np.dtype(np.int32),
@@ -112,11 +112,13 @@ _TO_NUMPY: dict[DataType, np.dtype] = {
     DataType.UINT16: np.dtype(np.uint16),
     DataType.UINT32: np.dtype(np.uint32),
     DataType.FP64: np.dtype(np.float64),
-    DataType.BFP16: np.dtype(ml_dtypes.bfloat16),
-}
-_FROM_NUMPY: dict[np.dtype, DataType] = {dt: m for m, dt in _TO_NUMPY.items()}
+    DataType.BFP16: "bfloat16",     # ml_dtypes, imported on first use (runtime/dtypes.py)
+})
+_FROM_NUMPY: dict[np.dtype, DataType] = _TO_NUMPY.inverse()
+# numpy dtype -> DataType or None, a plain lookup (never imports ml_dtypes): the Comm methods' path
+from_numpy = _FROM_NUMPY.get
 # Byte-order variants (">f4") are not supported: device memory is little endian.
-_ALIASES: dict[str, DataType] = {dt.name: m for m, dt in _TO_NUMPY.items()}
+_ALIASES: dict[str, DataType] = _TO_NUMPY.by_name()
 _ALIASES.update({
     "fp16": DataType.FP16, "half": DataType.FP16, "fp32": DataType.FP32,
     "fp64": DataType.FP64, "double": DataType.FP64, "bf16": DataType.BFP16,

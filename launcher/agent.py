@@ -46,8 +46,10 @@ from typing import Callable
 
 from launcher import config, proc, shm, stacks
 from launcher.attempts import RESUMED_MARKER, AttemptRecord, failure_class, format_attempts
+from launcher.entrycheck import script_problem
 from launcher.env import JobInfo, worker_env
 from launcher.errors import Interrupted, describe_exit, signal_name
+from launcher.forkclient import ForkServerError
 from launcher.janitor import Janitor
 from launcher.output import OutputPump, Std, std_for
 from launcher.proc import LogFiles, WorkerProcess
@@ -137,6 +139,7 @@ class Agent:
         self._janitor: Janitor | None = None
         self._pump: OutputPump | None = None
         self._waiter: proc.Waiter | None = None
+        self._server = None             # the node's fork server (launcher.forkserver), if any
         self._log_root: str | None = None
         self._temp_root = False
         self.keep_logs = False          # keep a temporary log root (a verdict points into it)
@@ -211,6 +214,13 @@ class Agent:
             self.job = self.rdzv.join()
             self._janitor.watch_job(self.job.job_id)
             self._setup_logs()
+            problem = script_problem(proc.worker_argv(self.spec.cmd))
+            if problem is not None:     # one message, not one per rank
+                message = f"{self.spec.cmd[4]} does not compile; no rank was started"
+                self.rdzv.report_failure(0, {"node": self.job.node_rank, "rank": None,
+                                             "exitcode": 1, "message": message})
+                say(f"npurun: {message}:\n{problem}")
+                return RunResult(WorkerState.FAILED, 1, 0, message=message)
             while True:
                 self.rdzv.begin(self.attempt)
                 self.attempts.append(AttemptRecord(self.attempt))
@@ -302,22 +312,58 @@ class Agent:
             self.workers.append(Worker(local_rank, wp.rank, wp))
         n = spec.nproc_per_node
         batch, bind = sched.wanted(n), sched.binds(n)
-        if (batch or bind) and self.attempt == 0:
+        if (batch or bind) and self.attempt == 0:   # only asked for: runtime/sched.py
             policy = []
             if batch:
-                policy.append("the ranks run in Linux's SCHED_BATCH class (NPUSIM_SCHED_BATCH=0 "
-                              "keeps the default class)")
+                policy.append("the ranks run in Linux's SCHED_BATCH class (NPUSIM_SCHED_BATCH=1; "
+                              "unset it to keep the default class)")
             if bind:
                 policy.append("each rank is bound to one core, consecutive local ranks sharing "
-                              "one (NPUSIM_BIND=0 leaves them free)")
+                              "one (NPUSIM_BIND=1; unset it to leave them free)")
             say(f"npurun: {n} ranks on {sched.cores()} cores: {'; '.join(policy)}")
+        server = self._fork_server()
+        if self._signal:            # Ctrl-C while the fork server started: no rank to start
+            return
         with sched.spawning(batch):   # Linux children inherit class and affinity (runtime/sched.py)
             for w in self.workers:  # all forks first, then the interpreters start in parallel
-                with sched.pinned(sched.core_of(w.local_rank, n) if bind else None):
-                    w.proc.start(self._pump, self._janitor)
+                core = sched.core_of(w.local_rank, n) if bind else None
+                with sched.pinned(core):
+                    try:
+                        w.proc.start(self._pump, self._janitor, server,
+                                     {"core": core, "batch": batch})
+                    except ForkServerError as e:    # it died: its ranks die with it
+                        say(f"npurun: {e}; rank {w.rank} and the next start in fresh "
+                            "interpreters")
+                        server = None
+                        w.proc.start(self._pump, self._janitor)
                 w.state = WorkerState.HEALTHY
         log.info("npurun: attempt %d: started ranks %s (pids %s)", self.attempt,
                  [w.rank for w in self.workers], [w.proc.pid for w in self.workers])
+
+    def _fork_server(self):
+        """The node's fork server (started once, again after it died), or None: turned off
+        (NPUSIM_FORKSERVER=0), or it failed to start (then fresh interpreters, said once)."""
+        if self._server is not None and self._server.usable():
+            return self._server
+        if self._server is not None:
+            say(f"npurun: the fork server (pid {self._server.pid}) died; starting a new one")
+            self._server.close()
+            self._server = None
+        if not config.fork_server() or proc.worker_argv(self.spec.cmd) is None:
+            return None
+        from launcher.forkclient import ForkServer  # noqa: PLC0415
+        w0 = self.workers[0].proc
+        try:
+            self._server = ForkServer(self.spec.cmd[0], w0.env, self._janitor,
+                                      should_stop=lambda: bool(self._signal))
+        except (ForkServerError, OSError) as e:
+            if not self._signal:
+                say(f"npurun: no fork server ({e}); each rank starts in a fresh interpreter "
+                    "(NPUSIM_FORKSERVER=0 says so in advance)")
+            return None
+        log.info("npurun: fork server pid %d imported %d modules in %.2f s", self._server.pid,
+                 len(self._server.preloaded), self._server.import_seconds)
+        return self._server
 
     def _reap(self) -> list[Worker]:
         exited = []
@@ -520,6 +566,8 @@ class Agent:
             if self.workers:
                 self._stop_live("npurun is exiting", signal.SIGTERM)
         finally:
+            if self._server is not None:    # after the ranks: their parent-death signal
+                self._server.close()
             if self._pump is not None:
                 self._pump.close()
             if self.job is not None:

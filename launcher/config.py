@@ -33,6 +33,11 @@ _ROWS = [
      "launcher.diagnose", {"lo": 0}),
     ("NPUSIM_DEADLOCK_STABLE", "seconds", 3.0, "seconds a wait-for cycle must stay the same "
      "before npurun calls it a deadlock", "launcher.diagnose", {"lo": 0}),
+    ("NPUSIM_FORKSERVER", "switch", True, "1: npurun starts the ranks of a node by forking one "
+     "prepared process that imported numpy, pyzmq, runtime and hccl once; 0: each rank is a "
+     "fresh interpreter", "launcher.agent", {}),
+    ("NPUSIM_FORKSERVER_PRELOAD", "text", None, "more modules the fork server imports before it "
+     "forks the ranks (comma-separated, e.g. torch)", "launcher.forkserver", {}),
     ("XDG_RUNTIME_DIR", "path", None, "the per-user directory for the loopback multi-node "
      "secret file", "launcher.secret", {}),
     ("PYTHON_EXEC", "path", None, "the interpreter that runs the workers (as torchrun)",
@@ -221,3 +226,23 @@ def rank() -> int | None:
 def local_rank() -> int | None:
     """LOCAL_RANK as npurun set it for this worker (decimal; None outside a launcher)."""
     return worker_int("LOCAL_RANK")
+
+
+def replace_environment(env: dict[str, str]) -> None:
+    """Make ``env`` this process's whole environment (a forked rank takes the one npurun made for
+    it); the tables cache parsed values by their raw text, so they see the new values."""
+    os.environ.clear()
+    os.environ.update(env)
+
+
+def fork_server() -> bool:
+    """NPUSIM_FORKSERVER: True (default) starts the ranks of a node from one prepared process that
+    imported numpy, pyzmq, runtime and hccl once (``launcher.forkserver``); False starts each rank
+    in a fresh interpreter. ConfigError for anything but 1/0."""
+    return get("NPUSIM_FORKSERVER")
+
+
+def fork_server_preload() -> list[str]:
+    """NPUSIM_FORKSERVER_PRELOAD: more modules for the fork server to import before it forks the
+    ranks (comma-separated, e.g. ``torch``), read by the server itself."""
+    return [m.strip() for m in (get("NPUSIM_FORKSERVER_PRELOAD") or "").split(",") if m.strip()]

@@ -8,6 +8,11 @@ npurun starts them from its main thread, ``launcher.spawn`` from the thread bloc
 Waiting polls a pidfd per worker (woken the moment a worker exits, no sleeping loop). When a
 worker has exited, its group is swept with SIGKILL *before* it is reaped, while the zombie still
 pins the group id, so no leftover child survives and no reused pid can be hit.
+
+A worker may instead be forked by the node's fork server (``launcher.forkserver``, given to
+``start``): it is then the server's child, not ours. We still signal its group and wake on its
+pidfd; the server sweeps the group and reaps it, and its exit status comes from the server's
+report (``launcher.forkclient``).
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from launcher.forkclient import worker_argv  # noqa: F401 - also for the agent
 from launcher.janitor import Janitor
 from launcher.output import OutputPump, Std
 
@@ -51,6 +57,8 @@ class WorkerProcess:
         self.rank, self.local_rank, self.files = rank, local_rank, files
         self.redirect, self.tee, self.console = redirect, tee, console
         self.popen: subprocess.Popen | None = None
+        self.server = None                  # the ForkServer that forked it, if one did
+        self._pid = -1
         self.pidfd: int | None = None
         self.returncode: int | None = None
         self.started_at = 0.0
@@ -58,10 +66,13 @@ class WorkerProcess:
 
     @property
     def pid(self) -> int:
-        return self.popen.pid if self.popen else -1
+        return self._pid
 
-    def start(self, pump: OutputPump, janitor: Janitor | None = None) -> None:
-        """Start the process; its pipes go to ``pump``, its group is registered with ``janitor``."""
+    def start(self, pump: OutputPump, janitor: Janitor | None = None, server=None,
+              placement: dict | None = None) -> None:
+        """Start the process (forked by ``server``, a ``ForkServer``, when given and the command
+        is the worker bootstrap, with ``placement``: ``core`` and ``batch``, npurun's launch
+        policy); its pipes go to ``pump``, its group is registered with ``janitor``."""
         os.makedirs(self.files.dir, exist_ok=True)
         # per stream: an open file (to the file only), (console name, tee file or None) for a
         # pipe the pump reads, or None (discarded)
@@ -75,6 +86,10 @@ class WorkerProcess:
                 plans.append((name, open(path, "wb")))               # pipe -> file + console
             else:
                 plans.append((name, None) if self.console else None)  # pipe -> console
+        argv = worker_argv(self.cmd) if server is not None else None
+        if argv is not None:
+            self._start_forked(server, argv, plans, pump, janitor, placement or {})
+            return
         kwargs = {}
         for slot, plan in zip(("stdout", "stderr"), plans):
             kwargs[slot] = subprocess.PIPE if isinstance(plan, tuple) else \
@@ -84,21 +99,11 @@ class WorkerProcess:
                 self.cmd, env=self.env, stdin=subprocess.DEVNULL, start_new_session=True,
                 close_fds=True, **kwargs)
         except BaseException:
-            for plan in plans:
-                if isinstance(plan, tuple) and plan[1] is not None:
-                    plan[1].close()
+            _close_plans(plans, tee_files=True)
             raise
         finally:
-            for plan in plans:
-                if plan is not None and not isinstance(plan, tuple):
-                    plan.close()  # the child holds its own copy
-        self.started_at = time.time()
-        if janitor is not None:
-            janitor.watch_group(self.popen.pid)
-        try:
-            self.pidfd = os.pidfd_open(self.popen.pid)
-        except (AttributeError, OSError):
-            self.pidfd = None
+            _close_plans(plans)
+        self._started(self.popen.pid, janitor)
         prefix = f"[rank {self.rank}]: "
         for pipe, plan in ((self.popen.stdout, plans[0]), (self.popen.stderr, plans[1])):
             if pipe is not None:
@@ -107,32 +112,116 @@ class WorkerProcess:
                 pipe.close()
                 pump.add(fd, prefix, name, logfile)
 
+    def _start_forked(self, server, argv, plans, pump, janitor, placement: dict) -> None:
+        ends = []          # per stream: (fd given to the child, our read end or None)
+        try:
+            for plan in plans:
+                if isinstance(plan, tuple):
+                    r, w = os.pipe()
+                    ends.append((w, r))
+                elif plan is not None:
+                    ends.append((os.dup(plan.fileno()), None))
+                else:
+                    ends.append((os.open(os.devnull, os.O_WRONLY), None))
+            pid = server.spawn(argv, self.env, ends[0][0], ends[1][0],
+                               core=placement.get("core"), batch=bool(placement.get("batch")))
+        except BaseException:
+            for child_end, ours in ends:
+                os.close(child_end)
+                if ours is not None:
+                    os.close(ours)
+            _close_plans(plans, tee_files=True)
+            raise
+        finally:
+            _close_plans(plans)
+        for child_end, _ in ends:
+            os.close(child_end)         # the child holds its own copy
+        self.server = server
+        self._started(pid, janitor)
+        prefix = f"[rank {self.rank}]: "
+        for (_, ours), plan in zip(ends, plans):
+            if ours is not None:
+                name, logfile = plan
+                pump.add(ours, prefix, name, logfile)
+
+    def _started(self, pid: int, janitor: Janitor | None) -> None:
+        self._pid = pid
+        self.started_at = time.time()
+        if janitor is not None:
+            janitor.watch_group(pid)
+        try:
+            self.pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self.pidfd = None
+
     def poll(self, janitor: Janitor | None = None) -> int | None:
         """Return the exit status if the process has ended (sweeping its group), else None."""
-        if self.returncode is not None or self.popen is None:
+        if self.returncode is not None or self._pid < 0:
             return self.returncode
+        if self.server is not None:
+            code = self._forked_status(0.0)     # the server swept the group and reaped it
+            return None if code is None else self._ended(code, janitor)
         try:
-            info = os.waitid(os.P_PID, self.popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            info = os.waitid(os.P_PID, self._pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             info = True  # already reaped elsewhere: let Popen report
         if info is None:
             return None
         self._signal_group(signal.SIGKILL)  # the zombie still pins the group id
-        self.returncode = self.popen.wait()
+        return self._ended(self.popen.wait(), janitor)
+
+    def _ended(self, code: int, janitor: Janitor | None) -> int:
+        self.returncode = code
         self.exited_at = time.time()
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None
         if janitor is not None:
-            janitor.forget_group(self.popen.pid)
-        return self.returncode
+            janitor.forget_group(self._pid)
+        return code
+
+    def _forked_status(self, wait: float) -> int | None:
+        """A forked worker's status, from the server's report: None while it runs. When its
+        pidfd says it ended, the report follows at once (waited for up to 5 s); a dead server
+        reports nothing: its children died by their parent-death signal (SIGKILL)."""
+        srv = self.server
+        srv.pump()
+        if self._pid in srv.status:
+            return srv.status.pop(self._pid)
+        if self.pidfd is not None:
+            ended = bool(select.select([self.pidfd], [], [], wait)[0])
+        else:
+            ended = not _exists(self._pid)
+        if not ended:
+            return None
+        code = srv.exit_status(self._pid, 5.0)
+        if code is None and not srv.usable():
+            code = -signal.SIGKILL
+        if code is not None:
+            srv.status.pop(self._pid, None)
+        return code
+
+    def wait_exit(self, janitor: Janitor | None = None, timeout: float = 30.0) -> None:
+        """Wait until the worker has ended (after a SIGKILL), then reap it (``poll``)."""
+        if self.server is None:
+            try:  # SIGKILL cannot be refused; wait without reaping, so poll() can sweep the group
+                os.waitid(os.P_PID, self._pid, os.WEXITED | os.WNOWAIT)
+            except ChildProcessError:
+                pass
+            self.poll(janitor)
+            return
+        deadline = time.monotonic() + timeout
+        while self.alive() and time.monotonic() < deadline:
+            code = self._forked_status(min(1.0, max(0.0, deadline - time.monotonic())))
+            if code is not None:
+                self._ended(code, janitor)
 
     def alive(self) -> bool:
-        return self.popen is not None and self.returncode is None
+        return self._pid > 0 and self.returncode is None
 
     def _signal_group(self, sig: int) -> bool:
         try:
-            os.killpg(self.popen.pid, sig)
+            os.killpg(self._pid, sig)
             return True
         except (ProcessLookupError, PermissionError):
             return False
@@ -148,7 +237,7 @@ class WorkerProcess:
         if not self.alive():
             return False
         try:
-            os.kill(self.popen.pid, sig)
+            os.kill(self._pid, sig)
             return True
         except ProcessLookupError:
             return False
@@ -210,9 +299,26 @@ def stop(workers: list[WorkerProcess], grace: float, sig: int = signal.SIGTERM,
     for w in killed:
         w.signal_group(signal.SIGKILL)
     for w in killed:
-        try:  # SIGKILL cannot be refused; wait without reaping, so poll() can sweep the group
-            os.waitid(os.P_PID, w.pid, os.WEXITED | os.WNOWAIT)
-        except ChildProcessError:
-            pass
-        w.poll(janitor)
+        w.wait_exit(janitor)
     return killed
+
+
+def _close_plans(plans, tee_files: bool = False) -> None:
+    """Close our copies of the files opened for a worker's streams (the child has its own);
+    with ``tee_files``, the tee files too (the start failed: no pump will own them)."""
+    for plan in plans:
+        if isinstance(plan, tuple):
+            if tee_files and plan[1] is not None:
+                plan[1].close()
+        elif plan is not None:
+            plan.close()
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True

@@ -4,6 +4,8 @@
     python -u -m launcher.worker -m MODULE ARGS...     run a module as __main__ (python -m)
     python -u -m launcher.worker --exec PROGRAM ARGS...   --no-python: guard, then exec PROGRAM
     python -u -m launcher.worker --spawn PAYLOAD RESULT   launcher.spawn: fn(rank, *args)
+    python -u -m launcher.worker --fork-server FD      the node's fork server (launcher.forkserver),
+                                                       whose children become ranks as above
 
 Before the user's code runs, the bootstrap installs, in this order:
 
@@ -42,7 +44,8 @@ from launcher import config
 
 _PR_SET_PDEATHSIG = 1
 _stack_file = None  # kept open for faulthandler for the life of the process
-_SKIP_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
+_SKIP_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>",
+               os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkserver.py")}
 # npusim's own packages: a frame there is not where the user's code raised
 _OWN_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), p)
                   + os.sep for p in ("runtime", "hccl", "launcher"))
@@ -264,6 +267,9 @@ def main(argv: list[str]) -> None:
     usage = "usage: python -m launcher.worker [-m MODULE | --exec PROG | --spawn P R | SCRIPT] ARGS"
     if not argv:
         sys.exit(usage)
+    if argv[0] == "--fork-server":  # a rank's command line names the bootstrap, forked or not
+        from launcher import forkserver  # noqa: PLC0415
+        argv = forkserver.main(argv[1:])     # returns in a forked rank, with its arguments
     bootstrap()
     mode, rest = argv[0], argv[1:]
     if mode == "--exec":

@@ -3,39 +3,91 @@
 Devices and contexts, streams and events, the caching memory pool, copies, kernels and
 profiling (docs/runtime.md, docs/memory.md). Every error is a ``runtime.errors.NpuError`` with
 an ACL ``code``.
-"""
-from . import config as _config, errors
-from .log import setup as _setup_log
-from .array import DeviceArray, as_dtype, empty, to_device, zeros
-from .context import (current_stream, default_stream, device_count, get_device, get_mem_info,
-                      reset_device, set_device, stream, synchronize)
-from .errors import NpuError
-from .event import Event
-from .graph import Graph, graph
-from .kernels import launch, launch_callback, read_only
-from .memory import (DevicePtr, HostBuffer, MemcpyKind, buffer_nbytes, empty_cache, free, free_host,
-                     host_view, malloc, malloc_host, max_memory_allocated, max_memory_reserved,
-                     memcpy, memcpy_async, memory_allocated, memory_reserved, memory_snapshot,
-                     memory_stats, memory_summary, memset, memset_async, record_stream,
-                     reset_peak_memory_stats, set_per_process_memory_fraction)
-from .pool import MemMallocPolicy
-from .profiler import profile
-from .sanitizer import declare_access, enable_stream_check, stream_check_enabled
-from .stream import Stream
 
+Design note. Names are imported lazily (PEP 562), as in ``hccl``: ``import runtime`` costs a
+few milliseconds, and numpy and the modules behind a name load when the name is first used
+(``runtime.sched`` and ``runtime.config``, what npurun needs, pull in neither; ml_dtypes loads
+only with a bfloat16 / float8 dtype: runtime/dtypes.py). Two public names are also submodules:
+``runtime.stream()`` and ``runtime.graph()`` (context managers) beside the modules
+``runtime.stream`` and ``runtime.graph``. Imported eagerly, the function won by import order;
+imported lazily, the import system binds the module over the name whenever the submodule loads.
+So those two modules are made callable when they bind (``_Package.__setattr__``): calling one
+calls the function, and ``from . import graph`` inside runtime still gets the module.
+"""
+from __future__ import annotations
+
+import importlib
+import types
+
+from . import config as _config
+from .log import setup as _setup_log
+
+_EXPORTS = {
+    "DeviceArray": "array", "as_dtype": "array", "empty": "array", "to_device": "array",
+    "zeros": "array",
+    "current_stream": "context", "default_stream": "context", "device_count": "context",
+    "get_device": "context", "get_mem_info": "context", "reset_device": "context",
+    "set_device": "context", "stream": "context", "synchronize": "context",
+    "NpuError": "errors", "Event": "event", "Graph": "graph", "graph": "graph",
+    "launch": "kernels", "launch_callback": "kernels", "read_only": "kernels",
+    "DevicePtr": "memory", "HostBuffer": "memory", "MemcpyKind": "memory",
+    "buffer_nbytes": "memory", "empty_cache": "memory", "free": "memory", "free_host": "memory",
+    "host_view": "memory", "malloc": "memory", "malloc_host": "memory",
+    "max_memory_allocated": "memory", "max_memory_reserved": "memory", "memcpy": "memory",
+    "memcpy_async": "memory", "memory_allocated": "memory", "memory_reserved": "memory",
+    "memory_snapshot": "memory", "memory_stats": "memory", "memory_summary": "memory",
+    "memset": "memory", "memset_async": "memory", "record_stream": "memory", "reset_peak_memory_stats": "memory",
+    "set_per_process_memory_fraction": "memory",
+    "MemMallocPolicy": "pool", "profile": "profiler",
+    "declare_access": "sanitizer", "enable_stream_check": "sanitizer",
+    "stream_check_enabled": "sanitizer",
+    "Stream": "stream",
+}
+_CALLABLE_MODULES = {"stream": "context", "graph": "graph"}   # module name -> its function's
+
+__all__ = sorted([*_EXPORTS, "errors"])
+
+
+class _CallableModule(types.ModuleType):
+    """``runtime.stream`` / ``runtime.graph``: the module, and, called, the public function."""
+
+    def __call__(self, *args, **kwargs):
+        short = self.__name__.rpartition(".")[2]
+        owner = importlib.import_module(f"{__package__ or 'runtime'}.{_CALLABLE_MODULES[short]}")
+        return getattr(owner, short)(*args, **kwargs)
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name, value):
+        if name in _CALLABLE_MODULES and type(value) is types.ModuleType:
+            value.__class__ = _CallableModule
+        super().__setattr__(name, value)
+
+
+def __getattr__(name: str):
+    if name in _CALLABLE_MODULES:
+        return importlib.import_module(f"{__name__}.{name}")   # binds it: see _Package
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        try:                     # a submodule: runtime.memory, runtime.sched, ...
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+        raise AttributeError(f"module 'runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__
+
+
+import sys as _sys  # noqa: E402 - after the class it installs
+
+_sys.modules[__name__].__class__ = _Package
 _setup_log("runtime")
 if _config.stream_check() != "off":
-    enable_stream_check(_config.stream_check())
-
-__all__ = [
-    "DeviceArray", "DevicePtr", "Event", "Graph", "HostBuffer", "MemMallocPolicy", "MemcpyKind", "NpuError",
-    "Stream", "as_dtype", "buffer_nbytes", "current_stream", "default_stream", "device_count",
-    "empty", "empty_cache", "errors", "free", "free_host", "get_device", "get_mem_info", "graph",
-    "host_view", "declare_access", "enable_stream_check", "launch", "launch_callback", "malloc",
-    "malloc_host", "max_memory_allocated",
-    "max_memory_reserved", "memcpy", "memcpy_async", "memory_allocated", "memory_reserved",
-    "memory_snapshot", "memory_stats", "memory_summary", "memset", "memset_async", "profile",
-    "read_only", "record_stream", "stream_check_enabled",
-    "reset_device", "reset_peak_memory_stats", "set_device", "set_per_process_memory_fraction",
-    "stream", "synchronize", "to_device", "zeros",
-]
+    from .sanitizer import enable_stream_check as _enable
+    _enable(_config.stream_check())

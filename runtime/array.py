@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import sanitizer
+from . import dtypes, sanitizer
 from .callsite import callsite
 from .context import current_context, resolve_stream
 from .errors import InvalidParamError, MemoryAccessError
@@ -11,22 +11,20 @@ from .memory import (DeviceBuffer, DevicePtr, HostBuffer, malloc_at, run_sync, f
                      host_view)
 from .pool import MemMallocPolicy
 
-try:  # bfloat16 is a first-class dtype
-    import ml_dtypes
-    _EXTRA = {"bfloat16": np.dtype(ml_dtypes.bfloat16)}
-except ImportError:  # pragma: no cover - ml_dtypes is a dependency
-    _EXTRA = {}
-
-
 def as_dtype(dtype) -> np.dtype:
-    """numpy dtype for ``dtype`` (numpy dtypes, names, and 'bfloat16')."""
-    if isinstance(dtype, str) and dtype in _EXTRA:
-        return _EXTRA[dtype]
+    """numpy dtype for ``dtype``: numpy dtypes and names, and ml_dtypes' ``'bfloat16'`` and
+    ``'float8_*'`` (imported on first use: runtime/dtypes.py)."""
+    if isinstance(dtype, str) and dtype in dtypes.NAMES:
+        try:
+            return dtypes.get(dtype)
+        except ImportError as e:
+            raise InvalidParamError(f"dtype={dtype!r}: {e}") from None
     try:
         dt = np.dtype(dtype)
     except TypeError:
-        raise InvalidParamError(f"dtype={dtype!r} is not a numpy dtype nor 'bfloat16'") from None
-    if dt.hasobject or dt.kind in "USVMm" and dt not in _EXTRA.values():
+        raise InvalidParamError(f"dtype={dtype!r} is not a numpy dtype nor one of "
+                                f"{', '.join(sorted(dtypes.NAMES))}") from None
+    if dt.hasobject or dt.kind in "USVMm" and not dtypes.is_extra(dt):
         raise InvalidParamError(f"dtype={dt} is not a numeric dtype")
     return dt
 

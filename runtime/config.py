@@ -211,16 +211,14 @@ TABLE = Table("runtime", [
             ("off", ("0", "off", "false", "no")), ("raise", ("1", "on", "raise", "true", "yes")),
             ("warn", ("warn",)))),
     Var("NPUSIM_BIND", "switch", None, "1: npurun binds each rank to one core (consecutive local "
-        "ranks share one); 0: never; unset: npurun does it when the node's ranks outnumber the "
-        "cores it may use, and says so (runtime/sched.py)", "runtime.sched (npurun's launch policy)",
-        shown="unset: when ranks outnumber cores"),
+        "ranks share one) and says so on its first line; 0 or unset: never (binding loses on a "
+        "shared machine: runtime/sched.py)", "runtime.sched (npurun's launch policy)",
+        shown="unset: never"),
     Var("NPUSIM_SCHED_BATCH", "switch", None, "1: npurun starts its ranks in Linux's SCHED_BATCH "
-        "class (the ranks' threads inherit it; npusim never changes a user's thread); 0: no "
-        "class is ever changed, stream workers included; unset: npurun does it when the node's "
-        "ranks outnumber the cores, and a stream worker whose wake-ups find its work taken moves "
-        "itself (runtime/sched.py)", "runtime.sched (npurun's launch policy, stream workers)",
-        shown="unset: when ranks outnumber cores"),
-    # -- the job this process belongs to, as its launcher (npurun, launcher.spawn, torchrun) set it
+        "class (the ranks' threads inherit it; npusim never changes a user's thread) and a "
+        "stream worker whose wake-ups find its work taken moves itself; 0 or unset: no class is "
+        "ever changed (SCHED_BATCH loses 8x beside a busy program: runtime/sched.py)",
+        "runtime.sched (npurun's launch policy, stream workers)", shown="unset: never"),
     Var("NPUSIM_JOB_ID", "job id", LOCAL_JOB, "the job's id (set by npurun): names its store keys "
         "and shared-memory segments; not [A-Za-z0-9_.]+: the default", "runtime.config.job"),
     Var("TORCHELASTIC_RESTART_COUNT", "int", 0, "the attempt of a restarted job (set by npurun)",
@@ -339,13 +337,16 @@ def stream_check() -> str:
 
 
 def bind() -> bool | None:
-    """NPUSIM_BIND: True binds each rank of a node to one core, False never; None (unset): npurun
-    binds when the node's ranks outnumber its cores (runtime/sched.py). EnvError for anything
-    but 1/0 (on/off, true/false, yes/no)."""
+    """NPUSIM_BIND: True makes npurun bind each rank of a node to one core of those it may use
+    (consecutive local ranks share a core); False or unset (None): npurun never binds (see
+    runtime/sched.py: binding loses on a shared machine). EnvError for anything but 1/0
+    (on/off, true/false, yes/no)."""
     return TABLE.get("NPUSIM_BIND")
 
 
 def sched_batch() -> bool | None:
-    """NPUSIM_SCHED_BATCH: True starts the ranks in SCHED_BATCH, False never changes a scheduling
-    class; None (unset): npurun's and the stream workers' own choice (runtime/sched.py)."""
+    """NPUSIM_SCHED_BATCH: True makes npurun start its ranks in Linux's SCHED_BATCH class (and
+    stream workers move themselves when their wake-ups find their work taken); False or unset
+    (None): no scheduling class is changed (runtime/sched.py: SCHED_BATCH loses 8x as soon as
+    another program keeps a core busy). EnvError for anything but 1/0."""
     return TABLE.get("NPUSIM_SCHED_BATCH")

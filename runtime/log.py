@@ -30,3 +30,9 @@ def setup(name: str) -> logging.Logger:
         logger.addHandler(h)
         logger.propagate = False
     return logger
+
+
+def is_ours(handler: logging.Handler) -> bool:
+    """Whether ``handler`` is the one ``setup`` installed (launcher.forkserver sets the loggers
+    up again in each forked rank: the tag carries the rank)."""
+    return bool(getattr(handler, "_npusim", False))

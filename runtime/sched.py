@@ -1,39 +1,41 @@
 """Linux scheduling classes and core binding: the one place npusim changes them, only for threads
-it created or npurun's own launch.
+it created or npurun's own launch, and only when asked.
 
 Design note. In Linux's default class (SCHED_OTHER) a thread woken on a busy core often takes
 that core from the thread that woke it at once; a thread in SCHED_BATCH, once woken, waits for
-a free core or the next scheduling tick. With more ranks than cores that matters twice:
+a free core or the next scheduling tick. Binding a rank to a core keeps its caches warm. On an
+idle machine with more ranks than cores both helped (4 ranks on 2 cores, 1 KiB all_reduce:
+275-288 us free, 196-203 us bound; 490 -> 421 us with the ranks in SCHED_BATCH), and npurun
+used to apply both by default. On a shared machine both lose, and by far: with another program
+keeping a core busy, a SCHED_BATCH rank woken by its peer waits for a scheduler tick (world 4,
+1 KiB all_reduce: 4.0 ms per call against 0.47 ms, #37), and a bound rank cannot leave the core
+the other program keeps busy. Measured with ``benchmarks/launch_policy.py`` (world 4, hccl.bench
+medians, policies interleaved; this 2-core machine shared with 7 other jobs, loadavg 10-14),
+1 KiB / 64 KiB all_reduce, us:
 
-- a rank that sends to a peer would lose its core to that peer before it has posted its other
-  messages and reached its own wait. So npurun starts its rank processes in SCHED_BATCH when
-  the node's ranks outnumber the cores it may use (``spawning``: the launcher's own thread
-  takes the class around the fork and gives it back; Linux children inherit their creator's
-  class). It is the launch's policy, as torchrun sets OMP_NUM_THREADS=1 for the same reason,
-  and npurun says so when it does it. The library never changes a thread of the user's: a
-  rank started otherwise (plain python, torchrun, ``mp.spawn``) keeps the class it was given
-  (``chrt --batch 0 torchrun ...`` does what npurun does);
-- a stream worker woken for work a synchronizing caller already runs would take the caller's
-  core for nothing (``runtime.stream``: such a worker moves itself to SCHED_BATCH with ``move``
-  and back when it finds work nobody else runs).
+    machine            nothing (default)  bind only    batch only   batch+bind (the old default)
+    others' load only  2303/8417          8992/8601    1577/5895    8076/9658
+    one core busy      1035/2531          3639/4471     932/1672    6548/5999
+    two cores busy     1106/2241          6631/8381    1090/7902    7996/8042
+    one core busy (6 rounds, another run): nothing 654/4292, batch only 4157/5454,
+    batch+bind 7852/7991
 
-The same launch binds each rank to one core when the ranks outnumber the cores (``binds``,
-``core_of``, ``pinned``: again the launcher's thread around the fork), consecutive local ranks
-sharing a core: left free, Linux moves the ranks between the cores at their wake-ups, and each
-move finds a Python process's caches cold. 4 ranks on 2 cores, ``hccl.bench`` medians, 1 KiB
-all_reduce: 275-288 us free, 196-203 us bound; 1 MiB 1.2-1.5 ms -> 1.05-1.07 ms; the
-data-parallel example unchanged (58.9-60.4k samples/s free, 58.7-61.0k bound). With no more
-ranks than cores nothing changes by default (measured: no gain at 2 ranks on 2 cores). Open
-MPI and Intel MPI bind by default too. NPUSIM_BIND (``runtime.config.bind``): unset, the rule
-above; 1, always; 0, never.
+(the full table: docs/launcher.md and the commit that made it). So npurun changes nothing by
+default: what npurun sets must never be slower than setting nothing, and no
+fixed class or binding is, once other programs run. What remains is opt-in, announced on
+npurun's first line, for a machine the job has to itself:
 
-The earlier design moved the thread that ran each collective into SCHED_BATCH and back: two
-class changes per collective, and a change back to the default class may hand the core to
-another runnable thread at once. 4 ranks on 2 cores, 1 KiB all_reduce, medians of 10
-alternating jobs: 490 us per call with the moves, 421 us with the ranks started in SCHED_BATCH
-(``benchmarks/ab.sh``). Nothing needs privilege; where the classes are missing or a sandbox
-forbids them every call does nothing. NPUSIM_SCHED_BATCH (``runtime.config.sched_batch``)
-decides: unset, the rule above; 1, always; 0, never (stream workers stay put too).
+- NPUSIM_SCHED_BATCH=1: npurun starts its ranks in SCHED_BATCH (``spawning``: the launcher's own
+  thread takes the class around the fork and gives it back; Linux children inherit their
+  creator's class; a rank forked by the fork server takes it in the child), and stream workers
+  woken for work a synchronizing caller already runs move themselves to SCHED_BATCH
+  (``runtime.stream`` via ``adaptive_workers`` and ``move``) and back. The library never changes
+  a thread of the user's (``chrt --batch 0 torchrun ...`` does what npurun does).
+- NPUSIM_BIND=1: npurun binds each rank to one core (``binds``, ``core_of``, ``pinned``),
+  consecutive local ranks sharing a core.
+
+0 or unset: nothing. Nothing needs privilege; where the classes are missing or a sandbox forbids
+them every call does nothing.
 """
 from __future__ import annotations
 
@@ -55,15 +57,15 @@ def cores() -> int:
 
 
 def wanted(ranks_here: int) -> bool:
-    """Whether a launcher starts ``ranks_here`` ranks of this node in SCHED_BATCH:
-    NPUSIM_SCHED_BATCH if set, else whether they outnumber ``cores()``."""
-    knob = config.sched_batch()
-    return ranks_here > cores() if knob is None else knob
+    """Whether a launcher starts ``ranks_here`` ranks of this node in SCHED_BATCH: only when
+    NPUSIM_SCHED_BATCH=1 (see the design note: it loses 8x as soon as another program keeps a
+    core busy)."""
+    return config.sched_batch() is True
 
 
 def adaptive_workers() -> bool:
-    """Whether stream workers may move themselves (NPUSIM_SCHED_BATCH unset or 1)."""
-    return config.sched_batch() is not False
+    """Whether stream workers may move themselves to SCHED_BATCH (only NPUSIM_SCHED_BATCH=1)."""
+    return config.sched_batch() is True
 
 
 def move(to_batch: bool) -> bool:
@@ -83,10 +85,9 @@ def move(to_batch: bool) -> bool:
 
 
 def binds(ranks_here: int) -> bool:
-    """Whether a launcher binds each of the ``ranks_here`` ranks of this node to one core:
-    NPUSIM_BIND if set, else whether they outnumber ``cores()``."""
-    knob = config.bind()
-    return ranks_here > cores() if knob is None else knob
+    """Whether a launcher binds each of the ``ranks_here`` ranks of this node to one core: only
+    when NPUSIM_BIND=1 (see the design note)."""
+    return config.bind() is True
 
 
 def core_of(local_rank: int, ranks_here: int) -> int | None:

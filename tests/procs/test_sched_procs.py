@@ -1,7 +1,8 @@
 """npusim's library leaves the scheduling class of the user's threads alone (4 ranks on 2 cores).
 
-With more ranks than cores npurun starts its ranks in SCHED_BATCH and says so (the launch's
-policy, runtime/sched.py); NPUSIM_SCHED_BATCH=0 keeps the default class. Either way the main
+By default npurun changes no scheduling class (SCHED_BATCH loses on a shared machine:
+runtime/sched.py); NPUSIM_SCHED_BATCH=1 starts the ranks in SCHED_BATCH and npurun says so, also
+for ranks forked by the fork server. Either way the main
 thread (which runs a collective when it synchronizes) and a thread of the user's own keep the
 class they started with through init, collectives (checked while one runs) and
 ``comm.destroy()``.
@@ -64,21 +65,19 @@ with open(os.path.join({out!r}, f"rank{comm.rank}.json"), "w") as f:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("knob", [None, "0"])
-def test_user_threads_keep_their_scheduling_class(tmp_path, knob):
+@pytest.mark.parametrize("knob,fork", [(None, "1"), ("1", "1"), ("1", "0"), ("0", "1")])
+def test_user_threads_keep_their_scheduling_class(tmp_path, knob, fork):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(SCRIPT.replace("{out!r}", repr(str(tmp_path)))))
-    crowded = 4 > len(os.sched_getaffinity(0))
     with LeakCheck() as lc:
         lc.env.pop("NPUSIM_SCHED_BATCH", None)
+        lc.env["NPUSIM_FORKSERVER"] = fork
         if knob is not None:
             lc.env["NPUSIM_SCHED_BATCH"] = knob
-        elif not crowded:            # a bigger machine: the knob turns the policy on
-            lc.env["NPUSIM_SCHED_BATCH"] = "1"
         res = run_npurun("--nproc-per-node", "4", str(script), env=lc.env, cwd=str(tmp_path),
                          timeout=280)
     assert res.returncode == 0, res.stderr[-3000:]
-    batch = knob is None
+    batch = knob == "1"
     assert ("the ranks run in Linux's SCHED_BATCH class" in res.stderr) is batch, res.stderr
     launched = os.SCHED_BATCH if batch else os.SCHED_OTHER
     for r in range(4):
@@ -113,22 +112,22 @@ comm.destroy()
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("knob", [None, "0", "1"])
-def test_crowded_ranks_are_bound_to_cores(tmp_path, knob):
-    """4 ranks on 2 cores: npurun binds local ranks 0, 1 to the first core and 2, 3 to the
-    second and says so; NPUSIM_BIND=0 leaves every rank the launcher's cores, =1 binds on any
-    machine."""
+@pytest.mark.parametrize("knob,fork", [(None, "1"), ("0", "1"), ("1", "1"), ("1", "0")])
+def test_ranks_are_bound_to_cores_when_asked(tmp_path, knob, fork):
+    """NPUSIM_BIND=1: npurun binds local ranks 0, 1 to the first core and 2, 3 to the second
+    (2 cores) and says so, forked or not; unset or 0 leaves every rank the launcher's cores."""
     mask = sorted(os.sched_getaffinity(0))
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(AFFINITY.replace("{out!r}", repr(str(tmp_path)))))
     with LeakCheck() as lc:
         lc.env.pop("NPUSIM_BIND", None)
+        lc.env["NPUSIM_FORKSERVER"] = fork
         if knob is not None:
             lc.env["NPUSIM_BIND"] = knob
         res = run_npurun("--nproc-per-node", "4", str(script), env=lc.env, cwd=str(tmp_path),
                          timeout=280)
     assert res.returncode == 0, res.stderr[-3000:]
-    bound = knob == "1" or (knob is None and 4 > len(mask))
+    bound = knob == "1"
     assert ("each rank is bound to one core" in res.stderr) is bound, res.stderr
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
     if bound:

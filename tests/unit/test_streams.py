@@ -280,12 +280,12 @@ def _wait_for(cond, what, seconds=10.0):
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling classes")
-@pytest.mark.parametrize("knob", [None, "0"])
+@pytest.mark.parametrize("knob", ["1", None])
 def test_a_worker_woken_for_taken_work_stops_preempting_and_runs_work_at_once_again(
         device, monkeypatch, knob):
     """The worker's class follows what its wake-ups find: work a synchronizing caller already
-    runs -> SCHED_BATCH; work nobody else runs -> the default class (NPUSIM_SCHED_BATCH=0:
-    always the default)."""
+    runs -> SCHED_BATCH; work nobody else runs -> the default class (only with
+    NPUSIM_SCHED_BATCH=1; unset, the default: always the default class, runtime/sched.py)."""
     if knob is None:
         monkeypatch.delenv("NPUSIM_SCHED_BATCH", raising=False)
     else:
@@ -312,7 +312,7 @@ def test_a_worker_woken_for_taken_work_stops_preempting_and_runs_work_at_once_ag
         pytest.skip("the worker always ran the task before a synchronizing thread could")
     last = threading.Event()
     runtime.launch(last.set, stream=s)                   # rings the worker; the queue is taken
-    if knob is None:
+    if knob == "1":
         _wait_for(lambda: os.sched_getscheduler(worker) == os.SCHED_BATCH,
                   "a worker woken for taken work stayed in the default class")
     gate.set()

@@ -1,0 +1,157 @@
+"""npurun's side of the fork server (``launcher.forkserver``): start it, ask it for ranks, learn
+how they ended.
+
+The ranks are the server's children, not npurun's: npurun signals their process groups itself,
+wakes on their pidfds, and takes their exit status from the server's ``exit`` reports (the
+server sweeps a rank's group and reaps it). ``ForkServer.usable()`` is False once the server
+died: the agent then starts a new one for the next attempt, or falls back to fresh interpreters.
+"""
+from __future__ import annotations
+
+import os
+import select
+import socket
+import subprocess
+import time
+
+from launcher.forkserver import recv_message, send_message
+
+
+class ForkServerError(RuntimeError):
+    """The fork server could not start or answer (npurun then starts fresh interpreters)."""
+
+
+class ForkServer:
+    """One node's fork server, started with ``env`` (a rank's environment) by ``python``."""
+
+    def __init__(self, python: str, env: dict, janitor=None, *, timeout: float = 120.0,
+                 should_stop=lambda: False):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock = ours
+        self.status: dict[int, int] = {}       # pid -> returncode (Popen's convention)
+        self._replies: list[dict] = []
+        self._next = 0
+        try:
+            self.proc = subprocess.Popen(
+                [python, "-u", "-m", "launcher.worker", "--fork-server", str(theirs.fileno())],
+                env=env,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                start_new_session=True, close_fds=True)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        if janitor is not None:
+            janitor.watch_group(self.proc.pid)
+        try:
+            ready = self._wait_for(lambda m: m.get("op") == "ready", timeout, should_stop)
+        except BaseException:
+            self.close()
+            raise
+        self.preloaded = ready.get("preloaded", [])
+        self.import_seconds = float(ready.get("seconds", 0.0))
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def usable(self) -> bool:
+        return self.proc.poll() is None
+
+    def _read(self, timeout: float) -> bool:
+        """Read one message within ``timeout`` s; exits go to ``status``, the rest are kept."""
+        r, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
+        if not r:
+            return False
+        msg, fds = recv_message(self.sock)
+        for fd in fds:
+            os.close(fd)
+        if msg is None:
+            raise ForkServerError(f"the fork server (pid {self.proc.pid}) closed its channel "
+                                  f"(exit code {self.proc.poll()})")
+        if msg.get("op") == "exit":
+            self.status[int(msg["pid"])] = int(msg["status"])
+        else:
+            self._replies.append(msg)
+        return True
+
+    def _wait_for(self, match, timeout: float, should_stop=lambda: False) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, m in enumerate(self._replies):
+                if match(m):
+                    return self._replies.pop(i)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ForkServerError(f"the fork server (pid {self.proc.pid}) did not answer "
+                                      f"within {timeout:g} s")
+            if should_stop():
+                raise ForkServerError("stopped while waiting for the fork server")
+            if self.proc.poll() is not None and not self._read(0):
+                raise ForkServerError(f"the fork server (pid {self.proc.pid}) exited with "
+                                      f"{self.proc.returncode}")
+            self._read(min(left, 0.2))
+
+    def pump(self) -> None:
+        """Take every report the server has sent (non-blocking)."""
+        try:
+            while self._read(0):
+                pass
+        except ForkServerError:
+            pass
+
+    def spawn(self, argv: list[str], env: dict, out_fd: int, err_fd: int, *,
+              core: int | None = None, batch: bool = False, timeout: float = 60.0) -> int:
+        """Fork a rank running ``python -m launcher.worker ARGV`` with ``env`` (bound to
+        ``core``, in SCHED_BATCH if ``batch``: npurun's launch policy); its pid."""
+        self._next += 1
+        rid = self._next
+        try:
+            send_message(self.sock, {"op": "spawn", "id": rid, "argv": list(argv),
+                                     "env": dict(env), "cwd": os.getcwd(), "core": core,
+                                     "batch": batch}, (out_fd, err_fd))
+        except OSError as e:
+            raise ForkServerError(f"the fork server (pid {self.proc.pid}) is gone: {e}") from e
+        reply = self._wait_for(lambda m: m.get("id") == rid, timeout)
+        if reply.get("op") != "spawned":
+            raise ForkServerError(f"the fork server refused: {reply.get('message')}")
+        return int(reply["pid"])
+
+    def exit_status(self, pid: int, timeout: float) -> int | None:
+        """The exit status of rank ``pid`` once the server reported it (waits up to
+        ``timeout`` s), else None."""
+        deadline = time.monotonic() + timeout
+        while pid not in self.status:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                self._read(min(left, 0.5))
+            except ForkServerError:
+                return self.status.get(pid)
+        return self.status[pid]
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Tell the server to end (it kills any child left) and reap it."""
+        try:
+            send_message(self.sock, {"op": "bye"})
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.sock.close()
+
+
+def worker_argv(cmd: list[str]) -> list[str] | None:
+    """The arguments of ``launcher.worker`` in ``cmd`` if ``cmd`` is ``PYTHON -u -m
+    launcher.worker ARGS`` (what npurun runs); None otherwise (then no fork server)."""
+    if len(cmd) >= 4 and cmd[1:4] == ["-u", "-m", "launcher.worker"]:
+        return cmd[4:]
+    return None
+
+
+__all__ = ["ForkServer", "ForkServerError", "worker_argv"]
