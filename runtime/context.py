@@ -10,7 +10,7 @@ import contextlib
 import logging
 import threading
 
-from . import config, sanitizer
+from . import config, profiler, sanitizer
 from .device_memory import DeviceMemory
 from .errors import ContextError, InvalidParamError
 from .stream import Stream
@@ -110,6 +110,7 @@ def set_device(device_id: int | None = None) -> None:
     _check_id(device_id)
     with _contexts_lock:
         if device_id not in contexts_by_device:
+            profiler.env_profile()
             contexts_by_device[device_id] = Context(device_id)
         if _process_device is None:
             _process_device = device_id

@@ -232,7 +232,17 @@ def profile(path: str):
             stop_and_write(sink, path)
 
 
-def _env_profile() -> None:
+_env_started = False
+
+
+def env_profile() -> None:
+    """Start NPUSIM_PROFILE_DIR's trace of this process, once, when its first device context is
+    made (runtime.set_device), not at import: npurun's fork server imports runtime with rank 0's
+    environment before it forks the ranks, and a trace begun there would name every rank 0."""
+    global _env_started
+    if _env_started:
+        return
+    _env_started = True
     d = config.profile_dir()
     if not d:
         return
@@ -248,6 +258,3 @@ def _env_profile() -> None:
             pass
         stop_and_write(sink, path)
     atexit.register(_write)
-
-
-_env_profile()

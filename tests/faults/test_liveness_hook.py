@@ -13,7 +13,7 @@ import pytest
 
 from hccl import abortrec
 from hccl.transport import base, liveness
-from hccl.transport.base import Aborted, PeerGone, Transport
+from hccl.transport.base import Aborted, MailboxPair, PeerGone, Transport
 
 FP = (1, 4, 0, 0, 0)
 
@@ -50,6 +50,15 @@ def test_exited_zombie_stopped_and_reused_pids():
         liveness.PeerProcess("12x:3")
 
 
+class _Peer(MailboxPair):
+    """Rank 1 as the fake sees it: receives from the mailboxes (what ``deliver`` filed)."""
+
+    __slots__ = ("t", "peer")
+
+    def __init__(self, t, peer):
+        self.t, self.peer = t, peer
+
+
 class Fake(Transport):
     """Two-rank transport whose peer 1 dies when told; records the abort broadcast."""
 
@@ -57,6 +66,10 @@ class Fake(Transport):
         super().__init__(0, 2)
         self.dead = None
         self.broadcasts = []
+        self._peer = _Peer(self, 1)
+
+    def pair(self, peer):
+        return self._peer
 
     def dead_peer(self, peer):
         return self.dead if peer == 1 else None
