@@ -28,17 +28,19 @@ def register(module=None) -> None:
         return
     import torch
     from torch.utils import backend_registration as br
-    if not hasattr(torch._C, "_acc") or not hasattr(br, "_setup_privateuseone_for_python_backend"):
+    try:            # torch's Python route to a PrivateUse1 backend (torch 2.13's private names)
+        torch._C._acc, br._setup_privateuseone_for_python_backend  # noqa: B018
+    except AttributeError:
         raise ImportError(
             "npusim's npu device needs torch's Python route to a PrivateUse1 backend "
             f"(torch._C._acc), which torch {torch.__version__} lacks; it is tested on torch "
-            "2.13: pip install 'torch==2.13.0' --index-url https://download.pytorch.org/whl/cpu")
+            "2.13: pip install 'torch==2.13.0' --index-url https://download.pytorch.org/whl/cpu") from None
     name = torch._C._get_privateuse1_backend_name()
     if name not in ("privateuseone", "npu"):
         raise RuntimeError(f"torch's PrivateUse1 backend is already '{name}': npusim's npu device "
                            "cannot be registered next to it")
     if name == "npu" and getattr(torch, "npu", None) is not None and \
-            not getattr(torch.npu, "_npusim", False):
+            not getattr(torch.npu, "NPUSIM", False):
         raise RuntimeError("torch already has an 'npu' backend (a real torch_npu?): npusim's npu "
                            "device is not registered over it")
     from . import guard, kernels

@@ -1,5 +1,5 @@
 """Minimal device module (torch.npu) when runtime.torch is used without torch_npu."""
-_npusim = True
+NPUSIM = True
 
 
 def is_available() -> bool:

@@ -14,7 +14,7 @@ from .memory import (empty_cache, max_memory_allocated, max_memory_reserved, mem
                      set_per_process_memory_fraction)
 from .streams import Event, Stream, current_stream, default_stream, set_stream, stream
 
-_npusim = True                  # runtime.torch.register tells npusim's module from a real one
+NPUSIM = True                  # runtime.torch.register tells npusim's module from a real one
 
 
 def is_available() -> bool:
