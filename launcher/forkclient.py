@@ -64,7 +64,11 @@ class ForkServer:
         r, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
         if not r:
             return False
-        msg, fds = recv_message(self.sock)
+        try:
+            msg, fds = recv_message(self.sock)
+        except OSError as e:    # ECONNRESET: the server died with our message unread
+            raise ForkServerError(f"the fork server (pid {self.proc.pid}) is gone: {e} "
+                                  f"(exit code {self.proc.poll()})") from e
         for fd in fds:
             os.close(fd)
         if msg is None:
