@@ -103,12 +103,7 @@ def resize_(self, size, *, memory_format=None):
     """Grow the storage with a new allocation when needed (the old bytes are kept)."""
     size = tuple(size)
     stride = S.contiguous_strides(size)
-    need = 1
-    for n, st in zip(size, stride):
-        if n == 0:
-            need = 0
-            break
-        need += (n - 1) * st
+    need = S.element_span(size, stride)
     need = (need + self.storage_offset()) * self.element_size() if need else 0
     have = self.untyped_storage().nbytes()
     d = self.device.index

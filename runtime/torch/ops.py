@@ -98,14 +98,8 @@ def _devices(args, kwargs, name):
 
 
 def _tensors(args, kwargs):
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            yield a
-        elif isinstance(a, (list, tuple)):
-            for b in a:
-                if isinstance(b, torch.Tensor):
-                    yield b
-    for a in kwargs.values():
+    """Every tensor among ``args`` and ``kwargs``' values, also inside lists and tuples."""
+    for a in (*args, *kwargs.values()):
         if isinstance(a, torch.Tensor):
             yield a
         elif isinstance(a, (list, tuple)):

@@ -97,12 +97,7 @@ def empty_strided(size, stride, dtype: torch.dtype, device: int) -> torch.Tensor
     must be ``device``)."""
     size, stride = tuple(size), tuple(stride)
     item = _ITEMSIZE.get(dtype) or torch.empty((), dtype=dtype).element_size()
-    numel_span = 1
-    for n, s in zip(size, stride):
-        if n == 0:
-            numel_span = 0
-            break
-        numel_span += (n - 1) * s
+    numel_span = element_span(size, stride)
     if numel_span == 0:         # no bytes: an empty host array stands for the storage
         base = _from_dlpack(np.empty(item, np.uint8), device)   # one host element
     else:
@@ -114,6 +109,13 @@ def empty_strided(size, stride, dtype: torch.dtype, device: int) -> torch.Tensor
 _ITEMSIZE = {d: torch.empty((), dtype=d).element_size() for d in (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
     torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128)}
+
+
+def element_span(size, stride) -> int:
+    """Elements from the first to one past the last that ``size`` / ``stride`` reach (0: none)."""
+    if 0 in size:
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(size, stride))
 
 
 def contiguous_strides(size) -> tuple:
