@@ -28,17 +28,15 @@ Pure: numpy on arrays built from the traces; no printing. Used by ``launcher.pro
 from __future__ import annotations
 
 import json
-import os
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from launcher.tracemerge import labelled_rank
+
 PARTS = ("compute", "transfer", "copy", "peer_wait", "host")
 COMPUTE, TRANSFER, COPY, WAIT, HOST = range(5)
 KIND_OF_CAT = {"kernel": "kernel", "collective": "collective", "copy": "copy"}
-_RANK_FILE = re.compile(r"trace_rank(\d+)\.json$")
-_RANK_LABEL = re.compile(r"rank (\d+)$")
 
 
 @dataclass
@@ -121,16 +119,11 @@ def load(path: str, rank: int | None = None) -> RankTrace:
 
 
 def _rank_of(path: str, events: list) -> int:
-    for e in events:
-        if e.get("ph") == "M" and e.get("name") == "process_name":
-            m = _RANK_LABEL.match(str((e.get("args") or {}).get("name", "")))
-            if m:
-                return int(m.group(1))
-    m = _RANK_FILE.search(os.path.basename(path))
-    if m:
-        return int(m.group(1))
-    raise ValueError(f"{path}: cannot tell its rank (no 'rank N' process name, no "
-                     "trace_rank<N>.json file name)")
+    rank = labelled_rank(path, events)
+    if rank is None:
+        raise ValueError(f"{path}: cannot tell its rank (no 'rank N' process name, no "
+                         "trace_rank<N>.json file name)")
+    return rank
 
 
 def late_peer_waits(traces: list[RankTrace]) -> None:

@@ -39,17 +39,24 @@ def _load(path: str) -> list[dict]:
     return events
 
 
-def _rank_of(path: str, events: list[dict]) -> int | None:
-    """The rank that wrote ``events``: its process_name label, else its pid, else the file name."""
-    pids = {e.get("pid") for e in events if "pid" in e}
+def labelled_rank(path: str, events: list[dict]) -> int | None:
+    """The rank that wrote ``events`` by its process_name label ("rank N"), else by the file
+    name (trace_rank<N>.json); None when neither says."""
     for e in events:
         if e.get("ph") == "M" and e.get("name") == "process_name":
             m = _RANK_LABEL.match(str((e.get("args") or {}).get("name", "")))
             if m:
                 return int(m.group(1))
     m = _RANK_FILE.search(os.path.basename(path))
-    if m:
-        return int(m.group(1))
+    return int(m.group(1)) if m else None
+
+
+def _rank_of(path: str, events: list[dict]) -> int | None:
+    """The rank that wrote ``events``: ``labelled_rank``, else its one pid."""
+    rank = labelled_rank(path, events)
+    if rank is not None:
+        return rank
+    pids = {e.get("pid") for e in events if "pid" in e}
     if len(pids) == 1:
         pid = pids.pop()
         if isinstance(pid, int) and pid >= 0:
