@@ -46,9 +46,13 @@ def test_steps_sites_cpu_ranges_and_memory_are_recorded(device, tmp_path):
     assert all(1500 <= e["args"]["cpu_us"] <= e["dur"] + 100 for e in spins)
     assert [e["name"] for e in ev if e.get("cat") == "range"] == ["forward"] * 3
     assert [e["name"] for e in ev if e.get("cat") == "step"] == ["step 1", "step 2", "step 3"]
-    mem = [e for e in ev if e.get("ph") == "C"]
     dev = runtime.get_device()
-    assert mem and all(e["name"] == f"NPU{dev} memory" for e in mem)
+    # this device's curve: devices that earlier tests of this process used may change their
+    # pools while this trace records (seen after the torch tests), and their curves count too
+    counters = [e for e in ev if e.get("ph") == "C"]
+    mem = [e for e in counters if e["name"] == f"NPU{dev} memory"]
+    assert mem and all(e["name"].startswith("NPU") and e["name"].endswith(" memory")
+                       for e in counters)
     alloc = [e["args"]["allocated"] for e in mem]
     assert max(alloc) - min(alloc) >= 1 << 20
     assert all(e["args"]["reserved"] >= e["args"]["allocated"] for e in mem)
