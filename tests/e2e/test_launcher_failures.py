@@ -17,6 +17,8 @@ FAILING = """
 import os, signal, sys, time
 out, how = {out!r}, sys.argv[1]
 r, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+if how == "sigkill" and r != 1:  # the survivor refuses SIGTERM, from before rank 1 can fail
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 open(f"/dev/shm/npusim-{{os.environ['NPUSIM_JOB_ID']}}-test{{r}}", "w").write("x")
 with open(os.path.join(out, f"pid.{{r}}.tmp"), "w") as f:
     f.write(str(os.getpid()))
@@ -37,8 +39,6 @@ def fail_here():
 
 if r == 1:
     fail_here()
-if how == "sigkill":  # the survivor refuses SIGTERM: only SIGKILL after the grace period works
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 time.sleep(120)
 """
 
