@@ -6,8 +6,14 @@ writes both in one go. The page is generated: edit this module, not the page.
 """
 from __future__ import annotations
 
+import datetime
+import glob
 import json
+import os
+import subprocess
 import sys
+
+DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
 
 LABEL = {"npusim": "npusim", "gloo": "gloo", "mpi": "Open MPI", "ceiling": "ceiling"}
 
@@ -68,7 +74,54 @@ def percall(run: dict) -> str:
     return "\n".join(lines)
 
 
-def render(run: dict) -> str:
+def write_section(name: str, title: str, command: str, head: list, rows: list,
+                  text: str = "", docs: str = DOCS) -> str:
+    """Save one benchmark's figures as ``docs/figures-NAME.json`` and re-render docs/figures.md.
+
+    Benchmarks other than ``benchmarks.compare`` (per-call costs, the npu device, big worlds)
+    each own one such section; the page shows them after compare's table, sorted by name.
+    """
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=docs, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    with open("/proc/loadavg") as f:
+        load = " ".join(f.read().split()[:3])
+    section = {"title": title, "command": command, "commit": commit,
+               "utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+               "load": load, "head": [str(h) for h in head],
+               "rows": [[str(c) for c in r] for r in rows], "text": text}
+    path = os.path.join(docs, f"figures-{name}.json")
+    with open(path, "w") as f:
+        json.dump(section, f, indent=1)
+        f.write("\n")
+    with open(os.path.join(docs, "figures.json")) as f:
+        run = json.load(f)
+    with open(os.path.join(docs, "figures.md"), "w") as f:
+        f.write(render(run, docs))
+    return path
+
+
+def sections(docs: str) -> str:
+    """The other benchmarks' sections (``docs/figures-*.json``), as markdown."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(docs, "figures-*.json"))):
+        with open(path) as f:
+            s = json.load(f)
+        lines = ["", f"## {s['title']}", "",
+                 f"`{s['command']}` (commit `{s['commit']}`, {s['utc']} UTC, load average "
+                 f"{s['load']} at the end)", ""]
+        if s.get("text"):
+            lines += [s["text"].strip(), ""]
+        if s.get("head"):
+            lines += ["| " + " | ".join(s["head"]) + " |", "|" + "---|" * len(s["head"])]
+            lines += ["| " + " | ".join(r) + " |" for r in s["rows"]]
+        out.append("\n".join(lines) + "\n")
+    return "".join(out)
+
+
+def render(run: dict, docs: str = DOCS) -> str:
     m = run["machine"]
     call = "not measured" if m.get("empty_call_ns") is None else f"{m['empty_call_ns']:.0f} ns"
     peers = ", ".join(f"{k} {m[k]}" for k in ("torch", "mpi") if m.get(k)) or "none ran"
@@ -113,7 +166,7 @@ beyond the core count share cores (world 4 on 2 cores is oversubscribed for ever
 {percall(run)}
 Notes from the run:
 
-{notes}"""
+{notes}{sections(docs)}"""
 
 
 def main(argv=None) -> int:

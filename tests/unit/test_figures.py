@@ -56,3 +56,17 @@ def test_figures_main_renders_a_saved_run(tmp_path, capsys):
     assert figures.main([str(path)]) == 0
     assert capsys.readouterr().out == figures.render(_run())
     assert figures.main([]) == 2
+
+
+def test_other_benchmarks_sections_render_after_compares_table(tmp_path):
+    docs = tmp_path
+    (docs / "figures.json").write_text(json.dumps(_run()))
+    figures.write_section("zz-demo", "A demo section", "python -m benchmarks.demo",
+                          ["world", "us"], [[2, 12.5], [4, 30]], text="Why it matters.",
+                          docs=str(docs))
+    page = (docs / "figures.md").read_text()
+    saved = json.loads((docs / "figures-zz-demo.json").read_text())
+    assert saved["rows"] == [["2", "12.5"], ["4", "30"]]
+    assert "## A demo section" in page and "`python -m benchmarks.demo`" in page
+    assert "| world | us |" in page and "| 4 | 30 |" in page
+    assert page.index("## A demo section") > page.index("Notes from the run")
