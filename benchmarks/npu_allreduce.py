@@ -161,8 +161,8 @@ def main(argv=None) -> int:
     if args.write:
         from benchmarks import figures
         text = (f"World {args.world} under npurun, float32, rank 0's figures: the median of "
-                f"{args.rounds} alternating rounds, each the median call. npu: `dist.all_reduce(t)` "
-                "then `torch.npu.synchronize()` (the call is stream-ordered and returns at once); "
+                f"{args.rounds} alternating rounds, each the median call. npu: "
+                "`dist.all_reduce(t)` then `torch.npu.synchronize()` (the call is stream-ordered and returns at once); "
                 "CPU: `dist.all_reduce(t)` (blocks until the result is copied back). Frames: "
                 "Python calls on the calling thread during one call after a warm-up "
                 "(sys.setprofile; the completer and stream threads not counted), those in hccl/ "
