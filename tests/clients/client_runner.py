@@ -15,8 +15,9 @@ What this runner adds, in both modes alike:
   DDP's gradient averaging has real work to do.
 - a record of every scalar ``Tensor.backward()`` is called on (the losses, in call order) and
   of every module wrapped in ``DistributedDataParallel`` (its final ``state_dict``), both copied
-  to CPU; plus FILE (``--collect``, e.g. a checkpoint the script saved), loaded to CPU. Written
-  to ``DIR/rank<RANK>.pt`` when the script returns or calls ``sys.exit``.
+  to CPU; plus, on rank 0, FILE (``--collect``: e.g. the checkpoint rank 0 saved in the shared
+  working directory; another rank could read it while rank 0 still writes it), loaded to CPU.
+  Written to ``DIR/rank<RANK>.pt`` when the script returns or calls ``sys.exit``.
 
 ``--mode ref`` also installs ref_shim (CPU + gloo for CUDA/accelerator scripts); ``--mode npu``
 installs nothing: the script's own ``from torch_npu.contrib import transfer_to_npu`` (or
@@ -102,7 +103,7 @@ def main(argv=None) -> int:
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     os.makedirs(a.out, exist_ok=True)
-    rec.dump(os.path.join(a.out, f"rank{rank}.pt"), a.collect)
+    rec.dump(os.path.join(a.out, f"rank{rank}.pt"), a.collect if rank == 0 else [])
     return code
 
 
