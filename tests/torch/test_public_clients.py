@@ -127,3 +127,30 @@ def test_ddp_tutorial_resumes_from_its_snapshot(tmp_path):
     assert "Resuming training from snapshot" in runs["npu"].outputs[1][0]
     assert first[0]["files"]["snapshot.pt"]["EPOCHS_RUN"] == 0
     _assert_equal(runs)
+
+
+_PIN_AND_LOAD = r"""
+import sys, torch
+from torch_npu.contrib import transfer_to_npu
+from torch.utils.data import DataLoader, TensorDataset
+torch.cuda.set_device(0)
+x = torch.arange(24.0).reshape(6, 4)
+(batch,) = next(iter(DataLoader(TensorDataset(x), batch_size=6, pin_memory=True)))
+assert batch.device.type == "cpu" and torch.equal(batch, x), batch
+m = torch.nn.Linear(4, 2).cuda()
+torch.save({"state": m.state_dict()}, sys.argv[1])
+for loc in ("cuda:0", torch.device("cuda", 0), {"npu:0": "cuda:0"}):
+    w = torch.load(sys.argv[1], map_location=loc)["state"]["weight"]
+    assert w.device == torch.device("npu", 0) and torch.equal(w.cpu(), m.weight.cpu()), (loc, w)
+print("ok")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_transfer_to_npu_pins_batches_and_maps_cuda_checkpoints(tmp_path):
+    """What the tutorial client needs beyond DDP: DataLoader(pin_memory=True) with the npu as
+    torch's accelerator, and torch.load(map_location="cuda:N") under transfer_to_npu."""
+    import subprocess
+    p = subprocess.run([sys.executable, "-c", _PIN_AND_LOAD, str(tmp_path / "ckpt.pt")],
+                       env=run_clients.environment(), capture_output=True, text=True, timeout=100)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]

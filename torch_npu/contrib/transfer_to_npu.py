@@ -2,9 +2,10 @@
 
 As torch_npu's module of that name: ``torch.cuda.*`` become ``torch.npu.*``; ``.cuda()``
 becomes ``.npu()``; a ``"cuda"`` device (string or torch.device) given to the tensor factories,
-``Tensor.to`` / ``Module.to`` and DDP's ``device_ids`` becomes ``"npu"``; backend ``"nccl"``
-becomes ``"hccl"`` (npusim's backend, imported here). Limits: ``torch.device("cuda")`` itself
-still names CUDA; it is translated where it is passed to the functions above.
+``Tensor.to`` / ``Module.to``, DDP's ``device_ids`` and ``torch.load``'s ``map_location``
+becomes ``"npu"``; backend ``"nccl"`` becomes ``"hccl"`` (npusim's backend, imported here).
+Limits: ``torch.device("cuda")`` itself still names CUDA; it is translated where it is passed
+to the functions above.
 """
 from __future__ import annotations
 
@@ -47,6 +48,16 @@ _FACTORIES = ("tensor", "as_tensor", "zeros", "ones", "empty", "full", "rand", "
               "full_like", "rand_like", "randn_like", "empty_strided", "normal")
 
 
+def _load(fn):
+    """torch.load with a "cuda" map_location (a device, or a dict of them) mapped to "npu"."""
+    @functools.wraps(fn)
+    def w(f, map_location=None, *args, **kwargs):
+        if isinstance(map_location, dict):
+            map_location = {_dev(k): _dev(v) for k, v in map_location.items()}
+        return fn(f, _dev(map_location), *args, **kwargs)
+    return w
+
+
 def _cuda(self, device=None, non_blocking=False, **kwargs):
     return self.npu(device, non_blocking=non_blocking) if isinstance(self, torch.Tensor) \
         else self.npu(device)
@@ -69,6 +80,7 @@ def _apply() -> None:
             setattr(torch.cuda, name, getattr(torch.npu, name))
     for name in _FACTORIES:
         setattr(torch, name, _wrap(getattr(torch, name)))
+    torch.load = _load(torch.load)
     torch.Tensor.to = _wrap(torch.Tensor.to)
     torch.nn.Module.to = _wrap(torch.nn.Module.to)
     torch.Tensor.cuda = _cuda
