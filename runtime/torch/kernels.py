@@ -26,7 +26,7 @@ _aten = None
 
 
 def _dev(device) -> int:
-    return _device.check_index(device)
+    return _device.target(device)
 
 
 def empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memory=None,

@@ -158,7 +158,7 @@ def fallback(op, *args, **kwargs):
     dev = _devices(args, kwargs, i.name)
     if dev is None:               # no npu tensor among the arguments: a factory given device=npu
         d = kwargs.get("device")
-        dev = _device.check_index(d if d is not None else None)
+        dev = _device.target(d)
     if dev == _device.current():
         return _compute(op, i, dev, args, kwargs)
     with _device.on(dev):

@@ -1,6 +1,8 @@
 """torch.save / torch.load of npu tensors.
 
-Saving copies an npu storage to the host (torch's own path works). Loading onto ``npu`` would
+Saving copies an npu storage to the host (torch's own path works) and tags it ``npu:N``, the
+NPU that held it. Loading places it as any new tensor (device.target): ``npu:0`` and ``npu`` are
+the loading thread's current NPU, ``npu:N`` is NPU N. Loading onto ``npu`` would
 make torch call ``torch.UntypedStorage(n, device="npu")``, which needs a C++ allocator a Python
 backend does not have; this deserializer, registered ahead of torch's, allocates the storage
 from npusim's pool instead (``torch.serialization.register_package``, the public route).
@@ -22,7 +24,7 @@ def _tag(obj):
 def _deserialize(obj, location: str):
     if not location.startswith("npu"):
         return None
-    d = _device.check_index(torch.device(location))
+    d = _device.target(location)
     n = obj.nbytes()
     with _device.on(d):
         if n == 0:

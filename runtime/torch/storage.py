@@ -32,6 +32,8 @@ import torch
 
 import runtime
 
+from .device import bind_thread
+
 _KDL_EXT_DEV = 12                 # DLPack's kDLExtDev: torch's PrivateUse1
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _view_dtype = torch.ops.aten.view.dtype
@@ -73,6 +75,7 @@ def new_storage_tensor(nbytes: int, device: int) -> torch.Tensor:
     The current runtime device must be ``device`` (the caller switches to it).
     Raises runtime.errors.OutOfMemoryError with the pool's numbers past the capacity.
     """
+    bind_thread()
     dev = runtime.empty((nbytes,), np.uint8)
     view = dev._np()
     owner = view.view(_Owner)
@@ -99,6 +102,7 @@ def empty_strided(size, stride, dtype: torch.dtype, device: int) -> torch.Tensor
     item = _ITEMSIZE.get(dtype) or torch.empty((), dtype=dtype).element_size()
     numel_span = element_span(size, stride)
     if numel_span == 0:         # no bytes: an empty host array stands for the storage
+        bind_thread()
         base = _from_dlpack(np.empty(item, np.uint8), device)   # one host element
     else:
         base = new_storage_tensor(numel_span * item, device)

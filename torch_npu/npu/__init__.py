@@ -46,8 +46,10 @@ def current_device() -> int:
 
 
 def set_device(device) -> None:
-    """Bind the calling thread to simulated NPU ``device`` (int, 'npu:N' or torch.device)."""
+    """Bind the calling thread to simulated NPU ``device`` (int, 'npu:N' or torch.device); the
+    thread then runs its backward passes itself (runtime/torch/device.py, the note)."""
     runtime.set_device(_device.check_index(device))
+    _device.bind_thread()
 
 
 def get_device_name(device=None) -> str:

@@ -1,0 +1,269 @@
+"""The "hccl" torch backend's Work objects, the thread that completes them, and the staging of
+tensors in device memory.
+
+Design note. A torch collective on this backend is: stage the tensors into device memory (on
+the calling thread), enqueue the hccl collective on the process group's stream, record an event.
+One completer thread per process group then synchronizes those events in call order, copies the
+results back into the tensors and completes each Work's ``torch.futures.Future`` (with the
+output tensors, or with npusim's exception).
+
+How a failure reaches torch. ``torch.futures.Future.set_exception`` does not fail the future:
+it stores the exception as the future's *value* and teaches only the Python wrapper to raise
+it. C++ readers of the future never see an error: DistributedDataParallel's reducer, after
+backward, reads each bucket's future as a successful one, finds no tensor in it and indexes
+the empty list (``parseCppCommHookResult``): a SIGSEGV in the backward engine on every rank
+that survived a dead peer. So a Work fails its future the way torch's C++ understands: the
+future ``get_future()`` returns is a ``then`` of an inner one, whose callback raises the
+error; torch marks that future failed (a RuntimeError carrying npusim's message, as gloo's
+"Connection reset by peer"), and DDP raises it from ``backward()``. ``Work.wait()`` raises
+npusim's own exception instead, type and all. The error is noted with
+``hccl.failure.handed_to_torch``, so the bootstrap can tell which npusim error torch's
+RuntimeError stands for (a released rank is a victim, not a culprit).
+
+A stream skips the tasks queued behind a failed one, and a failed collective aborts its
+communicator, so once a Work of a group has failed, every later Work of that group fails with
+the same error instead of reporting stale buffers as results.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+import runtime
+from runtime.dtypes import DtypeMap
+
+from ..errors import InvalidArgumentError
+from ..failure import handed_to_torch
+
+_DTYPES = DtypeMap({torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
+           torch.float16: np.dtype(np.float16), torch.bfloat16: "bfloat16",
+           torch.int8: np.dtype(np.int8), torch.int16: np.dtype(np.int16),
+           torch.int32: np.dtype(np.int32), torch.int64: np.dtype(np.int64),
+           torch.uint8: np.dtype(np.uint8), torch.bool: np.dtype(np.uint8)})
+for _name in ("uint16", "uint32", "uint64"):
+    if hasattr(torch, _name):
+        _DTYPES[getattr(torch, _name)] = np.dtype(_name)
+
+
+class Work(dist._Work):
+    """One collective in flight: ``wait()`` blocks until its results are in the tensors.
+
+    ``wait()`` raises npusim's error (``CollectiveMismatchError``, ``HcclTimeoutError``,
+    ``RemoteRankError``, ...) if the collective failed; ``get_future()`` is completed with the
+    output tensors, or failed with a RuntimeError carrying that error's message (torch's C++,
+    DDP's reducer included, reads it; see the module note).
+    """
+
+    def __init__(self, name: str, outputs: list):
+        super().__init__()
+        self.name = name
+        self._outputs = outputs
+        self._error: BaseException | None = None
+        # completed with None or the error by ``complete``; ``_fut`` follows it at once, in
+        # torch's terms (the callback holds the outputs, never the Work: no cycle through C++)
+        self._done: Future = Future()
+        self._fut: Future = self._done.then(_outcome(outputs))
+        self.source = -1         # the sender of a receive from any source
+
+    def wait(self, timeout=None) -> bool:
+        # no deadline of its own: every wait inside the collective is bounded by HCCL_EXEC_TIMEOUT.
+        # The outer future, not the inner: it completes last (torch runs the callback after
+        # waking the inner one's waiters), and is_completed() must be true once this returns
+        try:
+            self._fut.wait()
+        except RuntimeError:        # torch's words for our error: raise npusim's own
+            if self._error is None:
+                raise
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def get_future(self) -> Future:
+        return self._fut
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def is_success(self) -> bool:
+        return self._fut.done() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def result(self) -> list:
+        self.wait()
+        return self._outputs
+
+    def __repr__(self):
+        state = "failed" if self._error else ("completed" if self._fut.done() else "pending")
+        return f"<hccl torch Work {self.name} {state}>"
+
+    def _source_rank(self) -> int:
+        # torch's name: ``dist.recv`` without ``src`` asks the Work who sent
+        return self.source
+
+    def complete(self, error: BaseException | None) -> None:
+        """Deliver the outputs (``error`` None) or ``error`` to every waiter."""
+        self._error = error
+        self._done.set_result(error)
+
+
+def _outcome(outputs: list):
+    """The callback that turns the inner future's value (None or an error) into the outcome
+    torch reads: the outputs, or a failed future (raising is the one way to fail a future)."""
+    def outcome(done: Future) -> list:
+        error = done.value()
+        if error is not None:
+            handed_to_torch(error)
+            raise error
+        return outputs
+    return outcome
+
+
+class Completer:
+    """Completes a process group's Works in call order on one daemon thread."""
+
+    def __init__(self, name: str):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name=f"hccl-torch-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, work: Work, event, finish, cleanup) -> None:
+        """Complete ``work`` once ``event`` is reached: ``finish()`` copies results back,
+        ``cleanup()`` releases staging memory whatever happened."""
+        self._queue.put((work, event, finish, cleanup))
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            work, event, finish, cleanup = item
+            error = self._failed
+            try:
+                event.synchronize()
+                if error is None:
+                    finish()
+            except BaseException as e:  # noqa: BLE001 - every failure goes to the waiter
+                error = self._failed = e   # the stream's error is already hccl's type
+            finally:
+                try:
+                    cleanup()
+                except Exception:  # releasing staging memory must not mask the result
+                    pass
+            work.complete(error)
+
+
+# ---------------------------------------------------------------------- tensors <-> device memory
+def np_dtype(t: torch.Tensor, api: str) -> np.dtype:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{api}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise InvalidArgumentError(f"{api}: tensor is on {t.device}; the npusim hccl backend "
+                                   "takes CPU tensors")
+    dt = _DTYPES.get(t.dtype)
+    if dt is None:
+        raise InvalidArgumentError(f"{api}: dtype {t.dtype} is not supported by hccl "
+                                   f"(supported: {', '.join(str(d) for d in _DTYPES)})")
+    return dt
+
+
+def _as_tensor(flat: np.ndarray, dtype: torch.dtype, shape) -> torch.Tensor:
+    """A torch tensor sharing ``flat``'s memory (bfloat16 goes through int16: numpy has none)."""
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(flat.view(np.int16)).view(torch.bfloat16).view(shape)
+    if dtype == torch.bool:     # bytes 0 / 1 on the wire, as gloo's bool
+        return torch.from_numpy(flat).view(torch.bool).view(shape)
+    return torch.from_numpy(flat).view(shape)
+
+
+class Staging:
+    """The device buffers of one collective call; freed when the Work completes."""
+
+    def __init__(self):
+        self.arrays: list = []
+
+    def buffer(self, count: int, dtype: np.dtype):
+        a = runtime.empty(count, dtype)
+        self.arrays.append(a)
+        return a
+
+    def load(self, t: torch.Tensor, api: str):
+        """A device buffer holding a copy of ``t``'s elements."""
+        a = self.buffer(t.numel(), np_dtype(t, api))
+        put(a, 0, t)
+        return a
+
+    def free(self) -> None:
+        for a in self.arrays:
+            a.free()
+        self.arrays.clear()
+
+
+def view(a, start: int = 0, count: int | None = None) -> np.ndarray:
+    """Typed numpy view of ``count`` elements of device array ``a`` from element ``start``."""
+    count = a.size - start if count is None else count
+    if count == 0:
+        return np.empty(0, a.dtype)
+    item = a.dtype.itemsize
+    return runtime.host_view(a)[start * item:(start + count) * item].view(a.dtype)
+
+
+def put(a, start: int, t: torch.Tensor) -> None:
+    """Copy tensor ``t`` (any strides) into device array ``a`` at element ``start``."""
+    if t.numel():
+        _as_tensor(view(a, start, t.numel()), t.dtype, t.shape).copy_(t.detach())
+
+
+def take(a, start: int, t: torch.Tensor) -> None:
+    """Copy ``t.numel()`` elements of device array ``a`` from ``start`` into tensor ``t``."""
+    if t.numel():
+        with torch.no_grad():
+            t.copy_(_as_tensor(view(a, start, t.numel()), t.dtype, t.shape))
+
+
+def same_dtype(tensors, api: str) -> np.dtype:
+    dts = {np_dtype(t, api) for t in tensors}
+    if len(dts) != 1:
+        raise InvalidArgumentError(f"{api}: tensors have different dtypes {sorted(map(str, dts))}")
+    return dts.pop()
+
+
+def check_numel(t, want: int, api: str, name: str, what: str) -> None:
+    if t.numel() != want:
+        raise InvalidArgumentError(f"{api}: {name} has {t.numel()} elements but needs {want} "
+                                   f"({what})")
+
+
+def check_list(tensors, size: int, n: int, api: str, name: str) -> None:
+    if len(tensors) != size:
+        raise InvalidArgumentError(f"{api}: {name} holds {len(tensors)} tensors but the group "
+                                   f"has {size} ranks")
+    bad = [i for i, t in enumerate(tensors) if t.numel() != n]
+    if bad:
+        raise InvalidArgumentError(f"{api}: {name}[{bad[0]}] has {tensors[bad[0]].numel()} "
+                                   f"elements but the input has {n}; hccl needs equal sizes")
+
+
+def splits(t, sizes, size: int, api: str, name: str) -> list[int]:
+    """Rows of ``t`` per rank: ``sizes`` checked, or an even split when it is empty."""
+    rows = t.shape[0] if t.dim() else t.numel()
+    if not sizes:
+        if rows % size:
+            raise InvalidArgumentError(f"{api}: {name} has {rows} rows, not divisible by the "
+                                       f"{size} ranks; pass {name}_split_sizes")
+        return [rows // size] * size
+    sizes = [int(s) for s in sizes]
+    if len(sizes) != size or any(s < 0 for s in sizes) or sum(sizes) != rows:
+        raise InvalidArgumentError(f"{api}: {name}_split_sizes={sizes} must be {size} "
+                                   f"non-negative row counts summing to {name}'s {rows} rows")
+    return sizes
