@@ -142,14 +142,20 @@ torch.save({"state": m.state_dict()}, sys.argv[1])
 for loc in ("cuda:0", torch.device("cuda", 0), {"npu:0": "cuda:0"}):
     w = torch.load(sys.argv[1], map_location=loc)["state"]["weight"]
     assert w.device == torch.device("npu", 0) and torch.equal(w.cpu(), m.weight.cpu()), (loc, w)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)   # imports torch._dynamo: reads torch.cuda.amp
+import torch._dynamo
+with torch.cuda.amp.autocast():
+    y = m(torch.randn(3, 4).cuda())
+assert y.dtype == torch.float16 and y.device.type == "npu", y
 print("ok")
 """
 
 
 @pytest.mark.timeout(120)
-def test_transfer_to_npu_pins_batches_and_maps_cuda_checkpoints(tmp_path):
-    """What the tutorial client needs beyond DDP: DataLoader(pin_memory=True) with the npu as
-    torch's accelerator, and torch.load(map_location="cuda:N") under transfer_to_npu."""
+def test_transfer_to_npu_what_the_clients_need_beyond_ddp(tmp_path):
+    """DataLoader(pin_memory=True) with the npu as torch's accelerator; under transfer_to_npu,
+    torch.load(map_location="cuda:N"), and an optimizer (it imports torch._dynamo, which reads
+    torch.cuda.amp.autocast_mode) next to torch.cuda.amp.autocast on the npu."""
     import subprocess
     p = subprocess.run([sys.executable, "-c", _PIN_AND_LOAD, str(tmp_path / "ckpt.pt")],
                        env=run_clients.environment(), capture_output=True, text=True, timeout=100)

@@ -22,7 +22,10 @@ _CUDA_NAMES = ("is_available", "device_count", "set_device", "current_device", "
                "max_memory_reserved", "reset_peak_memory_stats", "memory_stats",
                "memory_summary", "empty_cache", "mem_get_info", "manual_seed", "manual_seed_all",
                "seed", "seed_all", "initial_seed", "get_rng_state", "set_rng_state", "device",
-               "get_device_properties", "is_bf16_supported", "amp")
+               "get_device_properties", "is_bf16_supported")
+# torch.cuda.amp stays torch's module (torch._dynamo, which optimizers import, reads
+# torch.cuda.amp.autocast_mode); the names scripts use from it become torch.npu.amp's
+_AMP_NAMES = ("autocast", "GradScaler", "custom_fwd", "custom_bwd")
 
 
 def _dev(d):
@@ -78,6 +81,8 @@ def _apply() -> None:
     for name in _CUDA_NAMES:
         if hasattr(torch.npu, name):
             setattr(torch.cuda, name, getattr(torch.npu, name))
+    for name in _AMP_NAMES:
+        setattr(torch.cuda.amp, name, getattr(torch.npu.amp, name))
     for name in _FACTORIES:
         setattr(torch, name, _wrap(getattr(torch, name)))
     torch.load = _load(torch.load)
