@@ -14,6 +14,7 @@ import functools
 import torch
 import torch.distributed as dist
 
+import hccl.torch.backend  # noqa: F401 - registers "hccl", also as torch's default for npu
 import torch_npu  # noqa: F401 - registers the device
 
 _CUDA_NAMES = ("is_available", "device_count", "set_device", "current_device", "get_device_name",
@@ -72,7 +73,6 @@ def _init_process_group(fn):
         if backend == "nccl" or (backend is None and kwargs.get("backend") == "nccl"):
             backend = "hccl"
             kwargs.pop("backend", None)
-        import hccl.torch_backend  # noqa: F401 - registers "hccl"
         return fn(backend, *args, **kwargs)
     return w
 
