@@ -6,6 +6,18 @@ Run it with the launcher (rank 0 prints the progress and the summary):
     npurun --nproc-per-node 4 examples/train_torch_ddp.py --check
     npurun --nproc-per-node 4 examples/train_torch_ddp.py --check --backend gloo
     npurun --nproc-per-node 4 --max-restarts 3 examples/train_torch_ddp.py --checkpoint-dir /tmp/ckpt
+    npurun --nproc-per-node 2 examples/train_torch_ddp.py --device npu --check
+    python -m torch.distributed.run --standalone --nproc-per-node 2 examples/train_torch_ddp.py --backend gloo
+
+``--device npu`` trains on npusim's torch ``npu`` device, as a torch_npu script does: ``import
+torch_npu``, ``torch.npu.set_device(local_rank)``, the model ``.to(f"npu:{local_rank}")``,
+``DistributedDataParallel(model, device_ids=[local_rank])``; the "hccl" backend then reduces the
+gradients in the npu tensors' own device memory. ``--reload-every K`` round-trips the model and
+the optimizer through ``torch.save`` / ``torch.load`` every K steps on every rank (alternately
+without ``map_location`` and with ``map_location=f"npu:{local_rank}"``, or ``"cpu"`` on CPU) and
+trains on from what was loaded. ``--print-losses`` prints every rank's loss of every step, exactly
+(``float.hex``): the same script on CPU with gloo under torchrun prints the same bits
+(tests/torch/test_torch_npu_ddp.py).
 
 The training code is what a torch_npu script runs: ``dist.init_process_group(backend="hccl")``,
 ``DistributedDataParallel(model)``, an optimizer, ``loss.backward()``. The one npusim-specific
@@ -77,15 +89,17 @@ def batch_rows(step: int, batch: int) -> slice:
 
 
 def train(model, opt, data, args, rows_of_rank=None, progress=None, start=0, save=None,
-          mark=None):
-    """SGD steps ``start`` to ``args.steps``; a rank trains on its slice of every global batch;
-    ``save(done)`` runs after every step (rank 0's checkpoints), ``mark()`` ends each step."""
+          mark=None, device="cpu"):
+    """SGD steps ``start`` to ``args.steps``; a rank trains on its slice of every global batch
+    (moved to ``device``); ``save(done)`` runs after every step (rank 0's checkpoints),
+    ``mark()`` ends each step."""
     x, y = data
     for step in range(start, args.steps):
         rows = batch_rows(step, args.batch)
         xb, yb = x[rows], y[rows]
         if rows_of_rank is not None:
             xb, yb = xb[rows_of_rank], yb[rows_of_rank]
+        xb, yb = xb.to(device), yb.to(device)
         opt.zero_grad()
         loss = F.cross_entropy(model(xb), yb)
         loss.backward()
@@ -137,9 +151,20 @@ def broadcast_momentum(opt, state: dict | None) -> None:
             dist.broadcast(buf, src=0)
 
 
+def reload(model, opt, map_location) -> None:
+    """Round-trip the model and the optimizer through torch.save / torch.load and go on from
+    what was loaded (``map_location`` None: where the tensors were saved from)."""
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, buf)
+    buf.seek(0)
+    state = torch.load(buf, map_location=map_location, weights_only=True)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optim"])
+
+
 def check(model, args, data) -> bool:
     """Replicas bitwise identical, and equal to one process on the full batches within 1e-6."""
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
     digest = torch.frombuffer(bytearray(hashlib.blake2b(flat.numpy().tobytes(),
                                                         digest_size=32).digest()), dtype=torch.uint8)
     world = dist.get_world_size()
@@ -168,12 +193,32 @@ def parse_args(argv=None):
                              bucket_help="several DDP buckets")
     p.add_argument("--backend", default="hccl", choices=["hccl", "gloo"],
                    help="torch.distributed backend (default hccl: npusim's)")
-    return training_args.parse(p, argv, N_TRAIN)
+    p.add_argument("--device", default="cpu", choices=["cpu", "npu"],
+                   help="where the model trains: CPU tensors, or npusim's torch npu device "
+                        "(import torch_npu; hccl only)")
+    p.add_argument("--reload-every", type=int, default=0, metavar="K",
+                   help="every K steps, torch.save and torch.load the model and optimizer on "
+                        "every rank and train on from the loaded state (default 0: never)")
+    p.add_argument("--print-losses", action="store_true",
+                   help="print every rank's loss of every step exactly (float.hex)")
+    p.add_argument("--params-out", metavar="FILE",
+                   help="rank 0 saves the final parameters there (torch.save, CPU tensors)")
+    args = training_args.parse(p, argv, N_TRAIN)
+    if args.device == "npu" and args.backend != "hccl":
+        p.error("--device npu needs --backend hccl (gloo takes CPU tensors)")
+    if args.reload_every < 0:
+        p.error("--reload-every must be >= 0")
+    return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)        # one core per rank: ranks share the machine's cores
+    device, local_rank = "cpu", int(os.environ.get("LOCAL_RANK", "0"))
+    if args.device == "npu":
+        import torch_npu  # noqa: F401  (npusim's torch npu device)
+        torch.npu.set_device(local_rank)
+        device = f"npu:{local_rank}"
     dist.init_process_group(backend=args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.batch % world:
@@ -189,10 +234,12 @@ def main(argv=None) -> int:
         found = checkpoint.latest(args.checkpoint_dir, checkpoint_meta(model, world), parse_torch)
         if found is not None:
             model.load_state_dict(found.state["model"])
+    model = model.to(device)
     start = torch.tensor([found.step if found else 0])
     dist.broadcast(start, src=0)
     start = int(start[0])
-    ddp = DDP(model, bucket_cap_mb=args.bucket_mb)
+    ddp = DDP(model, bucket_cap_mb=args.bucket_mb,
+              device_ids=[local_rank] if args.device == "npu" else None)
     opt = make_optimizer(ddp.parameters(), args)
     if start:
         broadcast_momentum(opt, found.state["optim"] if found else None)
@@ -203,13 +250,19 @@ def main(argv=None) -> int:
     nparams = sum(p.numel() for p in model.parameters())
     if rank == 0:
         print(f"MLP {DIM}-{'-'.join([str(args.hidden)] * DEPTH)}-{CLASSES}: {nparams} float64 "
-              f"parameters, backend {args.backend}, {world} ranks x {local} samples = global "
-              f"batch {args.batch}", flush=True)
+              f"parameters on {args.device}, backend {args.backend}, {world} ranks x {local} "
+              f"samples = global batch {args.batch}", flush=True)
     every = max(1, args.steps // 5)
 
     def progress(step, loss):
+        if args.print_losses:
+            print(f"loss rank {rank} step {step + 1} {loss.item().hex()}", flush=True)
         if rank == 0 and (step % every == 0 or step in (start, args.steps - 1)):
             print(f"step {step + 1}/{args.steps}  local loss {loss.item():.4f}", flush=True)
+        if args.reload_every and (step + 1) % args.reload_every == 0:
+            # alternately where they were saved from, and mapped explicitly
+            again = (step + 1) // args.reload_every % 2 == 0
+            reload(model, opt, None if again else (device if args.device == "npu" else "cpu"))
 
     save = None
     if rank == 0 and args.checkpoint_dir:
@@ -217,16 +270,19 @@ def main(argv=None) -> int:
             save_checkpoint(model, opt, args, world, done)
     t0 = time.perf_counter()
     # a step per iteration in a profile (npurun --profile DIR; the first is set-up)
-    train(ddp, opt, data, args, mine, progress, start, save, mark=runtime.profiler.step)
+    train(ddp, opt, data, args, mine, progress, start, save, mark=runtime.profiler.step,
+          device=device)
     dist.barrier()
     elapsed = time.perf_counter() - t0
     if rank == 0:
         ran = args.steps - start
         print(f"trained {ran} steps in {elapsed:.2f} s "
               f"({ran * args.batch / elapsed:,.0f} samples/s) on {args.backend}", flush=True)
-        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
         print(f"final params sha256: {hashlib.sha256(flat.numpy().tobytes()).hexdigest()}",
               flush=True)
+        if args.params_out:
+            torch.save(flat, args.params_out)
     ok = check(model, args, data) if args.check else True
     # DDP's reducer holds the process group, and its reference cycles would keep it alive until
     # the interpreter's own teardown, where gloo's worker threads sometimes abort the process

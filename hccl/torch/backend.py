@@ -1,4 +1,5 @@
-"""torch.distributed's "hccl" backend (torch_npu's name) for CPU tensors, on npusim communicators.
+"""torch.distributed's "hccl" backend (torch_npu's name) for CPU and npu tensors, on npusim
+communicators.
 
 Importing this module registers the backend, so a torch_npu training script runs unchanged
 under npurun (or launcher.spawn)::
@@ -7,9 +8,11 @@ under npurun (or launcher.spawn)::
     dist.init_process_group(backend="hccl")
     model = DistributedDataParallel(model)
 
-Every torch collective becomes an hccl collective on the process group's own runtime stream:
-the tensors are copied into device memory on the calling thread, the collective is enqueued,
-and a completer thread copies the results back and completes the Work (docs/torch.md). The
+Every torch collective on CPU tensors becomes an hccl collective on the process group's own
+runtime stream: the tensors are copied into device memory on the calling thread, the collective
+is enqueued, and a completer thread copies the results back and completes the Work
+(docs/torch.md). On npu tensors (``import torch_npu``) it runs on their own device memory,
+stream-ordered, without a copy (npu.py). The
 collectives carry hccl's sequence numbers, so a torch job that desyncs or hangs gets the same
 CollectiveMismatchError, flight recorder and npurun verdict as a native one.
 
@@ -45,6 +48,7 @@ from ..comm import Comm
 from ..errors import InvalidArgumentError
 from . import p2p as torch_p2p
 from . import rendezvous as torch_rendezvous
+from .npu import NpuCollectives, on_npu
 from .sparse import SparseAllReduce
 from .rendezvous import DEFAULT_TIMEOUT, JobStore
 from .work import (Completer, Staging, Work, check_list, check_numel, np_dtype, put,
@@ -97,6 +101,7 @@ class HcclProcessGroup(dist.ProcessGroup):
         self._completer = Completer(comm.name)
         self._lanes = torch_p2p.Lanes(comm.name)
         self._sparse = SparseAllReduce(self)
+        self._npu = NpuCollectives(self, self._completer, comm.name)
         self._closed = False
         self._group_name = self._group_desc = ""
 
@@ -141,6 +146,22 @@ class HcclProcessGroup(dist.ProcessGroup):
             self._submit(name, [], staging, lane)
             raise
         return self._submit(name, outputs, staging, lane, finish)
+
+    def _site(self, api: str) -> str:
+        """The user's line, for a call the npu path takes (npu.py)."""
+        if self._closed:
+            raise InvalidArgumentError(f"{api}: the process group was shut down")
+        return _user_site()
+
+    def _npu_lane(self, tensors, lane, api: str) -> bool:
+        """Whether point-to-point ``tensors`` take the npu path: npu tensors of the NPU the
+        lane's stream is on (others stage)."""
+        if not on_npu(tensors):
+            return False
+        for t in tensors:
+            np_dtype(t, api)
+        return all(t.device.type == "npu" and t.device.index == lane[0].device_id
+                   for t in tensors)
 
     def _redop(self, op, api: str, tensors) -> tuple[ReduceOp, bool]:
         kind = getattr(op, "op", op)      # a ReduceOp instance carries its RedOpType
@@ -201,6 +222,8 @@ class HcclProcessGroup(dist.ProcessGroup):
         if ufunc is not None:
             return self._reduce_bitwise("allreduce", tensors, ufunc)
         rop, avg = self._redop(opts.reduceOp, "allreduce", tensors)
+        if on_npu(tensors):
+            return self._npu.allreduce(tensors, rop, avg, self._site("allreduce"))
 
         def build(st, site):
             bufs = [st.load(t, "allreduce") for t in tensors]
@@ -216,6 +239,10 @@ class HcclProcessGroup(dist.ProcessGroup):
     def broadcast(self, tensors, opts=None):
         opts = opts or dist.BroadcastOptions()
         root = opts.rootRank
+        if on_npu(tensors):
+            for t in tensors:
+                np_dtype(t, "broadcast")
+            return self._npu.broadcast(tensors, root, self._site("broadcast"))
 
         def build(st, site):
             bufs = [st.load(t, "broadcast") if self.comm.rank == root
@@ -232,6 +259,8 @@ class HcclProcessGroup(dist.ProcessGroup):
         if ufunc is not None:
             return self._reduce_bitwise("reduce", tensors, ufunc, root)
         rop, avg = self._redop(opts.reduceOp, "reduce", tensors)
+        if on_npu(tensors):
+            return self._npu.reduce(tensors, rop, avg, root, self._site("reduce"))
 
         def build(st, site):
             bufs = [st.load(t, "reduce") for t in tensors]
@@ -257,6 +286,8 @@ class HcclProcessGroup(dist.ProcessGroup):
         outs = output_tensors[0]
         check_list(outs, size, n, "allgather", "output_tensors[0]")
         dt = same_dtype([*outs, input_tensors[0]], "allgather")
+        if on_npu([*outs, input_tensors[0]]):
+            return self._npu.allgather(outs, input_tensors[0], self._site("allgather"))
 
         def build(st, site):
             src = st.load(input_tensors[0], "allgather")
@@ -311,6 +342,9 @@ class HcclProcessGroup(dist.ProcessGroup):
         n, size = input.numel(), self.comm.size
         check_numel(output, n * size, "all_gather_into_tensor", "output", f"{size} x input's {n}")
         dt = same_dtype([output, input], "all_gather_into_tensor")
+        if on_npu([output, input]):
+            return self._npu.allgather(output, input, self._site("all_gather_into_tensor"),
+                                       "all_gather_into_tensor")
 
         def build(st, site):
             src = st.load(input, "all_gather_into_tensor")
@@ -334,6 +368,8 @@ class HcclProcessGroup(dist.ProcessGroup):
         check_list(ins, size, n, "reduce_scatter", "input_list")
         rop, avg = self._redop(opts.reduceOp, "reduce_scatter", [out])
         dt = same_dtype([out, *ins], "reduce_scatter")
+        if on_npu([out, *ins]):
+            return self._npu.reduce_scatter(out, ins, rop, avg, self._site("reduce_scatter"))
 
         def build(st, site):
             src = st.buffer(n * size, dt)
@@ -348,6 +384,10 @@ class HcclProcessGroup(dist.ProcessGroup):
         check_numel(input, n * size, "reduce_scatter_tensor", "input", f"{size} x output's {n}")
         rop, avg = self._redop(opts.reduceOp, "reduce_scatter_tensor", [output])
         dt = same_dtype([output, input], "reduce_scatter_tensor")
+        if on_npu([output, input]):
+            return self._npu.reduce_scatter(output, input, rop, avg,
+                                            self._site("reduce_scatter_tensor"),
+                                            "reduce_scatter_tensor")
 
         def build(st, site):
             return self._reduce_scatter(st, site, st.load(input, "reduce_scatter_tensor"), output,
@@ -383,6 +423,10 @@ class HcclProcessGroup(dist.ProcessGroup):
         if in_row != out_row:
             raise InvalidArgumentError(f"{api}: input rows hold {in_row} elements but output rows "
                                        f"hold {out_row}")
+        if on_npu([output, input]) and len(set(in_rows + out_rows)) == 1:
+            # equal blocks: hccl's AlltoAll on the tensors as they are (uneven ones stage)
+            return self._npu.all_to_all_single(output, input, in_rows[0] * in_row,
+                                               self._site(api))
         flat_in = input.detach().reshape(-1)
         in_counts = [r * in_row for r in in_rows]
         out_counts = [r * out_row for r in out_rows]
@@ -448,6 +492,8 @@ class HcclProcessGroup(dist.ProcessGroup):
     # -- point-to-point: one lane per direction and peer (torch_p2p), so any posting order works
     def send(self, tensors, dstRank, tag=0):
         lane = self._lanes.get("send", dstRank)
+        if self._npu_lane(tensors, lane, "send"):
+            return self._npu.send(tensors, dstRank, lane, self._site("send"))
 
         def build(st, site):
             for t in tensors:
@@ -457,6 +503,8 @@ class HcclProcessGroup(dist.ProcessGroup):
 
     def recv(self, tensors, srcRank, tag=0, *, site=None):
         lane = self._lanes.get("recv", srcRank)
+        if self._npu_lane(tensors, lane, "recv"):
+            return self._npu.recv(tensors, srcRank, lane, site or self._site("recv"))
 
         def build(st, site):
             bufs = [st.buffer(t.numel(), np_dtype(t, "recv")) for t in tensors]
@@ -481,6 +529,7 @@ class HcclProcessGroup(dist.ProcessGroup):
         self._closed = True
         self._completer.close()
         self._lanes.close()
+        self._npu.close()
         try:
             self.stream.synchronize()
             self.stream.destroy()
@@ -529,6 +578,6 @@ def _create(dist_opts, backend_opts=None) -> HcclProcessGroup:
 
 
 torch_rendezvous.install()
-dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "npu"])
 
 __all__ = ["BACKEND", "HcclProcessGroup", "JobStore"]

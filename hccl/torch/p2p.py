@@ -68,7 +68,7 @@ def recv_anysource(pg, tensors, site: str) -> Work:
         try:
             src = pg.comm.wait_any_sender()
             work.source = src
-            pg.recv(tensors, src, site=site).wait()
+            pg.recv(tensors, src, site=site).synchronize()     # the data is in, also on npu
         except BaseException as e:  # noqa: BLE001 - every failure goes to the waiter
             work.complete(e)
         else:

@@ -36,6 +36,7 @@ from torch.futures import Future
 
 import runtime
 from runtime.dtypes import DtypeMap
+from runtime.torch import device as npu_device
 
 from ..errors import InvalidArgumentError
 from ..failure import handed_to_torch
@@ -69,8 +70,28 @@ class Work(dist._Work):
         self._done: Future = Future()
         self._fut: Future = self._done.then(_outcome(outputs))
         self.source = -1         # the sender of a receive from any source
+        self._after = None       # (NPU, end event) of a collective on npu tensors (npu.py)
+
+    def order_after(self, dev: int, event) -> None:
+        """This Work's collective ran on npu tensors of NPU ``dev`` and ends at ``event``:
+        ``wait()`` then orders the caller's current stream after it instead of blocking."""
+        self._after = (dev, event)
 
     def wait(self, timeout=None) -> bool:
+        """CPU tensors: block until the results are in them. npu tensors: make the calling
+        thread's current stream of their NPU wait for the collective and return at once
+        (torch_npu's ProcessGroupHCCL); an error already known is raised."""
+        if self._after is not None:
+            if self._error is not None:
+                raise self._error
+            dev, event = self._after
+            with npu_device.on(dev):
+                runtime.current_stream().wait_event(event)
+            return True
+        return self.synchronize()
+
+    def synchronize(self) -> bool:
+        """Block until the collective completed (its results are in the tensors)."""
         # no deadline of its own: every wait inside the collective is bounded by HCCL_EXEC_TIMEOUT.
         # The outer future, not the inner: it completes last (torch runs the callback after
         # waking the inner one's waiters), and is_completed() must be true once this returns
@@ -167,9 +188,9 @@ class Completer:
 def np_dtype(t: torch.Tensor, api: str) -> np.dtype:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{api}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
+    if t.device.type not in ("cpu", "npu"):
         raise InvalidArgumentError(f"{api}: tensor is on {t.device}; the npusim hccl backend "
-                                   "takes CPU tensors")
+                                   "takes CPU and npu tensors")
     dt = _DTYPES.get(t.dtype)
     if dt is None:
         raise InvalidArgumentError(f"{api}: dtype {t.dtype} is not supported by hccl "
