@@ -151,6 +151,13 @@ def is_pinned(self, device=None):
     return False
 
 
+def pin_memory(self, device=None):
+    """A host tensor pinned for the npu device: a contiguous host copy. torch's Python route to
+    PrivateUse1 has no pinned-memory allocator hook, and without these CPU kernels
+    ``DataLoader(pin_memory=True)`` (the npu being torch's accelerator) raises."""
+    return self.clone(memory_format=torch.contiguous_format)
+
+
 def register() -> None:
     """Register the fallback and the kernels above for the PrivateUse1 key (once)."""
     global _lib, _aten
@@ -187,6 +194,9 @@ def register() -> None:
         if isinstance(op, torch._ops.OpOverloadPacket):
             op = op.default
         _aten.impl(name, functools.partial(fallback, op), "PrivateUse1")
+    if not torch.backends.cuda.is_built():     # a CUDA build keeps its own pinned memory
+        _aten.impl("is_pinned", is_pinned, "CPU")
+        _aten.impl("_pin_memory", pin_memory, "CPU")
     from . import autocast, serialization
     autocast.register(_aten)
     serialization.register()

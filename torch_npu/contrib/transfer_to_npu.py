@@ -2,9 +2,10 @@
 
 As torch_npu's module of that name: ``torch.cuda.*`` become ``torch.npu.*``; ``.cuda()``
 becomes ``.npu()``; a ``"cuda"`` device (string or torch.device) given to the tensor factories,
-``Tensor.to`` / ``Module.to`` and DDP's ``device_ids`` becomes ``"npu"``; backend ``"nccl"``
-becomes ``"hccl"`` (npusim's backend, imported here). Limits: ``torch.device("cuda")`` itself
-still names CUDA; it is translated where it is passed to the functions above.
+``Tensor.to`` / ``Module.to``, DDP's ``device_ids`` and ``torch.load``'s ``map_location``
+becomes ``"npu"``; backend ``"nccl"`` becomes ``"hccl"`` (npusim's backend, imported here).
+Limits: ``torch.device("cuda")`` itself still names CUDA; it is translated where it is passed
+to the functions above.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import functools
 import torch
 import torch.distributed as dist
 
+import hccl.torch.backend  # noqa: F401 - registers "hccl", also as torch's default for npu
 import torch_npu  # noqa: F401 - registers the device
 
 _CUDA_NAMES = ("is_available", "device_count", "set_device", "current_device", "get_device_name",
@@ -21,7 +23,10 @@ _CUDA_NAMES = ("is_available", "device_count", "set_device", "current_device", "
                "max_memory_reserved", "reset_peak_memory_stats", "memory_stats",
                "memory_summary", "empty_cache", "mem_get_info", "manual_seed", "manual_seed_all",
                "seed", "seed_all", "initial_seed", "get_rng_state", "set_rng_state", "device",
-               "get_device_properties", "is_bf16_supported", "amp")
+               "get_device_properties", "is_bf16_supported")
+# torch.cuda.amp stays torch's module (torch._dynamo, which optimizers import, reads
+# torch.cuda.amp.autocast_mode); the names scripts use from it become torch.npu.amp's
+_AMP_NAMES = ("autocast", "GradScaler", "custom_fwd", "custom_bwd")
 
 
 def _dev(d):
@@ -47,6 +52,16 @@ _FACTORIES = ("tensor", "as_tensor", "zeros", "ones", "empty", "full", "rand", "
               "full_like", "rand_like", "randn_like", "empty_strided", "normal")
 
 
+def _load(fn):
+    """torch.load with a "cuda" map_location (a device, or a dict of them) mapped to "npu"."""
+    @functools.wraps(fn)
+    def w(f, map_location=None, *args, **kwargs):
+        if isinstance(map_location, dict):
+            map_location = {_dev(k): _dev(v) for k, v in map_location.items()}
+        return fn(f, _dev(map_location), *args, **kwargs)
+    return w
+
+
 def _cuda(self, device=None, non_blocking=False, **kwargs):
     return self.npu(device, non_blocking=non_blocking) if isinstance(self, torch.Tensor) \
         else self.npu(device)
@@ -58,7 +73,6 @@ def _init_process_group(fn):
         if backend == "nccl" or (backend is None and kwargs.get("backend") == "nccl"):
             backend = "hccl"
             kwargs.pop("backend", None)
-        import hccl.torch_backend  # noqa: F401 - registers "hccl"
         return fn(backend, *args, **kwargs)
     return w
 
@@ -67,8 +81,11 @@ def _apply() -> None:
     for name in _CUDA_NAMES:
         if hasattr(torch.npu, name):
             setattr(torch.cuda, name, getattr(torch.npu, name))
+    for name in _AMP_NAMES:
+        setattr(torch.cuda.amp, name, getattr(torch.npu.amp, name))
     for name in _FACTORIES:
         setattr(torch, name, _wrap(getattr(torch, name)))
+    torch.load = _load(torch.load)
     torch.Tensor.to = _wrap(torch.Tensor.to)
     torch.nn.Module.to = _wrap(torch.nn.Module.to)
     torch.Tensor.cuda = _cuda
