@@ -168,9 +168,10 @@ def _collective(op: OpType, check, comm, send, recv, count, dtype, redop, root, 
     very ones checked before (see ``hccl.call``), else ``check(comm, bufs, count, dtype, redop,
     root)`` and a new Call. A check raises InvalidArgumentError for a bad argument, else
     returns (the live comm, the API's name, the Call's normalized arguments). Checks are
-    module-level functions, not closures: a closure would cost every call its cells."""
-    key = None
-    if isinstance(comm, Collectives) and not comm._destroyed:
+    module-level functions, not closures: a closure would cost every call its cells. ``mkey``:
+    a communicator method's key (``_repeat``), under which the new Call is remembered."""
+    key = mkey                  # a method's key (``_repeat`` looked it up already), or:
+    if key is None and isinstance(comm, Collectives) and not comm._destroyed:
         try:
             s = resolve_stream(stream)
         except NpuError:        # the check says what is wrong with it
@@ -186,9 +187,7 @@ def _collective(op: OpType, check, comm, send, recv, count, dtype, redop, root, 
                 return
     bufs = {"send": send, "recv": recv}
     comm, api, args = check(comm, bufs, count, dtype, redop, root)
-    call = _new_call(comm, op, api, bufs, stream, site or callsite(3), key, **args)
-    if mkey is not None:
-        comm._calls.put(mkey, call)
+    _new_call(comm, op, api, bufs, stream, site or callsite(3), key, **args)
 
 
 def _repeat(comm, op: OpType, send, recv, redop, root, stream):
@@ -225,7 +224,7 @@ def _repeat(comm, op: OpType, send, recv, redop, root, stream):
 
 
 def _new_call(comm, op: OpType, api: str, bufs: dict, stream, site: str, key, *, count: int,
-              dtype: DataType, redop=None, root=None, peer=None) -> Call:
+              dtype: DataType, redop=None, root=None, peer=None) -> None:
     """Make the Call of checked arguments and issue it; remember it under ``key`` if given."""
     try:
         s = resolve_stream(stream)
@@ -243,7 +242,6 @@ def _new_call(comm, op: OpType, api: str, bufs: dict, stream, site: str, key, *,
     if key is not None:
         comm._calls.put(key, call)
     call.issue(tuple(bufs[k] for k in call.names), site)
-    return call
 
 
 def _read_knobs() -> tuple:
