@@ -30,7 +30,10 @@ run on the caller's thread or the stream's worker):
 Rank 0 prints one line per figure and, with ``--json``, writes them. With ``--floor`` rank 0
 first measures ``benchmarks.floor`` (the other ranks wait in a barrier) and prints the eager
 call's ratio to it; ``--worlds`` measures the floor and runs npurun once per world, alternately, and prints the
-table.
+table: with ``--base DIR`` another checkout (e.g. ``git -C REPO archive main | tar -x -C DIR``)
+runs just before this one at each world, as *before* (each side with its own copy of this
+module); ``--rounds N`` repeats it all and prints medians; ``--figures`` puts the table on
+docs/figures.md (``benchmarks.figures.write_section("percall", ...)``).
 """
 from __future__ import annotations
 
@@ -150,26 +153,64 @@ def count(comm, x, op, calls: int) -> dict:
     return out
 
 
-def table(worlds: list[int], nbytes: int, calls: int) -> int:
-    """Measure the floor, then run npurun, for each world, and print one table (rank 0's
-    figures)."""
+def _run(side: str | None, world: int, nbytes: int, calls: int) -> dict:
+    """One npurun of this benchmark at ``world``; ``side``: another checkout to run instead
+    (its own copy of this module, with its runtime and hccl), None for this one."""
+    env = None if side is None else dict(os.environ, PYTHONPATH=side)
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "percall.json")
+        cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", str(world), "-m",
+               "benchmarks.percall", "--bytes", str(nbytes), "--calls", str(calls), "--json", out]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env, cwd=side)
+        with open(out) as f:
+            return json.load(f)["results"]
+
+
+FIGURES = ("frames", "allocs", "eager_us", "issue_us", "stream_us", "exchange_us")
+
+
+def table(worlds: list[int], nbytes: int, calls: int, base: str | None = None,
+          rounds: int = 1, figures: bool = False) -> int:
+    """Measure the floor, then run npurun, for each world (and, with ``base``, the other
+    checkout right after, alternately), ``rounds`` times; print one table of the medians over
+    rounds (rank 0's figures) and, with ``figures``, put it on docs/figures.md."""
+    sides = [("after", None)] if base is None else [("before", os.path.abspath(base)),
+                                                    ("after", None)]
+    got: dict = {}
+    for _ in range(rounds):
+        for w in worlds:
+            floor_us = floor.measure(nbytes, 5000)  # here, between the runs: a plain program
+            for name, side in sides:
+                r = _run(side, w, nbytes, calls)
+                cell = got.setdefault((w, name), {k: [] for k in FIGURES + ("floor_us",)})
+                for k in FIGURES:
+                    cell[k].append(r[k])
+                cell["floor_us"].append(floor_us)
+    head = ["world", "side", "frames / call", "blocks / call", "eager us", "floor us",
+            "eager / floor", "issue us", "stream us", "exchange us"]
     rows = []
     for w in worlds:
-        floor_us = floor.measure(nbytes, 5000)     # here, between the worlds: a plain program
-        with tempfile.TemporaryDirectory() as d:
-            out = os.path.join(d, "percall.json")
-            cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", str(w), "-m",
-                   "benchmarks.percall", "--bytes", str(nbytes), "--calls", str(calls),
-                   "--json", out]
-            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-            with open(out) as f:
-                rows.append(dict(json.load(f)["results"], floor_us=floor_us))
-    print(f"| world | frames / call | allocs / call | eager us | floor us | eager / floor "
-          f"| issue us | stream us | exchange us |\n|---|---|---|---|---|---|---|---|---|")
+        for name, _ in sides:
+            m = {k: statistics.median(v) for k, v in got[(w, name)].items()}
+            rows.append([w, name, f"{m['frames']:.0f}", f"{m['allocs']:.1f}",
+                         f"{m['eager_us']:.1f}", f"{m['floor_us']:.2f}",
+                         f"{m['eager_us'] / m['floor_us']:.1f}x", f"{m['issue_us']:.1f}",
+                         f"{m['stream_us']:.1f}", f"{m['exchange_us']:.1f}"])
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in rows:
-        print(f"| {r['world']} | {r['frames']:.0f} | {r['allocs']:.1f} | {r['eager_us']:.1f} | "
-              f"{r['floor_us']:.2f} | {r['eager_us'] / r['floor_us']:.1f}x | {r['issue_us']:.1f} | "
-              f"{r['stream_us']:.1f} | {r['exchange_us']:.1f} |")
+        print("| " + " | ".join(str(c) for c in r) + " |")
+    if figures:
+        from benchmarks import figures as page
+        cmd = (f"python -m benchmarks.percall --worlds {','.join(map(str, worlds))} --rounds "
+               f"{rounds} --figures" + (" --base BEFORE" if base else ""))
+        text = (f"An eager {nbytes} B AllReduce + synchronize, medians of {rounds} round(s) of "
+                f"{calls} calls (rank 0). The floor is benchmarks.floor (two processes swapping "
+                f"the bytes through shared memory), measured between the runs of each round: "
+                f"compare ratios of the same run, not microseconds across runs of a shared "
+                f"machine." + (" *before*: the checkout BEFORE, run alternately with *after*."
+                               if base else ""))
+        page.write_section("percall", "Per-call cost of an eager small AllReduce", cmd, head,
+                           rows, text)
     return 0
 
 
@@ -182,9 +223,15 @@ def main(argv=None) -> int:
     ap.add_argument("--floor", action="store_true",
                     help="rank 0 measures benchmarks.floor first, in the same run")
     ap.add_argument("--worlds", help="e.g. 2,4: run npurun per world (with --floor), one table")
+    ap.add_argument("--base", help="with --worlds: another checkout (a directory), run "
+                    "alternately with this one, its figures as 'before'")
+    ap.add_argument("--rounds", type=int, default=1, help="with --worlds: rounds (medians)")
+    ap.add_argument("--figures", action="store_true",
+                    help="with --worlds: put the table on docs/figures.md (section percall)")
     a = ap.parse_args(argv)
     if a.worlds:
-        return table([int(w) for w in a.worlds.split(",")], a.bytes, a.calls)
+        return table([int(w) for w in a.worlds.split(",")], a.bytes, a.calls, a.base,
+                     a.rounds, a.figures)
     runtime.set_device()
     comm = hccl.init_comm()
     floor_us = None
