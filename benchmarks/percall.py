@@ -13,7 +13,10 @@ into what a user's call pays:
 - ``replay``: a task graph of that one AllReduce replayed + synchronize: the stream plus the
   exchange with the peers, without the per-call host work;
 - ``eager``: ``comm.all_reduce`` + ``synchronize``, the whole;
-- ``exchange`` = replay - stream: the messages, the peers' wake-ups and the reduction.
+- ``exchange`` = replay - stream: the messages, the peers' wake-ups and the reduction;
+- ``cpu``: the CPU time of the whole process per eager call (``time.process_time``, every
+  thread, spinning waits included): steadier than the medians on a shared machine, since time
+  spent waiting for a core is not counted.
 
 and, for a step of 8 such calls, eager against the fused replay (benchmarks.graph_step).
 What one eager call costs in Python is counted too, on every thread of the rank (the task may
@@ -31,8 +34,8 @@ Rank 0 prints one line per figure and, with ``--json``, writes them. With ``--fl
 first measures ``benchmarks.floor`` (the other ranks wait in a barrier) and prints the eager
 call's ratio to it; ``--worlds`` measures the floor and runs npurun once per world, alternately, and prints the
 table: with ``--base DIR`` another checkout (e.g. ``git -C REPO archive main | tar -x -C DIR``)
-runs just before this one at each world, as *before* (each side with its own copy of this
-module); ``--rounds N`` repeats it all and prints medians; ``--figures`` puts the table on
+runs just before this one at each world, as *before* (this file measures both: its path
+runs with the other checkout first on PYTHONPATH); ``--rounds N`` repeats it all and prints medians; ``--figures`` puts the table on
 docs/figures.md (``benchmarks.figures.write_section("percall", ...)``).
 """
 from __future__ import annotations
@@ -85,6 +88,10 @@ def measure(comm, nbytes: int, calls: int, warmup: int) -> dict:
            "eager_us": graph_step.median_us(eager, calls, warmup),
            "replay_us": graph_step.median_us(replay, calls, warmup)}
     out["exchange_us"] = out["replay_us"] - out["stream_us"]
+    c0 = time.process_time()                # cpu: every thread of the rank, waits included
+    for _ in range(calls):
+        eager()
+    out["cpu_us"] = (time.process_time() - c0) / calls * 1e6
     gate = threading.Event()                # issue: the stream waits behind the gate
     issue_ts = []
     for _ in range(max(1, calls // 50)):
@@ -154,19 +161,20 @@ def count(comm, x, op, calls: int) -> dict:
 
 
 def _run(side: str | None, world: int, nbytes: int, calls: int) -> dict:
-    """One npurun of this benchmark at ``world``; ``side``: another checkout to run instead
-    (its own copy of this module, with its runtime and hccl), None for this one."""
+    """One npurun of this benchmark at ``world``; ``side``: another checkout whose runtime
+    and hccl it measures (this very file runs, by its path), None for this one."""
     env = None if side is None else dict(os.environ, PYTHONPATH=side)
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "percall.json")
-        cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", str(world), "-m",
-               "benchmarks.percall", "--bytes", str(nbytes), "--calls", str(calls), "--json", out]
+        cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", str(world)]
+        cmd += ["-m", "benchmarks.percall"] if side is None else [os.path.abspath(__file__)]
+        cmd += ["--bytes", str(nbytes), "--calls", str(calls), "--json", out]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env, cwd=side)
         with open(out) as f:
             return json.load(f)["results"]
 
 
-FIGURES = ("frames", "allocs", "eager_us", "issue_us", "stream_us", "exchange_us")
+FIGURES = ("frames", "allocs", "eager_us", "cpu_us", "issue_us", "stream_us", "exchange_us")
 
 
 def table(worlds: list[int], nbytes: int, calls: int, base: str | None = None,
@@ -187,14 +195,15 @@ def table(worlds: list[int], nbytes: int, calls: int, base: str | None = None,
                     cell[k].append(r[k])
                 cell["floor_us"].append(floor_us)
     head = ["world", "side", "frames / call", "blocks / call", "eager us", "floor us",
-            "eager / floor", "issue us", "stream us", "exchange us"]
+            "eager / floor", "cpu us", "issue us", "stream us", "exchange us"]
     rows = []
     for w in worlds:
         for name, _ in sides:
             m = {k: statistics.median(v) for k, v in got[(w, name)].items()}
             rows.append([w, name, f"{m['frames']:.0f}", f"{m['allocs']:.1f}",
                          f"{m['eager_us']:.1f}", f"{m['floor_us']:.2f}",
-                         f"{m['eager_us'] / m['floor_us']:.1f}x", f"{m['issue_us']:.1f}",
+                         f"{m['eager_us'] / m['floor_us']:.1f}x", f"{m['cpu_us']:.1f}",
+                         f"{m['issue_us']:.1f}",
                          f"{m['stream_us']:.1f}", f"{m['exchange_us']:.1f}"])
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in rows:
@@ -245,7 +254,7 @@ def main(argv=None) -> int:
     r = measure(comm, a.bytes, a.calls, a.warmup)
     if comm.rank == 0:
         r.update(world=comm.size, bytes=a.bytes, calls=a.calls)
-        for k in ("issue_us", "stream_us", "exchange_us", "replay_us", "eager_us"):
+        for k in ("issue_us", "stream_us", "exchange_us", "replay_us", "eager_us", "cpu_us"):
             print(f"world {comm.size}, {a.bytes} B all_reduce, {k[:-3]:>9}: {r[k]:8.1f} us")
         print(f"world {comm.size}, per eager call: {r['frames']:.0f} Python frames, "
               f"{r['allocs']:.1f} blocks allocated, {r['growth']:.1f} bytes held after")
