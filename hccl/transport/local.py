@@ -131,7 +131,7 @@ class LocalPair(Pair):
         settles its pending sends before a Recv, so its consumer never does)."""
         t, peer = self.t, self.peer
         return t.expects(peer, comm_id, seq) and \
-            self.channel.take(peer, _DATA, comm_id, seq, step, fp, consume)
+            self.channel.take(peer, _DATA, comm_id, seq, step, fp, consume) is True
 
     def recv_into(self, comm_id: int, seq: int, step: int, fp, timeout: float | None,
                   consume) -> None:
