@@ -13,7 +13,10 @@ into what a user's call pays:
 - ``replay``: a task graph of that one AllReduce replayed + synchronize: the stream plus the
   exchange with the peers, without the per-call host work;
 - ``eager``: ``comm.all_reduce`` + ``synchronize``, the whole;
-- ``exchange`` = replay - stream: the messages, the peers' wake-ups and the reduction.
+- ``exchange`` = replay - stream: the messages, the peers' wake-ups and the reduction;
+- ``cpu``: the CPU time of the whole process per eager call (``time.process_time``, every
+  thread, spinning waits included): steadier than the medians on a shared machine, since time
+  spent waiting for a core is not counted.
 
 and, for a step of 8 such calls, eager against the fused replay (benchmarks.graph_step).
 What one eager call costs in Python is counted too, on every thread of the rank (the task may
@@ -30,7 +33,10 @@ run on the caller's thread or the stream's worker):
 Rank 0 prints one line per figure and, with ``--json``, writes them. With ``--floor`` rank 0
 first measures ``benchmarks.floor`` (the other ranks wait in a barrier) and prints the eager
 call's ratio to it; ``--worlds`` measures the floor and runs npurun once per world, alternately, and prints the
-table.
+table: with ``--base DIR`` another checkout (e.g. ``git -C REPO archive main | tar -x -C DIR``)
+runs just before this one at each world, as *before* (this file measures both: its path
+runs with the other checkout first on PYTHONPATH); ``--rounds N`` repeats it all and prints medians; ``--figures`` puts the table on
+docs/figures.md (``benchmarks.figures.write_section("percall", ...)``).
 """
 from __future__ import annotations
 
@@ -82,6 +88,10 @@ def measure(comm, nbytes: int, calls: int, warmup: int) -> dict:
            "eager_us": graph_step.median_us(eager, calls, warmup),
            "replay_us": graph_step.median_us(replay, calls, warmup)}
     out["exchange_us"] = out["replay_us"] - out["stream_us"]
+    c0 = time.process_time()                # cpu: every thread of the rank, waits included
+    for _ in range(calls):
+        eager()
+    out["cpu_us"] = (time.process_time() - c0) / calls * 1e6
     gate = threading.Event()                # issue: the stream waits behind the gate
     issue_ts = []
     for _ in range(max(1, calls // 50)):
@@ -150,26 +160,66 @@ def count(comm, x, op, calls: int) -> dict:
     return out
 
 
-def table(worlds: list[int], nbytes: int, calls: int) -> int:
-    """Measure the floor, then run npurun, for each world, and print one table (rank 0's
-    figures)."""
+def _run(side: str | None, world: int, nbytes: int, calls: int) -> dict:
+    """One npurun of this benchmark at ``world``; ``side``: another checkout whose runtime
+    and hccl it measures (this very file runs, by its path), None for this one."""
+    env = None if side is None else dict(os.environ, PYTHONPATH=side)
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "percall.json")
+        cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", str(world)]
+        cmd += ["-m", "benchmarks.percall"] if side is None else [os.path.abspath(__file__)]
+        cmd += ["--bytes", str(nbytes), "--calls", str(calls), "--json", out]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env, cwd=side)
+        with open(out) as f:
+            return json.load(f)["results"]
+
+
+FIGURES = ("frames", "allocs", "eager_us", "cpu_us", "issue_us", "stream_us", "exchange_us")
+
+
+def table(worlds: list[int], nbytes: int, calls: int, base: str | None = None,
+          rounds: int = 1, figures: bool = False) -> int:
+    """Measure the floor, then run npurun, for each world (and, with ``base``, the other
+    checkout right after, alternately), ``rounds`` times; print one table of the medians over
+    rounds (rank 0's figures) and, with ``figures``, put it on docs/figures.md."""
+    sides = [("after", None)] if base is None else [("before", os.path.abspath(base)),
+                                                    ("after", None)]
+    got: dict = {}
+    for _ in range(rounds):
+        for w in worlds:
+            floor_us = floor.measure(nbytes, 5000)  # here, between the runs: a plain program
+            for name, side in sides:
+                r = _run(side, w, nbytes, calls)
+                cell = got.setdefault((w, name), {k: [] for k in FIGURES + ("floor_us",)})
+                for k in FIGURES:
+                    cell[k].append(r[k])
+                cell["floor_us"].append(floor_us)
+    head = ["world", "side", "frames / call", "blocks / call", "eager us", "floor us",
+            "eager / floor", "cpu us", "issue us", "stream us", "exchange us"]
     rows = []
     for w in worlds:
-        floor_us = floor.measure(nbytes, 5000)     # here, between the worlds: a plain program
-        with tempfile.TemporaryDirectory() as d:
-            out = os.path.join(d, "percall.json")
-            cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", str(w), "-m",
-                   "benchmarks.percall", "--bytes", str(nbytes), "--calls", str(calls),
-                   "--json", out]
-            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-            with open(out) as f:
-                rows.append(dict(json.load(f)["results"], floor_us=floor_us))
-    print(f"| world | frames / call | allocs / call | eager us | floor us | eager / floor "
-          f"| issue us | stream us | exchange us |\n|---|---|---|---|---|---|---|---|---|")
+        for name, _ in sides:
+            m = {k: statistics.median(v) for k, v in got[(w, name)].items()}
+            rows.append([w, name, f"{m['frames']:.0f}", f"{m['allocs']:.1f}",
+                         f"{m['eager_us']:.1f}", f"{m['floor_us']:.2f}",
+                         f"{m['eager_us'] / m['floor_us']:.1f}x", f"{m['cpu_us']:.1f}",
+                         f"{m['issue_us']:.1f}",
+                         f"{m['stream_us']:.1f}", f"{m['exchange_us']:.1f}"])
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in rows:
-        print(f"| {r['world']} | {r['frames']:.0f} | {r['allocs']:.1f} | {r['eager_us']:.1f} | "
-              f"{r['floor_us']:.2f} | {r['eager_us'] / r['floor_us']:.1f}x | {r['issue_us']:.1f} | "
-              f"{r['stream_us']:.1f} | {r['exchange_us']:.1f} |")
+        print("| " + " | ".join(str(c) for c in r) + " |")
+    if figures:
+        from benchmarks import figures as page
+        cmd = (f"python -m benchmarks.percall --worlds {','.join(map(str, worlds))} --rounds "
+               f"{rounds} --figures" + (" --base BEFORE" if base else ""))
+        text = (f"An eager {nbytes} B AllReduce + synchronize, medians of {rounds} round(s) of "
+                f"{calls} calls (rank 0). The floor is benchmarks.floor (two processes swapping "
+                f"the bytes through shared memory), measured between the runs of each round: "
+                f"compare ratios of the same run, not microseconds across runs of a shared "
+                f"machine." + (" *before*: the checkout BEFORE, run alternately with *after*."
+                               if base else ""))
+        page.write_section("percall", "Per-call cost of an eager small AllReduce", cmd, head,
+                           rows, text)
     return 0
 
 
@@ -182,9 +232,15 @@ def main(argv=None) -> int:
     ap.add_argument("--floor", action="store_true",
                     help="rank 0 measures benchmarks.floor first, in the same run")
     ap.add_argument("--worlds", help="e.g. 2,4: run npurun per world (with --floor), one table")
+    ap.add_argument("--base", help="with --worlds: another checkout (a directory), run "
+                    "alternately with this one, its figures as 'before'")
+    ap.add_argument("--rounds", type=int, default=1, help="with --worlds: rounds (medians)")
+    ap.add_argument("--figures", action="store_true",
+                    help="with --worlds: put the table on docs/figures.md (section percall)")
     a = ap.parse_args(argv)
     if a.worlds:
-        return table([int(w) for w in a.worlds.split(",")], a.bytes, a.calls)
+        return table([int(w) for w in a.worlds.split(",")], a.bytes, a.calls, a.base,
+                     a.rounds, a.figures)
     runtime.set_device()
     comm = hccl.init_comm()
     floor_us = None
@@ -198,7 +254,7 @@ def main(argv=None) -> int:
     r = measure(comm, a.bytes, a.calls, a.warmup)
     if comm.rank == 0:
         r.update(world=comm.size, bytes=a.bytes, calls=a.calls)
-        for k in ("issue_us", "stream_us", "exchange_us", "replay_us", "eager_us"):
+        for k in ("issue_us", "stream_us", "exchange_us", "replay_us", "eager_us", "cpu_us"):
             print(f"world {comm.size}, {a.bytes} B all_reduce, {k[:-3]:>9}: {r[k]:8.1f} us")
         print(f"world {comm.size}, per eager call: {r['frames']:.0f} Python frames, "
               f"{r['allocs']:.1f} blocks allocated, {r['growth']:.1f} bytes held after")

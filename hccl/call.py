@@ -29,10 +29,11 @@ error. A Call runs one issue at a time (its stream orders them), so its scratch 
 from __future__ import annotations
 
 import functools
+import time
 import weakref
 
 import runtime
-from runtime import profiler
+from runtime import graph, profiler, sanitizer
 from runtime.memory import DevicePtr, allocation_marks, same_allocations
 
 from hccl import diag, executor, fusion, plan
@@ -42,6 +43,7 @@ from hccl.types import OpType
 
 BOUND = 64          # Calls a communicator keeps (a step issues a handful; emptied when full)
 P2P_BIT = 1 << 62   # a point-to-point operation's comm id: its own sequence numbers
+_time = time.time
 
 API_NAMES = {OpType.ALLREDUCE: "AllReduce", OpType.ALLGATHER: "AllGather",
              OpType.REDUCE_SCATTER: "ReduceScatter", OpType.BROADCAST: "Broadcast",
@@ -93,7 +95,7 @@ class Call(executor.Context):
         """Enqueue one run of the call on its stream (``objs``: its buffers, ``names`` order,
         kept alive by the task)."""
         s = self.stream
-        if runtime.stream_check_enabled():     # before the seq is taken: a race leaves no trace
+        if sanitizer.on:        # before the seq is taken: a race leaves no trace
             nbytes = self.plan.nbytes
             runtime.declare_access(s, self.name, site=site, reads=[
                 (b, nbytes[k]) for k, b in zip(self.names, objs) if k == "send"], writes=[
@@ -104,6 +106,9 @@ class Call(executor.Context):
                     "bytes": self.nbytes}
             if self.peer is not None:
                 meta["peer"] = self.peer
+        if s.capture is None and not graph.active:      # eager, no capture anywhere: the task
+            s.enqueue(self.make(objs, site, meta), self.name, "collective", meta, site)    # now
+            return
         fuse = None
         if s.capture is not None and self.op == OpType.ALLREDUCE:
             fuse = fusion.fusable(self, objs, site)
@@ -119,7 +124,8 @@ class Call(executor.Context):
                 seq = comm._p2p.get(key, 0) + 1
                 comm._p2p[key] = seq
         else:
-            seq = comm.take_seqs(1)
+            with comm._lock:                # comm.take_seqs(1), inline: every eager call
+                comm._seq = seq = comm._seq + 1
         rec = recorder.enqueue(comm, seq, self.plan.rec_fp, stream=self.stream.name, site=site,
                                peer=peer, nbytes=self.nbytes,
                                names=self.plan.names)
@@ -132,11 +138,15 @@ class Call(executor.Context):
         if not same_allocations(self.marks, objs):
             self.program = self._bind(objs)         # raises the use-after-free error
             self.marks = allocation_marks(objs)
-        recorder.start(rec)
+        rec.state, rec.t_started = "started", _time()       # recorder.start(rec), inline
         self.rec = rec
         comm = self.comm
-        by_comm = comm.exec_timeout is not None
-        timeout = comm.exec_timeout if by_comm else comm.timeout()[0]
+        timeout = comm.exec_timeout
+        by_comm = timeout is not None
+        if not by_comm:
+            timeout = comm._env_timeout
+            if timeout is None:
+                timeout = comm.timeout()[0]
         try:
             self.program.run(self.cid, seq, self.wire_fp, timeout, self.on_wait)
         except executor.StepFailed as f:

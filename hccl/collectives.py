@@ -22,10 +22,12 @@ from __future__ import annotations
 import numpy as np
 
 import runtime
+from runtime.array import DeviceArray
 from runtime.callsite import callsite
-from runtime.context import resolve_stream
+from runtime.context import current_stream, resolve_stream
 from runtime.errors import NpuError, describe
 from runtime.memory import DevicePtr
+from runtime.stream import Stream
 
 from . import config
 from .call import Call
@@ -161,14 +163,15 @@ def all_to_all(send, send_count, recv, recv_count, dtype, comm, stream=None, *, 
 
 
 def _collective(op: OpType, check, comm, send, recv, count, dtype, redop, root, stream,
-                site) -> None:
+                site, mkey=None) -> None:
     """Issue collective ``op``: the communicator's remembered Call when the arguments are the
     very ones checked before (see ``hccl.call``), else ``check(comm, bufs, count, dtype, redop,
     root)`` and a new Call. A check raises InvalidArgumentError for a bad argument, else
     returns (the live comm, the API's name, the Call's normalized arguments). Checks are
-    module-level functions, not closures: a closure would cost every call its cells."""
-    key = None
-    if isinstance(comm, Collectives) and not comm._destroyed:
+    module-level functions, not closures: a closure would cost every call its cells. ``mkey``:
+    a communicator method's key (``_repeat``), under which the new Call is remembered."""
+    key = mkey                  # a method's key (``_repeat`` looked it up already), or:
+    if key is None and isinstance(comm, Collectives) and not comm._destroyed:
         try:
             s = resolve_stream(stream)
         except NpuError:        # the check says what is wrong with it
@@ -185,6 +188,39 @@ def _collective(op: OpType, check, comm, send, recv, count, dtype, redop, root, 
     bufs = {"send": send, "recv": recv}
     comm, api, args = check(comm, bufs, count, dtype, redop, root)
     _new_call(comm, op, api, bufs, stream, site or callsite(3), key, **args)
+
+
+def _repeat(comm, op: OpType, send, recv, redop, root, stream):
+    """A communicator method's fast path: issue the Call remembered for the very same
+    arguments, and return True; else the key to remember the new Call under (None: the method
+    cannot be remembered this way), for ``_collective``.
+
+    The method infers count and dtype from its DeviceArrays, whose shape and dtype are fixed
+    when the array is made (a reshape or a view is a new array), so none of the checks, not even
+    that inference, runs again for a repeat: the key holds the buffers by identity (of another length than
+    ``_collective``'s keys: never equal to one), and ``Calls.find`` checks that they are the
+    very objects checked, still in the same live allocations (``hccl.call``)."""
+    if type(send) is not DeviceArray or comm._destroyed:
+        return None
+    if type(stream) is Stream and not stream._destroyed:
+        s = stream
+    elif stream is None:
+        s = current_stream()
+    else:
+        return None
+    if recv is None:
+        key = (op, id(send), None, type(redop), redop, type(root), root, s)
+        objs = (send,)
+    elif type(recv) is DeviceArray:
+        key = (op, id(send), id(recv), type(redop), redop, type(root), root, s)
+        objs = (send, recv)
+    else:
+        return None
+    call = comm._calls.find(key, objs)
+    if call is None:
+        return key
+    call.issue(objs, callsite(3))
+    return True
 
 
 def _new_call(comm, op: OpType, api: str, bufs: dict, stream, site: str, key, *, count: int,
@@ -355,28 +391,38 @@ class Collectives:
 
     def all_reduce(self, send, recv=None, op=ReduceOp.SUM, stream=None):
         recv = send if recv is None else recv
-        _collective(OpType.ALLREDUCE, _all_reduce_args, self, send, recv, _size(send, "send"),
-                    _arr_dtype(send), op, None, stream, None)
+        k = _repeat(self, OpType.ALLREDUCE, send, recv, op, None, stream)
+        if k is not True:
+            _collective(OpType.ALLREDUCE, _all_reduce_args, self, send, recv,
+                        _size(send, "send"), _arr_dtype(send), op, None, stream, None, k)
         return recv
 
     def all_gather(self, send, recv, stream=None):
-        _collective(OpType.ALLGATHER, _all_gather_args, self, send, recv, _size(send, "send"),
-                    _arr_dtype(send), None, None, stream, None)
+        k = _repeat(self, OpType.ALLGATHER, send, recv, None, None, stream)
+        if k is not True:
+            _collective(OpType.ALLGATHER, _all_gather_args, self, send, recv,
+                        _size(send, "send"), _arr_dtype(send), None, None, stream, None, k)
         return recv
 
     def reduce_scatter(self, send, recv, op=ReduceOp.SUM, stream=None):
-        _collective(OpType.REDUCE_SCATTER, _reduce_scatter_args, self, send, recv,
-                    _size(recv, "recv"), _arr_dtype(recv), op, None, stream, None)
+        k = _repeat(self, OpType.REDUCE_SCATTER, send, recv, op, None, stream)
+        if k is not True:
+            _collective(OpType.REDUCE_SCATTER, _reduce_scatter_args, self, send, recv,
+                        _size(recv, "recv"), _arr_dtype(recv), op, None, stream, None, k)
         return recv
 
     def broadcast(self, buf, root=0, stream=None):
-        _collective(OpType.BROADCAST, _broadcast_args, self, buf, buf, _size(buf, "buf"),
-                    _arr_dtype(buf), None, root, stream, None)
+        k = _repeat(self, OpType.BROADCAST, buf, buf, None, root, stream)
+        if k is not True:
+            _collective(OpType.BROADCAST, _broadcast_args, self, buf, buf, _size(buf, "buf"),
+                        _arr_dtype(buf), None, root, stream, None, k)
         return buf
 
     def reduce(self, send, recv=None, op=ReduceOp.SUM, root=0, stream=None):
-        _collective(OpType.REDUCE, _reduce_args, self, send, recv, _size(send, "send"),
-                    _arr_dtype(send), op, root, stream, None)
+        k = _repeat(self, OpType.REDUCE, send, recv, op, root, stream)
+        if k is not True:
+            _collective(OpType.REDUCE, _reduce_args, self, send, recv, _size(send, "send"),
+                        _arr_dtype(send), op, root, stream, None, k)
         return recv
 
     def all_to_all(self, send, recv, stream=None):

@@ -175,7 +175,10 @@ class Program:
                 elif kind == _COPY:
                     if pending is not None and pending.items:
                         pending.settle(op[4], op[5])
-                    copy_bytes(op[1], op[2])
+                    if op[3]:                           # copy_bytes, inline: memoryviews,
+                        op[1][:] = op[2]                # the GIL kept
+                    else:
+                        np.copyto(op[1], op[2])
                 else:
                     if pending is not None and pending.items:
                         pending.settle(op[4], op[5])
@@ -235,8 +238,12 @@ def bind(steps: Sequence, views: dict, op: ReduceOp | None, dtype, pairs: Sequen
             lo = base[step.dst_buf] + step.dst_off
             if base[step.src_buf] + step.src_off == lo:
                 continue
-            ops.append((_COPY, views[step.dst_buf][step.dst_off:step.dst_off + nb],
-                        views[step.src_buf][step.src_off:step.src_off + nb], None, lo, lo + nb))
+            dst = views[step.dst_buf][step.dst_off:step.dst_off + nb]
+            src = views[step.src_buf][step.src_off:step.src_off + nb]
+            small = nb <= GIL_COPY_BYTES        # copy_bytes' rule, decided once
+            if small:
+                dst, src = memoryview(dst), memoryview(src)
+            ops.append((_COPY, dst, src, small, lo, lo + nb))
         elif kind is LocalReduce:
             nb = step.nbytes
             if not nb:

@@ -64,9 +64,8 @@ _NEVER = float("inf")
 class _Task:
     __slots__ = ("fn", "name", "category", "meta", "site", "seq")
 
-    def __init__(self, fn, name, category, meta, site, seq):
-        self.fn, self.name, self.category, self.meta, self.site, self.seq = \
-            fn, name, category, meta, site, seq
+
+_new_task = object.__new__
 
 
 class Stream:
@@ -165,16 +164,19 @@ class Stream:
             site = callsite(2)
         if self.capture is not None:
             return self.capture.add(self, fn, None, name, category, meta, site)
+        task = _new_task(_Task)       # no __init__: a Python call less on every enqueue
+        task.fn, task.name, task.category, task.meta, task.site = fn, name, category, meta, site
         with self._mu:
             self._issued += 1
-            seq = self._issued
-            self._q.append(_Task(fn, name, category, meta, site, seq))
+            task.seq = seq = self._issued
+            self._q.append(task)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name=f"npu{self.device_id}-{self.name}",
                                                 daemon=True)
                 self._thread.start()
-            else:
-                self._ring()
+            elif self._sleeping and not self._rung:     # _ring(), inline: every enqueue
+                self._rung = True
+                self._bell.release()
         return seq
 
     def enqueue_deferred(self, make, name: str, category: str = "kernel", meta=None,
@@ -204,12 +206,6 @@ class Stream:
         if self._sleeping and not self._rung:
             self._rung = True
             self._bell.release()
-
-    def _unring(self) -> None:
-        """Take back a ring the worker has not taken yet (the caller holds ``_mu``): it goes on
-        sleeping without ever wanting the GIL."""
-        if self._rung and self._bell.acquire(blocking=False):
-            self._rung = False
 
     # ------------------------------------------------------------------ worker
     def _work(self):
@@ -307,7 +303,8 @@ class Stream:
                         raise self._timeout_error(timeout, what, value)
                     self._wake_at = min(self._wake_at, value)
                     self._cv.wait(left)
-        self._raise_error_upto(value)
+        if self._error is not None:
+            self._raise_error_upto(value)
 
     def _steal(self, value: int) -> None:
         """Run queued tasks up to ``value`` in the waiting thread if the worker has not started them.
@@ -323,7 +320,8 @@ class Stream:
             with self._mu:
                 self._stealing = True
                 self._stealer = threading.get_ident()
-                self._unring()
+                if self._rung and self._bell.acquire(False):    # take back a ring the worker
+                    self._rung = False                          # has not taken: it sleeps on
             try:
                 while self._done < value and q and q[0] is not None:
                     self._run(q.popleft())
@@ -367,7 +365,13 @@ class Stream:
             SyncTimeoutError: ``timeout`` seconds passed first (code 507046); nothing changes.
         """
         value = self._issued
-        self.wait_value(value, timeout, "Stream.synchronize")
+        if timeout is None and not graph.active:     # wait_value's common case, inline
+            if self._done < value:
+                self._steal(value)
+            if self._done < value or self._error is not None:
+                self.wait_value(value, None, "Stream.synchronize")
+        else:
+            self.wait_value(value, timeout, "Stream.synchronize")
         if sanitizer.on:
             sanitizer.host_waits_stream(self, value)
 

@@ -24,11 +24,13 @@ error: ``fail`` aborts every communicator on every rank, naming the sender.
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 
 from hccl import wire
 from hccl.transport.base import DONE, Pair, PeerGone, SendHandle, TransportError
+from hccl.transport.shm import SLICE
 from hccl.transport.zmq import ACK_STEP, SocketPair
 from runtime import ipc
 from runtime.errors import MemoryAccessError
@@ -37,6 +39,7 @@ log = logging.getLogger("hccl.transport")
 
 _DATA, _NOTICE, _ACK = int(wire.Kind.DATA), int(wire.Kind.SHM_DATA), int(wire.Kind.SHM_ACK)
 _TAKEN = object()          # recv_into's drain: the awaited message was consumed in its slot
+_perf = time.perf_counter
 
 
 class ShmError(TransportError):
@@ -93,7 +96,8 @@ class LocalPair(Pair):
     # -- sending ---------------------------------------------------------------------------
     def send(self, comm_id: int, seq: int, step: int, fp, mv: memoryview) -> SendHandle:
         ch, n, t = self.channel, mv.nbytes, self.t
-        t.check_open(comm_id)
+        if t._closed or t._aborted or t._failed is not None:   # the usual case skips the call
+            t.check_open(comm_id)
         where = None
         if n > self.capacity or n >= self.min_notice:
             where = ipc.export(np.frombuffer(mv, np.uint8))
@@ -127,14 +131,34 @@ class LocalPair(Pair):
         settles its pending sends before a Recv, so its consumer never does)."""
         t, peer = self.t, self.peer
         return t.expects(peer, comm_id, seq) and \
-            self.channel.take(peer, _DATA, comm_id, seq, step, fp, consume)
+            self.channel.take(peer, _DATA, comm_id, seq, step, fp, consume) is True
 
     def recv_into(self, comm_id: int, seq: int, step: int, fp, timeout: float | None,
                   consume) -> None:
         """Wait for the message tagged ``(comm_id, seq, step)``, then ``consume`` its payload
         (a view valid during the call); see ``base.Transport.recv_into``."""
-        t, handle, peer = self.t, self._handle, self.peer
-        took = []
+        t, ch, peer = self.t, self.channel, self.peer
+        # The fast path: the awaited message straight from its slot, waiting on the bell until
+        # it comes, for at most SLICE. Whatever else happens (another message first in the
+        # ring, one held in a mailbox, an abort, a close: each rings the bell) leaves it for
+        # the full wait below, which files, raises and watches the peer's liveness.
+        end = None
+        while True:
+            seen = ch.value()               # before the look: a post after it rings the bell
+            if not t.expects(peer, comm_id, seq):
+                break
+            got = ch.take(peer, _DATA, comm_id, seq, step, fp, consume)
+            if got:
+                return
+            if got is not None:             # the ring holds another message first
+                break
+            now = _perf()
+            if end is None:
+                end = now + (SLICE if timeout is None else min(timeout, SLICE))
+            elif now >= end:
+                break
+            ch.wait(seen, end - now)
+        handle, took = self._handle, []
 
         def direct(kind, n, c, s, st, f, value, view):
             """The awaited message goes from its slot straight into ``consume``, the rest (and

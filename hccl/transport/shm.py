@@ -267,7 +267,12 @@ class Channel:
             if n:
                 seg.buf[off + SLOT_HDR_BYTES:off + SLOT_HDR_BYTES + n] = payload
             seg.u64[h] = head + 1
-        seg.ring()
+        u32 = seg.u32                           # seg.ring(), inline: every message
+        u32[0] = (u32[0] + 1) & 0xFFFFFFFF
+        with _FENCE:                            # barrier 2: the bell before the sleeper count
+            pass
+        if u32[1]:
+            _futex_wake(seg.bell_addr)
         return True
 
     # -- receiving -------------------------------------------------------------------------
@@ -303,16 +308,17 @@ class Channel:
         """If the first message waiting from ``peer`` is of ``kind`` with exactly this tag and
         fingerprint, pass its payload (a view of its slot, valid during the call) to
         ``consume``, consume the message and return True; else leave the ring as it is and
-        return False. ``consume`` may raise: the message is consumed anyway."""
+        return None if it is empty, False if another message comes first. ``consume`` may
+        raise: the message is consumed anyway."""
         seg = self.inbox
         h = seg.heads[peer]
         u64 = seg.u64
         if u64[h] == u64[h + 8]:
-            return False
+            return None
         with self._recv_locks[peer]:
             tail = u64[h + 8]
             if tail == u64[h]:
-                return False
+                return None
             off = seg.slot0[peer] + (tail % seg.slots) * seg.slot_bytes
             k, n, c, s, st, value, *f = SLOT_HDR.unpack_from(seg.mm, off)
             if k != kind or st != step or s != seq or c != comm_id or n > self.capacity \
