@@ -11,9 +11,9 @@ scheduler tick (~4 ms), and a bound rank cannot move to the free core (runtime/s
 the older, shared-machine figures). No fixed choice wins both, so npurun watches:
 
 - one thread of npurun samples, every ``INTERVAL`` s, the busy time of the cores npurun may use
-  (/proc/stat) and subtracts the CPU time of the job's own processes (npurun, its fork server,
-  its ranks: /proc/PID/stat, all their threads). What remains is the other programs' use, in
-  cores. A rank's own child processes (data loaders, compilers) count as other programs: their
+  (their wall time minus their idle time, /proc/stat) and subtracts the run time of the job's
+  own threads (npurun, its fork server, its ranks: /proc/PID/task/TID/schedstat). What remains
+  is the other programs' use, in cores (``CpuProbe``). A rank's own child processes (data loaders, compilers) count as other programs: their
   CPU use keeps the ranks in the default class, the safe side.
 - above ``threshold`` cores (NPUSIM_SCHED_WATCH_CORES) in one sample, every thread of every rank
   goes back to SCHED_OTHER and to every core npurun may use; only after ``QUIET_SAMPLES``
@@ -111,46 +111,60 @@ def _procfs() -> bool:
     return os.path.exists("/proc/stat") and os.path.exists(f"/proc/{os.getpid()}/task")
 
 
-def _cpu_ticks(pid: int) -> int | None:
-    """utime + stime of process ``pid`` (all its threads), in clock ticks; None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read()
-    except OSError:
-        return None
-    fields = text[text.rindex(b")") + 2:].split()
-    return int(fields[11]) + int(fields[12])
+def _runtimes(pid: int) -> dict[int, int]:
+    """{tid: ns on a CPU} of every thread of ``pid`` (/proc/PID/task/TID/schedstat: exact, where
+    /proc/PID/stat rounds to 10 ms); {} if it is gone."""
+    out = {}
+    for tid in _tids(pid):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                out[tid] = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
 
 
 class CpuProbe:
-    """The other programs' CPU use on ``mask``'s cores, in cores, since the previous call:
-    /proc/stat's busy time of those cores minus the CPU time of ``pids`` (the design note).
-    None for the first call and for a call whose ``pids`` differ from the previous one's."""
+    """The other programs' CPU use of ``mask``'s cores, in cores, since the previous call
+    (None for the first call and for one whose ``pids`` differ from the previous one's).
+
+    Busy time is the wall time of the cores minus their idle, iowait and steal time
+    (/proc/stat: idle time is exact on a tickless kernel, where user and system time are
+    sampled at the scheduler tick and would err by ~0.1 core in 0.2 s); the job's time is the
+    sum over its threads of their exact run time, thread by thread (a thread that ended since
+    the previous call counts as the others', the safe side)."""
 
     def __init__(self, mask: Iterable[int]):
-        self.names = {f"cpu{c}".encode() for c in mask}
+        mask = sorted(mask)
+        every = len(mask) == os.cpu_count()
+        self.names = {b"cpu"} if every else {f"cpu{c}".encode() for c in mask}
+        self.ncores = len(mask)
         self.last: tuple | None = None
 
-    def busy(self) -> int:
+    def idle(self) -> int:
+        """Idle + iowait + steal ticks of the cores (the all-cores line when the mask is all)."""
         total = 0
         with open("/proc/stat", "rb") as f:
             for line in f:
                 parts = line.split()
-                if parts and parts[0] in self.names:   # user nice system idle iowait irq softirq
-                    v = [int(x) for x in parts[1:8]]
-                    total += v[0] + v[1] + v[2] + v[5] + v[6]
+                if parts and parts[0] in self.names:   # user nice system idle iowait irq softirq steal
+                    total += int(parts[4]) + int(parts[5]) + int(parts[8])
+                elif parts and not parts[0].startswith(b"cpu"):
+                    break
         return total
 
     def __call__(self, pids: tuple[int, ...]) -> float | None:
-        ours = [_cpu_ticks(p) for p in pids]
-        now = (time.monotonic(), self.busy(), pids, sum(t for t in ours if t is not None))
+        runs = {(pid, tid): ns for pid in pids for tid, ns in _runtimes(pid).items()}
+        now = (time.monotonic(), self.idle(), pids, runs)
         last, self.last = self.last, now
-        if last is None or last[2] != pids or None in ours:
+        if last is None or last[2] != pids:
             return None
         dt = now[0] - last[0]
         if dt <= 0:
             return None
-        return max(0.0, ((now[1] - last[1]) - (now[3] - last[3])) / _TICK / dt)
+        busy = self.ncores * dt - (now[1] - last[1]) / _TICK
+        ours = sum(ns - last[3].get(key, 0) for key, ns in runs.items()) / 1e9
+        return max(0.0, (busy - ours) / dt)
 
 
 def _tids(pid: int) -> list[int]:
