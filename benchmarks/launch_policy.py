@@ -18,6 +18,8 @@ are recorded per load. Policies (environment of npurun):
     bind only        NPUSIM_BIND=1 NPUSIM_SCHED_BATCH=0
     batch only       NPUSIM_BIND=0 NPUSIM_SCHED_BATCH=1
     batch+bind       NPUSIM_SCHED_BATCH=1 NPUSIM_BIND=1 (npurun's default before #37)
+    watch off        NPUSIM_SCHED_WATCH=0 (only with --policies: the same as nothing but for
+                     the knobs; default against it is the watcher thread's own cost)
 
 ``--figures`` puts the table on docs/figures.md (section "launch-policy"). A benchmark, not a
 test: figures depend on the machine and on what else runs on it.
@@ -42,7 +44,9 @@ POLICIES = {
     "bind only": {"NPUSIM_BIND": "1", "NPUSIM_SCHED_BATCH": "0"},
     "batch only": {"NPUSIM_BIND": "0", "NPUSIM_SCHED_BATCH": "1"},
     "batch+bind": {"NPUSIM_SCHED_BATCH": "1", "NPUSIM_BIND": "1"},
+    "watch off": {"NPUSIM_SCHED_WATCH": "0"},     # only by name: the watcher's own cost (A/B)
 }
+COLUMNS = ("default", "nothing", "bind only", "batch only", "batch+bind")
 SIZES = (1024, 65536)
 
 
@@ -144,7 +148,7 @@ def main(argv=None) -> int:
                     help="seconds each rank idles before the bench (the watcher decides)")
     ap.add_argument("--figures", action="store_true",
                     help="put the table on docs/figures.md (section launch-policy)")
-    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--policies", default=",".join(COLUMNS))
     ap.add_argument("--json", default=None, help="write every run's figures here")
     a = ap.parse_args(argv)
     if a.rounds < 1 or a.world < 1 or a.iters < 1:
@@ -186,7 +190,8 @@ def main(argv=None) -> int:
         print("| " + " | ".join(row) + " |")
     if a.figures:
         from benchmarks import figures  # noqa: PLC0415
-        command = ("python -m benchmarks.launch_policy " + " ".join(argv)).strip()
+        shown = [x for i, x in enumerate(argv) if x != "--json" and argv[i - 1:i] != ["--json"]]
+        command = ("python -m benchmarks.launch_policy " + " ".join(shown)).strip()
         figures.write_section(
             "launch-policy", "npurun's launch policy (#37): " + title, command, head, rows,
             "default: npurun's watcher (launcher/schedwatch.py): SCHED_BATCH and one core per "

@@ -370,3 +370,35 @@ def test_npurun_watcher_follows_a_busy_loop(tmp_path):
     assert proc.returncode == 0, err[-3000:]
     assert "while other programs use less than 0.3 of these cores" in err, err
     assert left_after < 3.0, left_after
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_npurun_watcher_places_ranks_while_under_its_threshold(tmp_path, fork):
+    """Through npurun, with a threshold no machine reaches (so also on a shared one): 4 ranks
+    on 2 cores, forked or fresh interpreters, end up in SCHED_BATCH with local ranks 0, 1 on
+    the first core and 2, 3 on the second, every thread, within a few samples."""
+    mask = sorted(os.sched_getaffinity(0))
+    if len(mask) >= 4:
+        pytest.skip("needs fewer than 4 cores (4 ranks must be crowded)")
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(WAITING.replace("{out!r}", repr(str(tmp_path)))))
+    with LeakCheck() as lc:
+        for k in ("NPUSIM_SCHED_BATCH", "NPUSIM_BIND", "NPUSIM_SCHED_WATCH"):
+            lc.env.pop(k, None)
+        lc.env["NPUSIM_SCHED_WATCH_CORES"] = "1000"
+        lc.env["NPUSIM_FORKSERVER"] = fork
+        proc = start_npurun("--nproc-per-node", "4", str(script), env=lc.env, cwd=str(tmp_path))
+        try:
+            files = [tmp_path / f"pid{r}" for r in range(4)]
+            wait_for(lambda: all(f.exists() and f.read_text() for f in files), 60,
+                     what="the ranks' pids")
+            pids = [int(f.read_text()) for f in files]
+            want = [{(os.SCHED_BATCH, frozenset({mask[r * len(mask) // 4]}))} for r in range(4)]
+            wait_for(lambda: [_state(p) for p in pids] == want, 30,
+                     what="every rank's threads in SCHED_BATCH on its core")
+        finally:
+            (tmp_path / "done").write_text("")
+            out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    assert "while other programs use less than 1000 of these cores" in err, err
