@@ -18,8 +18,9 @@ are recorded per load. Policies (environment of npurun):
     bind only        NPUSIM_BIND=1 NPUSIM_SCHED_BATCH=0
     batch only       NPUSIM_BIND=0 NPUSIM_SCHED_BATCH=1
     batch+bind       NPUSIM_SCHED_BATCH=1 NPUSIM_BIND=1 (npurun's default before #37)
-    watch off        NPUSIM_SCHED_WATCH=0 (only with --policies: the same as nothing but for
-                     the knobs; default against it is the watcher thread's own cost)
+    watch off        NPUSIM_SCHED_WATCH=0: the same as nothing, set another way (the noise
+                     gauge: on a busy machine default, nothing and watch off all run the ranks
+                     alike, and their spread is the run's noise)
 
 ``--figures`` puts the table on docs/figures.md (section "launch-policy"). A benchmark, not a
 test: figures depend on the machine and on what else runs on it.
@@ -44,9 +45,9 @@ POLICIES = {
     "bind only": {"NPUSIM_BIND": "1", "NPUSIM_SCHED_BATCH": "0"},
     "batch only": {"NPUSIM_BIND": "0", "NPUSIM_SCHED_BATCH": "1"},
     "batch+bind": {"NPUSIM_SCHED_BATCH": "1", "NPUSIM_BIND": "1"},
-    "watch off": {"NPUSIM_SCHED_WATCH": "0"},     # only by name: the watcher's own cost (A/B)
+    "watch off": {"NPUSIM_SCHED_WATCH": "0"},
 }
-COLUMNS = ("default", "nothing", "bind only", "batch only", "batch+bind")
+COLUMNS = tuple(POLICIES)
 SIZES = (1024, 65536)
 
 
@@ -197,9 +198,11 @@ def main(argv=None) -> int:
             "default: npurun's watcher (launcher/schedwatch.py): SCHED_BATCH and one core per "
             "rank pair while other programs use < 0.3 cores, the default class on every core "
             "above; nothing: NPUSIM_BIND=0 NPUSIM_SCHED_BATCH=0; batch+bind: npurun's default "
-            "before #37. 'others' is the other programs' CPU use (cores) measured before the "
-            "load's runs; 'vs best' is the default's 1 KiB / 64 KiB time over the best policy's "
-            "of the same row (same run).")
+            "before #37; watch off: NPUSIM_SCHED_WATCH=0, the same as nothing set another way "
+            "(where others > 0.3, default, nothing and watch off run the ranks alike: their "
+            "spread is the run's noise). 'others' is the other programs' CPU use (cores) "
+            "measured before the load's runs, the busy loops included; 'vs best' is the "
+            "default's 1 KiB / 64 KiB time over the best policy's of the same row (same run).")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({f"{k[0]}|{k[1]}": v for k, v in runs.items()}, f, indent=1)

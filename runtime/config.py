@@ -216,7 +216,7 @@ TABLE = Table("runtime", [
         "runtime.sched, launcher.schedwatch (npurun's launch policy)",
         shown="unset: the watcher"),
     Var("NPUSIM_SCHED_BATCH", "switch", None, "1: npurun starts its ranks in Linux's SCHED_BATCH "
-        "class (the ranks' threads inherit it; npusim never changes a user's thread) and a "
+        "class (the ranks' threads inherit it; the library never changes a user's thread) and a "
         "stream worker whose wake-ups find its work taken moves itself; 0: no class is ever "
         "changed; unset: npurun's watcher runs crowded ranks in SCHED_BATCH only while no other "
         "program uses the cores (SCHED_BATCH loses 8x beside a busy program: "
