@@ -44,7 +44,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from launcher import config, proc, shm, stacks
+from launcher import config, proc, schedwatch, shm, stacks
 from launcher.attempts import RESUMED_MARKER, AttemptRecord, failure_class, format_attempts
 from launcher.entrycheck import script_problem
 from launcher.env import JobInfo, worker_env
@@ -140,6 +140,7 @@ class Agent:
         self._pump: OutputPump | None = None
         self._waiter: proc.Waiter | None = None
         self._server = None             # the node's fork server (launcher.forkserver), if any
+        self._schedwatch = None         # launcher.schedwatch.Watcher, if the policy watches
         self._log_root: str | None = None
         self._temp_root = False
         self.keep_logs = False          # keep a temporary log root (a verdict points into it)
@@ -311,16 +312,12 @@ class Agent:
                                or local_rank in spec.console_ranks)
             self.workers.append(Worker(local_rank, wp.rank, wp))
         n = spec.nproc_per_node
-        batch, bind = sched.wanted(n), sched.binds(n)
-        if (batch or bind) and self.attempt == 0:   # only asked for: runtime/sched.py
-            policy = []
-            if batch:
-                policy.append("the ranks run in Linux's SCHED_BATCH class (NPUSIM_SCHED_BATCH=1; "
-                              "unset it to keep the default class)")
-            if bind:
-                policy.append("each rank is bound to one core, consecutive local ranks sharing "
-                              "one (NPUSIM_BIND=1; unset it to leave them free)")
-            say(f"npurun: {n} ranks on {sched.cores()} cores: {'; '.join(policy)}")
+        policy = schedwatch.policy(n)     # launcher/schedwatch.py
+        batch, bind = policy.batch, policy.bind
+        if self.attempt == 0:
+            if policy.announce():
+                say(policy.announce())
+            self._schedwatch = schedwatch.start(policy)
         server = self._fork_server()
         if self._signal:            # Ctrl-C while the fork server started: no rank to start
             return
@@ -337,6 +334,9 @@ class Agent:
                         server = None
                         w.proc.start(self._pump, self._janitor)
                 w.state = WorkerState.HEALTHY
+        if self._schedwatch is not None:
+            self._schedwatch.follow([(w.local_rank, w.proc.pid) for w in self.workers],
+                                    [server.pid] if server is not None else [])
         log.info("npurun: attempt %d: started ranks %s (pids %s)", self.attempt,
                  [w.rank for w in self.workers], [w.proc.pid for w in self.workers])
 
@@ -563,6 +563,8 @@ class Agent:
     def _shutdown(self) -> None:
         """Whatever happened: no rank, no segment, no temp dir, no store left behind."""
         try:
+            if self._schedwatch is not None:
+                self._schedwatch.close()
             if self.workers:
                 self._stop_live("npurun is exiting", signal.SIGTERM)
         finally:

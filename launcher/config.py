@@ -36,6 +36,14 @@ _ROWS = [
     ("NPUSIM_FORKSERVER", "switch", True, "1: npurun starts the ranks of a node by forking one "
      "prepared process that imported numpy, pyzmq, runtime and hccl once; 0: each rank is a "
      "fresh interpreter", "launcher.agent", {}),
+    ("NPUSIM_SCHED_WATCH", "switch", True, "1: with more ranks than cores, npurun runs its "
+     "ranks in SCHED_BATCH, one core per rank pair, while no other program uses the cores, and "
+     "in the default class on every core as soon as one does (a watcher thread; said on its "
+     "first line); 0: npurun changes nothing NPUSIM_SCHED_BATCH / NPUSIM_BIND do not ask for",
+     "launcher.schedwatch", {}),
+    ("NPUSIM_SCHED_WATCH_CORES", "number", 0.3, "the other programs' CPU use, in cores, above "
+     "which npurun's watcher takes the ranks out of SCHED_BATCH and off their cores (back "
+     "after 0.6 s below half of it)", "launcher.schedwatch", {"lo": 0, "hi": 4096}),
     ("NPUSIM_FORKSERVER_PRELOAD", "text", None, "more modules the fork server imports before it "
      "forks the ranks (comma-separated, e.g. torch)", "launcher.forkserver", {}),
     ("XDG_RUNTIME_DIR", "path", None, "the per-user directory for the loopback multi-node "
@@ -175,6 +183,18 @@ def user_device_count() -> str | None:
 def profile_dir() -> str | None:
     """NPUSIM_PROFILE_DIR (runtime's table): where the ranks write their traces, merged by npurun."""
     return get("NPUSIM_PROFILE_DIR")
+
+
+def sched_watch() -> bool:
+    """NPUSIM_SCHED_WATCH: whether npurun adapts its crowded ranks' class and cores to the other
+    programs' CPU use (launcher/schedwatch.py; default on)."""
+    return get("NPUSIM_SCHED_WATCH")
+
+
+def sched_watch_cores() -> float:
+    """NPUSIM_SCHED_WATCH_CORES: the other programs' CPU use, in cores, above which npurun's
+    watcher leaves SCHED_BATCH and the ranks' cores (default 0.3)."""
+    return get("NPUSIM_SCHED_WATCH_CORES")
 
 
 def hang_notice() -> float:

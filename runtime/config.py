@@ -211,14 +211,18 @@ TABLE = Table("runtime", [
             ("off", ("0", "off", "false", "no")), ("raise", ("1", "on", "raise", "true", "yes")),
             ("warn", ("warn",)))),
     Var("NPUSIM_BIND", "switch", None, "1: npurun binds each rank to one core (consecutive local "
-        "ranks share one) and says so on its first line; 0 or unset: never (binding loses on a "
-        "shared machine: runtime/sched.py)", "runtime.sched (npurun's launch policy)",
-        shown="unset: never"),
+        "ranks share one) and says so on its first line; 0: never; unset: npurun's watcher binds "
+        "crowded ranks only while no other program uses the cores (NPUSIM_SCHED_WATCH)",
+        "runtime.sched, launcher.schedwatch (npurun's launch policy)",
+        shown="unset: the watcher"),
     Var("NPUSIM_SCHED_BATCH", "switch", None, "1: npurun starts its ranks in Linux's SCHED_BATCH "
-        "class (the ranks' threads inherit it; npusim never changes a user's thread) and a "
-        "stream worker whose wake-ups find its work taken moves itself; 0 or unset: no class is "
-        "ever changed (SCHED_BATCH loses 8x beside a busy program: runtime/sched.py)",
-        "runtime.sched (npurun's launch policy, stream workers)", shown="unset: never"),
+        "class (the ranks' threads inherit it; the library never changes a user's thread) and a "
+        "stream worker whose wake-ups find its work taken moves itself; 0: no class is ever "
+        "changed; unset: npurun's watcher runs crowded ranks in SCHED_BATCH only while no other "
+        "program uses the cores (SCHED_BATCH loses 8x beside a busy program: "
+        "launcher/schedwatch.py)",
+        "runtime.sched, launcher.schedwatch (npurun's launch policy, stream workers)",
+        shown="unset: the watcher"),
     Var("NPUSIM_JOB_ID", "job id", LOCAL_JOB, "the job's id (set by npurun): names its store keys "
         "and shared-memory segments; not [A-Za-z0-9_.]+: the default", "runtime.config.job"),
     Var("TORCHELASTIC_RESTART_COUNT", "int", 0, "the attempt of a restarted job (set by npurun)",
@@ -338,15 +342,16 @@ def stream_check() -> str:
 
 def bind() -> bool | None:
     """NPUSIM_BIND: True makes npurun bind each rank of a node to one core of those it may use
-    (consecutive local ranks share a core); False or unset (None): npurun never binds (see
-    runtime/sched.py: binding loses on a shared machine). EnvError for anything but 1/0
-    (on/off, true/false, yes/no)."""
+    (consecutive local ranks share a core); False: npurun never binds; unset (None): npurun's
+    watcher binds crowded ranks while no other program uses the cores (launcher/schedwatch.py).
+    EnvError for anything but 1/0 (on/off, true/false, yes/no)."""
     return TABLE.get("NPUSIM_BIND")
 
 
 def sched_batch() -> bool | None:
     """NPUSIM_SCHED_BATCH: True makes npurun start its ranks in Linux's SCHED_BATCH class (and
-    stream workers move themselves when their wake-ups find their work taken); False or unset
-    (None): no scheduling class is changed (runtime/sched.py: SCHED_BATCH loses 8x as soon as
-    another program keeps a core busy). EnvError for anything but 1/0."""
+    stream workers move themselves when their wake-ups find their work taken); False: no
+    scheduling class is changed; unset (None): npurun's watcher runs crowded ranks in
+    SCHED_BATCH while no other program uses the cores (launcher/schedwatch.py: SCHED_BATCH
+    loses 8x as soon as another program keeps a core busy). EnvError for anything but 1/0."""
     return TABLE.get("NPUSIM_SCHED_BATCH")

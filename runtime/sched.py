@@ -20,10 +20,12 @@ medians, policies interleaved; this 2-core machine shared with 7 other jobs, loa
     one core busy (6 rounds, another run): nothing 654/4292, batch only 4157/5454,
     batch+bind 7852/7991
 
-(the full table: docs/launcher.md and the commit that made it). So npurun changes nothing by
-default: what npurun sets must never be slower than setting nothing, and no
-fixed class or binding is, once other programs run. What remains is opt-in, announced on
-npurun's first line, for a machine the job has to itself:
+(the full table: the commit that made it). No fixed class or binding is ever the fast choice
+once other programs run, so npurun fixes none by default: its watcher (launcher/schedwatch.py)
+runs crowded ranks in SCHED_BATCH, one core per rank pair, only while other programs leave the
+cores idle, and moves them back to the default class on every core within ~0.2 s of one using
+them (docs/figures.md, section launch-policy, has the policies side by side). What this module
+does is what the knobs fix, announced on npurun's first line:
 
 - NPUSIM_SCHED_BATCH=1: npurun starts its ranks in SCHED_BATCH (``spawning``: the launcher's own
   thread takes the class around the fork and gives it back; Linux children inherit their
@@ -34,8 +36,8 @@ npurun's first line, for a machine the job has to itself:
 - NPUSIM_BIND=1: npurun binds each rank to one core (``binds``, ``core_of``, ``pinned``),
   consecutive local ranks sharing a core.
 
-0 or unset: nothing. Nothing needs privilege; where the classes are missing or a sandbox forbids
-them every call does nothing.
+0: never, not even by the watcher; unset: the watcher decides. Nothing needs privilege; where
+the classes are missing or a sandbox forbids them every call does nothing.
 """
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ def cores() -> int:
 def wanted(ranks_here: int) -> bool:
     """Whether a launcher starts ``ranks_here`` ranks of this node in SCHED_BATCH: only when
     NPUSIM_SCHED_BATCH=1 (see the design note: it loses 8x as soon as another program keeps a
-    core busy)."""
+    core busy; unset, npurun's watcher decides while the job runs)."""
     return config.sched_batch() is True
 
 

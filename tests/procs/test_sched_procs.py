@@ -1,19 +1,24 @@
-"""npusim's library leaves the scheduling class of the user's threads alone (4 ranks on 2 cores).
+"""npusim's library leaves the scheduling class of the user's threads alone (4 ranks on 2 cores);
+npurun's watcher moves crowded ranks between SCHED_BATCH / one core and the default class / every
+core as other programs come and go (launcher/schedwatch.py).
 
-By default npurun changes no scheduling class (SCHED_BATCH loses on a shared machine:
-runtime/sched.py); NPUSIM_SCHED_BATCH=1 starts the ranks in SCHED_BATCH and npurun says so, also
-for ranks forked by the fork server. Either way the main
-thread (which runs a collective when it synchronizes) and a thread of the user's own keep the
-class they started with through init, collectives (checked while one runs) and
+With the watcher off, npurun starts the ranks in the default class; NPUSIM_SCHED_BATCH=1 starts
+them in SCHED_BATCH and npurun says so, also for ranks forked by the fork server. Either way the
+main thread (which runs a collective when it synchronizes) and a thread of the user's own keep
+the class they started with through init, collectives (checked while one runs) and
 ``comm.destroy()``.
 """
 import json
 import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 
 import pytest
 
-from tests.leakcheck import LeakCheck, run_npurun
+from tests.leakcheck import LeakCheck, run_npurun, start_npurun, wait_for
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="no SCHED_BATCH here")
 
@@ -72,8 +77,10 @@ def test_user_threads_keep_their_scheduling_class(tmp_path, knob, fork):
     with LeakCheck() as lc:
         lc.env.pop("NPUSIM_SCHED_BATCH", None)
         lc.env["NPUSIM_FORKSERVER"] = fork
-        if knob is not None:
+        if knob is not None:    # 0: the watcher keeps to binding, never the class
             lc.env["NPUSIM_SCHED_BATCH"] = knob
+        else:                   # the library alone: the watcher would move every thread
+            lc.env["NPUSIM_SCHED_WATCH"] = "0"
         res = run_npurun("--nproc-per-node", "4", str(script), env=lc.env, cwd=str(tmp_path),
                          timeout=280)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -115,15 +122,18 @@ comm.destroy()
 @pytest.mark.parametrize("knob,fork", [(None, "1"), ("0", "1"), ("1", "1"), ("1", "0")])
 def test_ranks_are_bound_to_cores_when_asked(tmp_path, knob, fork):
     """NPUSIM_BIND=1: npurun binds local ranks 0, 1 to the first core and 2, 3 to the second
-    (2 cores) and says so, forked or not; unset or 0 leaves every rank the launcher's cores."""
+    (2 cores) and says so, forked or not; 0 (or unset with the watcher off) leaves every rank the
+    launcher's cores."""
     mask = sorted(os.sched_getaffinity(0))
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(AFFINITY.replace("{out!r}", repr(str(tmp_path)))))
     with LeakCheck() as lc:
         lc.env.pop("NPUSIM_BIND", None)
         lc.env["NPUSIM_FORKSERVER"] = fork
-        if knob is not None:
+        if knob is not None:    # 0: the watcher keeps to the class, never binds
             lc.env["NPUSIM_BIND"] = knob
+        else:
+            lc.env["NPUSIM_SCHED_WATCH"] = "0"
         res = run_npurun("--nproc-per-node", "4", str(script), env=lc.env, cwd=str(tmp_path),
                          timeout=280)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -145,3 +155,250 @@ def test_npurun_gives_its_own_thread_its_cores_back():
     assert during == {sorted(before)[-1]}
     with sched.pinned(None):
         assert os.sched_getaffinity(0) == before
+
+
+# -- the watcher (launcher/schedwatch.py) ------------------------------------------------------
+
+RANK = """
+import os, sys, threading
+hold = threading.Event()
+def user():
+    if os.environ.get("OWN") == "1":     # a thread that chose its own class and cores
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+    sys.stdout.write(f"{threading.get_native_id()}\\n")
+    sys.stdout.flush()
+    hold.wait(120)
+t = threading.Thread(target=user, daemon=True)
+t.start()
+sys.stdin.read()                          # idle until the test closes stdin
+"""
+
+
+def _hog() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+def _kill(p: subprocess.Popen) -> None:
+    p.send_signal(signal.SIGKILL)
+    p.wait(30)
+
+
+def _run_ns(pid: int) -> int:
+    """ns on a CPU of ``pid``'s main thread (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError):
+        return 0
+
+
+def _state(pid: int) -> set:
+    """{(class, cores)} of every thread of ``pid``."""
+    out = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out.add((os.sched_getscheduler(int(tid)), frozenset(os.sched_getaffinity(int(tid)))))
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_watcher_leaves_batch_while_a_busy_loop_runs():
+    """4 idle "ranks" (children of this test, two threads each) go to SCHED_BATCH and their core
+    while nothing runs, to the default class and every core within a bounded time after a busy
+    loop starts, and back after it stops; a thread that chose its own class and cores keeps
+    them throughout. The probe is the busy loop's own CPU use (the machine is shared: its other
+    programs would decide for it); ``CpuProbe``, the default, is tested through npurun below."""
+    from launcher import schedwatch
+    mask = frozenset(os.sched_getaffinity(0))
+    cores = sorted(mask)
+    if os.sched_getscheduler(0) != os.SCHED_OTHER:
+        pytest.skip("this test runs outside the default class")
+    hogs: list[subprocess.Popen] = []
+    last = {}
+
+    def probe(_pids):
+        """Cores the busy loops used since the previous call."""
+        now = time.monotonic()
+        ns = sum(_run_ns(h.pid) for h in hogs if h.poll() is None)
+        prev, last["t"] = last.get("t"), (now, ns, len(hogs))
+        if prev is None or prev[2] != len(hogs):
+            return None
+        return max(0, ns - prev[1]) / 1e9 / (now - prev[0])
+
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "OWN": "1" if r == 0 else "0"})
+             for r in range(4)]
+    pol = schedwatch.Policy(4, len(cores), watch_batch=True, watch_bind=True, threshold=0.05)
+    watcher = None
+    try:
+        own = int(ranks[0].stdout.readline())          # rank 0's own thread is set up
+        for p in ranks[1:]:
+            p.stdout.readline()
+        watcher = schedwatch.Watcher(pol, mask, probe=probe, interval=0.05)
+        watcher.follow([(r, p.pid) for r, p in enumerate(ranks)])
+
+        def placed(quiet):
+            for r, p in enumerate(ranks):
+                want = ((os.SCHED_BATCH, frozenset({cores[r * len(cores) // 4]})) if quiet
+                        else (os.SCHED_OTHER, mask))
+                if _state(p.pid) - {(os.SCHED_IDLE, frozenset({cores[-1]}))} != {want}:
+                    return False
+            return True
+
+        t0 = time.monotonic()
+        wait_for(lambda: placed(True), 20, what="the ranks in SCHED_BATCH on their cores")
+        quiet_after = time.monotonic() - t0
+        hogs.append(_hog())
+        t0 = time.monotonic()
+        wait_for(lambda: placed(False), 20, what="the ranks back in SCHED_OTHER on every core")
+        left_after = time.monotonic() - t0
+        _kill(hogs.pop())
+        t0 = time.monotonic()
+        wait_for(lambda: placed(True), 20, what="the ranks in SCHED_BATCH again")
+        back_after = time.monotonic() - t0
+        assert watcher.switches == 3, watcher.switches
+        # rank 0's own thread kept the class and the core it chose
+        assert os.sched_getscheduler(own) == os.SCHED_IDLE
+        assert os.sched_getaffinity(own) == {cores[-1]}
+        # bounded: a few samples of 0.05 s (quiet needs 3 in a row), with slack for this machine
+        assert left_after < 5.0 and quiet_after < 10.0 and back_after < 10.0, (
+            quiet_after, left_after, back_after)
+    finally:
+        if watcher is not None:
+            watcher.close()
+        for h in hogs:
+            _kill(h)
+        for p in ranks:
+            p.stdin.close()
+            p.wait(30)
+            p.stdout.close()
+
+
+def test_policy_watches_crowded_ranks_only_where_no_knob_fixes_it(monkeypatch):
+    from launcher import schedwatch
+    from runtime import sched
+    for k in ("NPUSIM_SCHED_BATCH", "NPUSIM_BIND", "NPUSIM_SCHED_WATCH",
+              "NPUSIM_SCHED_WATCH_CORES"):
+        monkeypatch.delenv(k, raising=False)
+    n = sched.cores()
+    pol = schedwatch.policy(n + 1)
+    assert (pol.watch_batch, pol.watch_bind, pol.batch, pol.bind) == (True, True, False, False)
+    assert "while other programs use less than 0.3 of these cores" in pol.announce()
+    assert not schedwatch.policy(n).watching and schedwatch.policy(n).announce() is None
+    monkeypatch.setenv("NPUSIM_SCHED_BATCH", "0")
+    pol = schedwatch.policy(n + 1)
+    assert (pol.watch_batch, pol.watch_bind) == (False, True)
+    monkeypatch.setenv("NPUSIM_BIND", "1")
+    pol = schedwatch.policy(n + 1)
+    assert (pol.watch_batch, pol.watch_bind, pol.bind) == (False, False, True)
+    assert "NPUSIM_BIND=1" in pol.announce()
+    monkeypatch.delenv("NPUSIM_SCHED_BATCH")
+    monkeypatch.delenv("NPUSIM_BIND")
+    monkeypatch.setenv("NPUSIM_SCHED_WATCH", "0")
+    assert not schedwatch.policy(n + 1).watching and schedwatch.policy(n + 1).announce() is None
+
+
+def _others(seconds: float) -> float:
+    """The most other programs used of this process's cores in any 0.2 s of ``seconds``."""
+    from launcher.schedwatch import CpuProbe
+    probe, worst = CpuProbe(os.sched_getaffinity(0)), 0.0
+    probe((os.getpid(),))
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.2)
+        worst = max(worst, probe((os.getpid(),)) or 0.0)
+    return worst
+
+
+WAITING = """
+import os, time
+with open(os.path.join({out!r}, f"pid{os.environ['LOCAL_RANK']}"), "w") as f:
+    f.write(str(os.getpid()))
+end = time.monotonic() + 120
+while not os.path.exists(os.path.join({out!r}, "done")) and time.monotonic() < end:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_npurun_watcher_follows_a_busy_loop(tmp_path):
+    """Through npurun, measured as it measures (/proc/stat): 4 idle ranks on 2 cores go to
+    SCHED_BATCH while nothing else runs, leave it within ~1 s after a busy loop starts and come
+    back after it stops. Needs a machine whose other programs stay below the threshold."""
+    if len(os.sched_getaffinity(0)) >= 4:
+        pytest.skip("needs fewer than 4 cores (4 ranks must be crowded)")
+    background = _others(1.0)
+    if background > 0.1:
+        pytest.skip(f"other programs use {background:.2f} cores of this machine: no quiet phase "
+                    "to see (the watcher test above covers the moves)")
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(WAITING.replace("{out!r}", repr(str(tmp_path)))))
+    with LeakCheck() as lc:
+        for k in ("NPUSIM_SCHED_BATCH", "NPUSIM_BIND", "NPUSIM_SCHED_WATCH"):
+            lc.env.pop(k, None)
+        lc.env["NPUSIM_SCHED_WATCH_CORES"] = "0.3"
+        proc = start_npurun("--nproc-per-node", "4", str(script), env=lc.env, cwd=str(tmp_path))
+        hog = None
+        try:
+            files = [tmp_path / f"pid{r}" for r in range(4)]
+            wait_for(lambda: all(f.exists() and f.read_text() for f in files), 60,
+                     what="the ranks' pids")
+            pids = [int(f.read_text()) for f in files]
+
+            def classes():
+                return {c for pid in pids for c, _ in _state(pid)}
+            wait_for(lambda: classes() == {os.SCHED_BATCH}, 30, what="SCHED_BATCH (quiet)")
+            hog = _hog()
+            t0 = time.monotonic()
+            wait_for(lambda: classes() == {os.SCHED_OTHER}, 10, what="SCHED_OTHER (busy loop)")
+            left_after = time.monotonic() - t0
+            _kill(hog)
+            hog = None
+            wait_for(lambda: classes() == {os.SCHED_BATCH}, 30, what="SCHED_BATCH again")
+            (tmp_path / "done").write_text("")
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if hog is not None:
+                _kill(hog)
+            if proc.poll() is None:
+                (tmp_path / "done").write_text("")
+                proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    assert "while other programs use less than 0.3 of these cores" in err, err
+    assert left_after < 3.0, left_after
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_npurun_watcher_places_ranks_while_under_its_threshold(tmp_path, fork):
+    """Through npurun, with a threshold no machine reaches (so also on a shared one): 4 ranks
+    on 2 cores, forked or fresh interpreters, end up in SCHED_BATCH with local ranks 0, 1 on
+    the first core and 2, 3 on the second, every thread, within a few samples."""
+    mask = sorted(os.sched_getaffinity(0))
+    if len(mask) >= 4:
+        pytest.skip("needs fewer than 4 cores (4 ranks must be crowded)")
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(WAITING.replace("{out!r}", repr(str(tmp_path)))))
+    with LeakCheck() as lc:
+        for k in ("NPUSIM_SCHED_BATCH", "NPUSIM_BIND", "NPUSIM_SCHED_WATCH"):
+            lc.env.pop(k, None)
+        lc.env["NPUSIM_SCHED_WATCH_CORES"] = "1000"
+        lc.env["NPUSIM_FORKSERVER"] = fork
+        proc = start_npurun("--nproc-per-node", "4", str(script), env=lc.env, cwd=str(tmp_path))
+        try:
+            files = [tmp_path / f"pid{r}" for r in range(4)]
+            wait_for(lambda: all(f.exists() and f.read_text() for f in files), 60,
+                     what="the ranks' pids")
+            pids = [int(f.read_text()) for f in files]
+            want = [{(os.SCHED_BATCH, frozenset({mask[r * len(mask) // 4]}))} for r in range(4)]
+            wait_for(lambda: [_state(p) for p in pids] == want, 30,
+                     what="every rank's threads in SCHED_BATCH on its core")
+        finally:
+            (tmp_path / "done").write_text("")
+            out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    assert "while other programs use less than 1000 of these cores" in err, err
