@@ -206,9 +206,9 @@ class ProcessTransport(Transport):
             # drains it); what this rank sends goes through the socket (``post`` refuses an
             # unmapped inbox), and a wait for more fails naming why (``dead_peer``).
             if self.dead_peer(peer) is None:
-                self.link_broken(peer, f"its shared-memory inbox cannot be mapped ({e}): it "
+                self.link_broken(peer, f"its shared-memory inbox cannot be mapped: {e}; it "
                                  "closed its transport, or this process may not open its "
-                                 "/proc/<pid>/fd (set NPUSIM_SHM=0 to send over sockets only)")
+                                 "/proc/<pid>/fd: set NPUSIM_SHM=0 to send over sockets only")
         return LocalPair(self, self.channel, peer, sock, config.shm_min_bytes())
 
     def first_arrived(self, comm_id: int, want: dict[int, int], timeout: float,

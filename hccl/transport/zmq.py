@@ -300,8 +300,8 @@ class SocketDevice:
         elif event == zmq.EVENT_DISCONNECTED and pair.connected:
             self.owner.link_broken(peer)
         elif event == zmq.EVENT_CONNECT_RETRIED and not pair.connected:
-            self.owner.link_broken(peer, "its address refused the connection (its process "
-                                         "exited or closed its transport)")
+            self.owner.link_broken(peer, "its address refused the connection: its process "
+                                         "exited or closed its transport")
 
     def broadcast_abort(self, comm_id: int, reason: str) -> None:
         """ABORT to every peer, making the pairs not made yet (an abort must reach every rank)."""
