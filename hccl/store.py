@@ -47,6 +47,7 @@ from hccl.wire import Kind
 log = logging.getLogger("hccl.store")
 
 MAX_MESSAGE = 64 << 20
+BACKLOG = 1024             # pending connections a listening socket queues (libzmq's default: 100)
 _MAX_POLL_MS = 60_000
 _CLIENT_TAG = b"C"
 _INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -109,6 +110,10 @@ class StoreServer:
         self._sock.linger = 0
         self._sock.setsockopt(zmq.MAXMSGSIZE, max_message)
         self._sock.sndhwm = 0          # replies are never blocked (ROUTER drops for gone peers)
+        # every rank connects at once (two connections each at world 256: init and the diag
+        # reporter); past libzmq's listen backlog of 100 the kernel drops SYNs and a client
+        # waits out a 1 s retransmission (the kernel caps it at net.core.somaxconn)
+        self._sock.setsockopt(zmq.BACKLOG, BACKLOG)
         if ":" in host:
             self._sock.ipv6 = True
         try:

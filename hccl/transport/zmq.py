@@ -45,6 +45,7 @@ import zmq
 from zmq.utils import monitor as zmq_monitor
 
 from hccl import config, wire
+from hccl.store import BACKLOG
 from hccl.transport.base import DONE, MailboxPair, SendHandle, TransportClosed
 
 log = logging.getLogger("hccl.transport")
@@ -157,6 +158,7 @@ class SocketDevice:
         r.linger = 0
         r.rcvhwm = 0
         r.setsockopt(zmq.MAXMSGSIZE, self.max_message + wire.MAX_HEADER)
+        r.setsockopt(zmq.BACKLOG, BACKLOG)   # a star's root: every rank connects at once
         if ":" in bind_host:
             r.ipv6 = True
         host = f"[{bind_host}]" if ":" in bind_host else bind_host
