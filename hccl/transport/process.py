@@ -38,8 +38,8 @@ Liveness (``dead_peer``): a peer of this node is dead once its process exits (it
 init, ``watch_processes``); any peer is gone once its socket pair, connected once, disconnects,
 or when its address refuses our first connection.
 
-Segments: created in ``__init__`` (``segment``: ``"<name>:<fd>"`` to publish), mapped at a
-peer's first use, and their names unlinked by ``unlink_segment`` once every rank has connected
+Segments: created in ``__init__`` and kept open (``segment``: ``"<name>:<pid>:<fd>"`` to
+publish), mapped at a peer's first use, and their names unlinked by ``unlink_segment`` once every rank has connected
 (then no name is left in /dev/shm even if a rank is killed later; before that, npurun's janitor
 removes ``npusim-<job>-*``). A segment's rings cost memory only where a sender wrote (its pages
 are committed when touched), and a rank maps only the inboxes of the peers it talks to.
@@ -161,8 +161,9 @@ class ProcessTransport(Transport):
         return sorted(p for p in self._pairs if p != self.rank)
 
     def unlink_segment(self) -> None:
-        """Remove this rank's segment name: every peer has mapped it (call after the connect
-        barrier); mappings stay valid. Nothing to do without shared memory."""
+        """Remove this rank's segment name (call after the connect barrier): peers map it
+        through ``/proc/<pid>/fd`` from then on; mappings stay valid. Nothing to do without
+        shared memory."""
         if self.channel is not None:
             self.channel.unlink()
 
