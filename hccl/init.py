@@ -3,9 +3,16 @@
 Root info is opaque bytes (``NPUSIMRI1`` + JSON, never pickle) naming the store that the root
 hosts and a unique id; it also carries the job secret when the process has none in its
 environment (``NPUSIM_JOB_SECRET``), so keep it as private as the secret itself. Every rank
-binds its transport, publishes the address under ``<uid>/addr/<rank>`` and waits at most
-HCCL_CONNECT_TIMEOUT for all the others; a rank that never arrives fails init on every rank
-with a message listing the ranks that arrived and the ranks that did not.
+binds its transport, publishes its entry (address, node, process identity, shared-memory
+segment) under ``<uid>/addr/<rank>`` and waits at most HCCL_CONNECT_TIMEOUT for all the others;
+a rank that never arrives fails init on every rank with a message listing the ranks that
+arrived and the ranks that did not.
+
+Scale. Rank 0 gathers the N entries with one request (``multi_get``, parked in the store until
+all are set) and publishes them as one table; every other rank waits for that one key. Then the
+connect barrier (every rank has recorded the table: docs/transport.md). So init costs 4
+requests per rank and O(N^2) work in the store thread, and opens no connection to a peer: the
+transport connects to a peer at its first message (``hccl.transport.process``).
 """
 from __future__ import annotations
 
@@ -143,20 +150,16 @@ def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: 
     transport = None
     try:
         transport = _transport(rank, size, secret, _bind_host(host))
-        # the segment name first: whoever sees this rank's address can also find its segment
-        store.set(f"{uid}/shm/{rank}", transport.segment.encode())
-        # address, node id and process identity (pid:start time): the peers of this node
-        # watch the process, so a dead rank is named without the launcher's help
-        store.set(f"{uid}/addr/{rank}",
-                  f"{transport.address}\n{transport.node}\n{liveness.identity()}".encode())
-        keys = [f"{uid}/addr/{r}" for r in range(size)]
-        _wait_all(store, keys, timeout, rank, "never arrived")
+        # address, node id, process identity (pid:start time) and segment: the peers of this
+        # node watch the process, so a dead rank is named without the launcher's help
+        store.set(f"{uid}/addr/{rank}", "\n".join(
+            (transport.address, transport.node, liveness.identity(), transport.segment)).encode())
         table = _table(store, uid, rank, size, timeout)
-        found = {r: _peer_entry(table[r][0], r) for r in range(size) if r != rank}
-        transport.watch_processes({r: ident for r, (_, _, ident) in found.items()})
-        nodes = {r: node for r, (_, node, _) in found.items()}
-        addresses = {r: a for r, (a, _, _) in found.items()}
-        segments = {r: table[r][1].decode() for r, n in nodes.items()
+        found = {r: _peer_entry(table[r], r) for r in range(size) if r != rank}
+        transport.watch_processes({r: e[2] for r, e in found.items()})
+        nodes = {r: e[1] for r, e in found.items()}
+        addresses = {r: e[0] for r, e in found.items()}
+        segments = {r: found[r][3] for r, n in nodes.items()
                     if n == transport.node} if transport.channel is not None else {}
         transport.connect(addresses, nodes, segments)
         # The ordering that makes every first message usable: a rank returns its communicator
@@ -166,7 +169,7 @@ def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: 
         store.set(f"{uid}/connected/{rank}", b"1")
         _wait_all(store, [f"{uid}/connected/{r}" for r in range(size)], timeout, rank,
                   "never finished connecting")
-        transport.unlink_segment()          # every peer has mapped it: no name outlives init
+        transport.unlink_segment()          # peers map it through /proc: no name outlives init
     except BaseException:
         if transport is not None:
             transport.close()
@@ -178,22 +181,27 @@ def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: 
     return comm
 
 
-def _table(store: StoreClient, uid: str, rank: int, size: int,
-           timeout: float) -> list[tuple[bytes, bytes]]:
-    """Every rank's (address entry, segment name), read from the store once per job, not once
-    per rank: rank 0 gets the 2 x size keys and publishes them as one value that the other ranks
-    get with one request each (size requests in all instead of 2 x size^2: 131k at world 256,
-    one store thread serving them while every rank waits)."""
+def _table(store: StoreClient, uid: str, rank: int, size: int, timeout: float) -> list[bytes]:
+    """Every rank's entry, read from the store once per job, not once per rank: rank 0 gets the
+    size keys with one request (the store holds it until all are set) and publishes them as one
+    value that the other ranks get with one request each (2 x size requests in all instead of
+    size^2: 65k at world 256, one store thread serving them while every rank waits)."""
+    keys = [f"{uid}/addr/{r}" for r in range(size)]
     key = f"{uid}/table"
     if rank == 0:
-        entries = [(store.get(f"{uid}/addr/{r}"), store.get(f"{uid}/shm/{r}"))
-                   for r in range(size)]
-        store.set(key, json.dumps([[a.decode("utf-8", "replace"), b.decode("utf-8", "replace")]
-                                   for a, b in entries]).encode())
+        try:
+            entries = store.multi_get(keys, timeout=timeout)
+        except StoreTimeout as e:
+            raise _never_arrived(keys, e.missing, timeout, rank, "never arrived") from None
+        store.set(key, json.dumps([e.decode("utf-8", "replace") for e in entries]).encode())
         return entries
     try:
         raw = store.get(key, timeout=timeout)
     except StoreTimeout:
+        try:                    # who is missing: a look at the keys, without waiting
+            store.wait(keys, timeout=0)
+        except StoreTimeout as e:
+            raise _never_arrived(keys, e.missing, timeout, rank, "never arrived") from None
         raise HcclTimeoutError(
             f"[rank {rank}] communicator init timed out after {timeout:g} s "
             f"(HCCL_CONNECT_TIMEOUT={timeout:g}): every rank arrived but rank 0 never published "
@@ -204,17 +212,17 @@ def _table(store: StoreClient, uid: str, rank: int, size: int,
         raise HcclError(f"communicator init: rank 0 published a table of "
                         f"{len(rows) if isinstance(rows, list) else '?'} ranks for a world of "
                         f"{size}; are all ranks running the same npusim version?")
-    return [(a.encode(), b.encode()) for a, b in rows]
+    return [str(e).encode() for e in rows]
 
 
-def _peer_entry(raw: bytes, peer: int) -> tuple[str, str, str]:
-    """(address, node id, process identity) that rank ``peer`` published at init."""
+def _peer_entry(raw: bytes, peer: int) -> tuple[str, str, str, str]:
+    """(address, node id, process identity, segment) that rank ``peer`` published at init."""
     parts = raw.decode("utf-8", "replace").split("\n")
-    if len(parts) != 3:
+    if len(parts) != 4:
         raise HcclError(f"communicator init: rank {peer} published {len(parts)} fields "
-                        "(address, node, process) instead of 3; are all ranks running the "
-                        "same npusim version?")
-    return parts[0], parts[1], parts[2]
+                        "(address, node, process, segment) instead of 4; are all ranks running "
+                        "the same npusim version?")
+    return parts[0], parts[1], parts[2], parts[3]
 
 
 def _transport(rank: int, size: int, secret: bytes, bind_host: str) -> ProcessTransport:
@@ -229,13 +237,20 @@ def _wait_all(store: StoreClient, keys: list[str], timeout: float, rank: int, wh
     try:
         store.wait(keys, timeout=timeout)
     except StoreTimeout as e:
-        gone = sorted(int(k.rsplit("/", 1)[1]) for k in e.missing)
-        came = [int(k.rsplit("/", 1)[1]) for k in keys if k not in e.missing]
-        raise HcclTimeoutError(
-            f"[rank {rank}] communicator init timed out after {timeout:g} s "
-            f"(HCCL_CONNECT_TIMEOUT={timeout:g}): ranks {gone} {what}; arrived: {came}. "
-            "Check that every rank started and calls init with the same world size, or raise "
-            "HCCL_CONNECT_TIMEOUT.", seq=0, waited=timeout, timeout=timeout, rank=rank) from None
+        raise _never_arrived(keys, e.missing, timeout, rank, what) from None
+
+
+def _never_arrived(keys: list[str], missing: list[str], timeout: float, rank: int,
+                   what: str) -> HcclTimeoutError:
+    """The init timeout naming the ranks whose keys are ``missing``."""
+    lost = set(missing)
+    gone = sorted(int(k.rsplit("/", 1)[1]) for k in lost)
+    came = [int(k.rsplit("/", 1)[1]) for k in keys if k not in lost]
+    return HcclTimeoutError(
+        f"[rank {rank}] communicator init timed out after {timeout:g} s "
+        f"(HCCL_CONNECT_TIMEOUT={timeout:g}): ranks {gone} {what}; arrived: {came}. "
+        "Check that every rank started and calls init with the same world size, or raise "
+        "HCCL_CONNECT_TIMEOUT.", seq=0, waited=timeout, timeout=timeout, rank=rank)
 
 
 def _close_servers():

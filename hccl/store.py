@@ -7,6 +7,15 @@ server-side (indexed by the keys it misses, plus a deadline heap) that a ``set``
 The thread sleeps in ``poll`` until a message, the next deadline or ``close`` (an inproc pair),
 so an idle store costs no CPU; on close it answers parked waiters with an error.
 
+Many clients (256 ranks at a barrier). No thread per client: one thread serves every request,
+and a parked waiter costs nothing until a key it misses is set. A set of key k touches only the
+waiters registered on k, and each of them only drops k from its own missing set; a waiter's keys
+are looked at again only when that set is empty (to see none was deleted since). So a barrier
+of N ranks, each waiting for the N keys of all, costs O(N^2) work in all, not O(N^3) (each of N
+sets rescanning N waiters' N keys: 16 M key lookups at world 256 in the one serving thread).
+``get`` of several keys (``multi_get``) answers them in one reply, so one rank can gather what
+every rank published with one request instead of N round trips.
+
 Every message is a ``hccl.wire`` message signed with the job secret. A message that fails
 ``wire.unpack``, whose ZeroMQ identity does not match its signed ``(sender, conn)``, or that
 replays a serial, is dropped and logged (rate-limited) on ``hccl.store``: a stranger can neither
@@ -38,6 +47,7 @@ from hccl.wire import Kind
 log = logging.getLogger("hccl.store")
 
 MAX_MESSAGE = 64 << 20
+BACKLOG = 1024             # pending connections a listening socket queues (libzmq's default: 100)
 _MAX_POLL_MS = 60_000
 _CLIENT_TAG = b"C"
 _INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -100,6 +110,10 @@ class StoreServer:
         self._sock.linger = 0
         self._sock.setsockopt(zmq.MAXMSGSIZE, max_message)
         self._sock.sndhwm = 0          # replies are never blocked (ROUTER drops for gone peers)
+        # every rank connects at once (two connections each at world 256: init and the diag
+        # reporter); past libzmq's listen backlog of 100 the kernel drops SYNs and a client
+        # waits out a 1 s retransmission (the kernel caps it at net.core.somaxconn)
+        self._sock.setsockopt(zmq.BACKLOG, BACKLOG)
         if ":" in host:
             self._sock.ipv6 = True
         try:
@@ -265,10 +279,13 @@ class StoreServer:
             if w.done:
                 continue
             w.registered.discard(key)
-            self._try_finish(w)
+            if not w.registered:       # the last key it missed: look at all of them once
+                self._try_finish(w)
 
     def _try_finish(self, w: _Waiter) -> bool:
-        missing = [k for k in w.keys if k not in self._data]
+        """Answer ``w`` if all its keys are set, else register it on the missing ones."""
+        data = self._data
+        missing = [k for k in w.keys if k not in data]
         if missing:
             for k in missing:
                 if k not in w.registered:
@@ -277,7 +294,7 @@ class StoreServer:
             return False
         self._finish(w)
         if w.kind == Kind.GET:
-            self._reply(w.ident, w, Kind.OK, payloads=[self._data[w.keys[0]]])
+            self._reply(w.ident, w, Kind.OK, payloads=[data[k] for k in w.keys])
         else:
             self._reply(w.ident, w, Kind.OK)
         return True
@@ -326,7 +343,7 @@ class StoreServer:
         self._reply(ident, h, Kind.OK)
 
     def _on_get(self, ident, h) -> None:
-        self._blocking(ident, h, [h.text])
+        self._blocking(ident, h, h.text.split("\0"))
 
     def _on_wait(self, ident, h) -> None:
         self._blocking(ident, h, h.text.split("\0"))
@@ -377,7 +394,7 @@ def _refusal(h: wire.Header) -> str:
     return ""
 
 
-_ONE_KEY = frozenset({Kind.SET, Kind.GET, Kind.ADD, Kind.DELETE, Kind.COMPARE_SET})
+_ONE_KEY = frozenset({Kind.SET, Kind.ADD, Kind.DELETE, Kind.COMPARE_SET})
 _HANDLERS = {
     Kind.SET: StoreServer._on_set, Kind.GET: StoreServer._on_get, Kind.ADD: StoreServer._on_add,
     Kind.WAIT: StoreServer._on_wait, Kind.CHECK: StoreServer._on_check,
@@ -432,6 +449,19 @@ class StoreClient:
         t = self._timeout(timeout)
         h = self._request(Kind.GET, [key], value=int(t * 1000), wait=t)
         return h.payloads[0].bytes
+
+    def multi_get(self, keys: list[str], timeout: float | None = None) -> list[bytes]:
+        """The values of ``keys`` (in order) in one request, waiting up to ``timeout`` (default:
+        the client's) until every one is set; ``StoreTimeout`` lists the missing ones."""
+        keys = list(keys)
+        if not keys:
+            return []
+        t = self._timeout(timeout)
+        h = self._request(Kind.GET, keys, value=int(t * 1000), wait=t)
+        if len(h.payloads) != len(keys):
+            raise StoreError(f"rendezvous store at {self.address} answered {len(h.payloads)} "
+                             f"values for {len(keys)} keys (an older npusim store?)")
+        return [f.bytes for f in h.payloads]
 
     def add(self, key: str, amount: int) -> int:
         """Add ``amount`` to the integer at ``key`` (0 if missing); return the new value."""

@@ -216,13 +216,18 @@ class Channel:
         self._waiters_lock = threading.Lock()
 
     # -- set-up ----------------------------------------------------------------------------
-    def attach(self, peer: int, name: str) -> None:
-        """Map rank ``peer``'s inbox ``name`` (as published in the store) read-write."""
+    def attach(self, peer: int, name: str, fd: int | None = None) -> None:
+        """Map rank ``peer``'s inbox ``name`` (as published in the store) read-write; ``fd``:
+        the inbox already opened by the caller (e.g. through ``/proc/<pid>/fd`` once the name
+        is unlinked), taken over and closed here."""
         if not _NAME.match(name or "") or not name.split("-hccl-r", 1)[1].startswith(f"{peer}-"):
+            if fd is not None:
+                os.close(fd)
             raise ChannelError(f"rank {self.rank}: {name!r} is not rank {peer}'s segment name")
         path = os.path.join("/dev/shm", name)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            if fd is None:
+                fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as e:
             raise ChannelError(f"rank {self.rank}: cannot open rank {peer}'s segment {path}: "
                                f"{e.strerror}") from None
@@ -252,10 +257,10 @@ class Channel:
     def post(self, peer: int, kind: int, comm_id: int, seq: int, step: int, fp, value: int,
              payload) -> bool:
         """Put one message into ``peer``'s inbox; False (nothing sent) if it does not fit a
-        slot or the ring is full."""
-        seg = self.peers[peer]
+        slot, the ring is full or the inbox is not mapped (``attach`` failed: the peer is gone)."""
+        seg = self.peers.get(peer)
         n = len(payload)
-        if n > seg.slot_bytes - SLOT_HDR_BYTES:
+        if seg is None or n > seg.slot_bytes - SLOT_HDR_BYTES:
             return False
         h = seg.heads[self.rank]
         with self._send_locks[peer]:

@@ -1,8 +1,11 @@
-"""The socket device: authenticated ZeroMQ TCP connections to every peer (one ``SocketPair`` each).
+"""The socket device: authenticated ZeroMQ TCP connections to the peers (one ``SocketPair`` each).
 
 Design note. The device binds one ROUTER (inbound from every peer) and opens one DEALER per
-peer (outbound, a ``SocketPair``), whose routing id encodes ``(rank, conn)`` with a random
-``conn`` per pair. A receiver thread owns the ROUTER: it verifies every message with
+peer it talks to (outbound, a ``SocketPair``), whose routing id encodes ``(rank, conn)`` with a
+random ``conn`` per pair. ``connect`` only records the peers' addresses; a pair (its socket, its
+TCP connection, its link monitor) is made at the first ``pair(peer)``, so a rank of a ring at
+world 256 opens two connections, not 255 (an ABORT goes to every peer: ``broadcast_abort``
+makes the pairs it lacks). A receiver thread owns the ROUTER: it verifies every message with
 ``wire.unpack`` (MAC, sizes, addressed to this rank), checks that the socket identity matches
 the signed sender, rejects replayed serials, and hands DATA to its transport's ``deliver`` or
 applies ABORT. A message that fails any of these checks is a stranger's (or a replay): it is
@@ -19,8 +22,12 @@ serials in wire order. Payloads from ``zmq.COPY_THRESHOLD`` (64 KiB) up are sent
 a tracker: the caller must leave the buffer untouched until ``handle.wait()``. Smaller ones are
 copied (cheaper, and the handle is complete at once).
 
-Liveness: a monitor thread follows every pair's connection; once up, a disconnect tells the
-transport (``link_broken``: ZeroMQ would reconnect and silently lose what was in flight). Pairs
+Liveness: one monitor thread follows every pair's connection (a pair made later hands it its
+monitor socket through a queue and an inproc wake-up); once up, a disconnect tells the
+transport (``link_broken``: ZeroMQ would reconnect and silently lose what was in flight). A
+connection refused before it was ever up tells it too: the peer bound its ROUTER before it
+published its address and keeps it until it closes its transport, so a refusal means the peer
+is gone (a pair made lazily may meet a peer that died before our first message). Pairs
 to other nodes carry ZeroMQ heartbeats (NPUSIM_HEARTBEAT_TIMEOUT) so a cut link or a frozen
 host breaks them too.
 
@@ -32,11 +39,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 
 import zmq
 from zmq.utils import monitor as zmq_monitor
 
 from hccl import config, wire
+from hccl.store import BACKLOG
 from hccl.transport.base import DONE, MailboxPair, SendHandle, TransportClosed
 
 log = logging.getLogger("hccl.transport")
@@ -149,6 +158,7 @@ class SocketDevice:
         r.linger = 0
         r.rcvhwm = 0
         r.setsockopt(zmq.MAXMSGSIZE, self.max_message + wire.MAX_HEADER)
+        r.setsockopt(zmq.BACKLOG, BACKLOG)   # a star's root: every rank connects at once
         if ":" in bind_host:
             r.ipv6 = True
         host = f"[{bind_host}]" if ":" in bind_host else bind_host
@@ -162,59 +172,108 @@ class SocketDevice:
         port = r.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1]
         self.address = f"tcp://{host}:{port}"
         self.pairs: dict[int, SocketPair] = {}
+        self.addresses: dict[int, str] = {}       # recorded by connect; pairs made at first use
+        self.remote: set[int] = set()             # peers whose links carry heartbeats
         self.acks_from: frozenset = frozenset()   # peers whose rings may overflow acknowledgements
         self._lock = threading.Lock()
         self._guard = wire.ReplayGuard()
         self.drops = wire.DropLog(log)
         self._closing = False
-        self._monitors: list[threading.Thread] = []
+        self._monitor_thread: threading.Thread | None = None
+        self._new_monitors: deque = deque()       # (monitor socket, peer) for the monitor thread
+        self._wake_tx = self._wake_rx = None      # inproc PAIR: "look at _new_monitors"
         self._rx = threading.Thread(target=self._receive, name=f"hccl-rx-rank{self.rank}",
                                     daemon=True)
         self._rx.start()
 
     # -- set-up ----------------------------------------------------------------------------
     def connect(self, addresses: dict[int, str], remote: set) -> None:
-        """Open a pair to every rank in ``addresses`` (``{rank: "tcp://host:port"}``; this rank
-        and already connected ranks are skipped); pairs to the ranks in ``remote`` (other or
-        unknown nodes) carry heartbeats. Never blocks: ZeroMQ connects in the background and
-        queues what is sent meanwhile."""
-        hb_ms = max(100, int(config.heartbeat_timeout() * 1000))
-        monitors: dict[zmq.Socket, int] = {}
+        """Record the address of every rank in ``addresses`` (``{rank: "tcp://host:port"}``;
+        this rank and ranks already known are skipped); pairs to the ranks in ``remote`` (other
+        or unknown nodes) will carry heartbeats. Opens nothing: ``pair`` does, at first use."""
         with self._lock:
             if self._closing:
                 raise TransportClosed(f"rank {self.rank}: transport closed")
             for peer, addr in addresses.items():
-                if peer == self.rank or peer in self.pairs:
-                    continue
-                conn = wire.new_conn_id()
-                s = self._ctx.socket(zmq.DEALER)
-                s.linger = 0
-                s.sndhwm = 0
-                s.setsockopt(zmq.MAXMSGSIZE, 1 << 20)   # peers never send on this socket
-                s.routing_id = wire.routing_id(_RANK_TAG, self.rank, conn)
-                if addr.startswith("tcp://["):
-                    s.ipv6 = True
-                if peer in remote:
-                    s.setsockopt(zmq.HEARTBEAT_IVL, max(20, hb_ms // 5))
-                    s.setsockopt(zmq.HEARTBEAT_TIMEOUT, hb_ms)
-                monitors[s.get_monitor_socket(
-                    zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED)] = peer
-                s.connect(addr)
-                self.pairs[peer] = SocketPair(self, peer, s, conn)
-            if monitors:
-                t = threading.Thread(target=self._monitor, args=(monitors,), daemon=True,
-                                     name=f"hccl-mon-rank{self.rank}")
-                self._monitors.append(t)
-                t.start()
+                if peer != self.rank and peer not in self.addresses:
+                    self.addresses[peer] = addr
+                    if peer in remote:
+                        self.remote.add(peer)
 
-    def _monitor(self, socks: dict) -> None:
-        """Follow the pairs' connection events (see the module note) until every one is closed."""
+    def pair(self, peer: int) -> SocketPair:
+        """The pair of ``peer``, opened now if this is its first use. Never blocks: ZeroMQ
+        connects in the background and queues what is sent meanwhile."""
+        p = self.pairs.get(peer)
+        if p is not None:
+            return p
+        with self._lock:
+            p = self.pairs.get(peer)
+            if p is not None:
+                return p
+            if self._closing:
+                raise TransportClosed(f"rank {self.rank}: transport closed")
+            addr = self.addresses.get(peer)
+            if addr is None:
+                raise ValueError(f"rank {self.rank}: no address of rank {peer}; call connect() "
+                                 "with it first")
+            conn = wire.new_conn_id()
+            s = self._ctx.socket(zmq.DEALER)
+            s.linger = 0
+            s.sndhwm = 0
+            s.setsockopt(zmq.MAXMSGSIZE, 1 << 20)   # peers never send on this socket
+            s.routing_id = wire.routing_id(_RANK_TAG, self.rank, conn)
+            if addr.startswith("tcp://["):
+                s.ipv6 = True
+            if peer in self.remote:
+                hb_ms = max(100, int(config.heartbeat_timeout() * 1000))
+                s.setsockopt(zmq.HEARTBEAT_IVL, max(20, hb_ms // 5))
+                s.setsockopt(zmq.HEARTBEAT_TIMEOUT, hb_ms)
+            mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+                                       | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_MONITOR_STOPPED)
+            s.connect(addr)
+            p = SocketPair(self, peer, s, conn)
+            self._watch(mon, peer)
+            self.pairs[peer] = p          # published last: a reader without the lock sees it whole
+        return p
+
+    def _watch(self, mon: zmq.Socket, peer: int) -> None:
+        """Hand a pair's monitor socket to the monitor thread (started at the first); call with
+        ``_lock`` held. The socket moves threads once, through the queue's lock and the wake-up
+        (a full barrier), as libzmq allows."""
+        self._new_monitors.append((mon, peer))
+        if self._monitor_thread is None:
+            wake = f"inproc://hccl-mon-wake-{id(self):x}"
+            self._wake_rx = self._ctx.socket(zmq.PAIR)
+            self._wake_rx.linger = 0
+            self._wake_rx.bind(wake)
+            self._wake_tx = self._ctx.socket(zmq.PAIR)
+            self._wake_tx.linger = 0
+            self._wake_tx.sndhwm = 0
+            self._wake_tx.connect(wake)
+            t = threading.Thread(target=self._monitor, daemon=True,
+                                 name=f"hccl-mon-rank{self.rank}")
+            self._monitor_thread = t
+            t.start()
+        else:
+            self._wake_tx.send(b"", zmq.NOBLOCK)
+
+    def _monitor(self) -> None:
+        """Follow the pairs' connection events (see the module note) until the context ends."""
         poller = zmq.Poller()
-        for s in socks:
-            poller.register(s, zmq.POLLIN)
+        wake = self._wake_rx
+        poller.register(wake, zmq.POLLIN)
+        socks: dict[zmq.Socket, int] = {}
         try:
-            while socks:
+            while True:
+                while self._new_monitors:
+                    mon, peer = self._new_monitors.popleft()
+                    socks[mon] = peer
+                    poller.register(mon, zmq.POLLIN)
                 for s, _ in poller.poll():
+                    if s is wake:
+                        while wake.poll(0):
+                            wake.recv()
+                        continue
                     event = zmq_monitor.recv_monitor_message(s)["event"]
                     if event == zmq.EVENT_MONITOR_STOPPED:
                         poller.unregister(s)
@@ -230,20 +289,29 @@ class SocketDevice:
         finally:
             for s in socks:
                 s.close(linger=0)
+            while self._new_monitors:
+                self._new_monitors.popleft()[0].close(linger=0)
+            wake.close(linger=0)
 
     def _link_event(self, peer: int, event: int) -> None:
         pair = self.pairs.get(peer)
-        if pair is None:
+        if pair is None or self._closing:
             return
         if event == zmq.EVENT_CONNECTED:
             pair.connected = True
-        elif event == zmq.EVENT_DISCONNECTED and pair.connected and not self._closing:
+        elif event == zmq.EVENT_DISCONNECTED and pair.connected:
             self.owner.link_broken(peer)
+        elif event == zmq.EVENT_CONNECT_RETRIED and not pair.connected:
+            self.owner.link_broken(peer, "its address refused the connection: its process "
+                                         "exited or closed its transport")
 
     def broadcast_abort(self, comm_id: int, reason: str) -> None:
-        with self._lock:
-            pairs = list(self.pairs.values())
-        for pair in pairs:
+        """ABORT to every peer, making the pairs not made yet (an abort must reach every rank)."""
+        for peer in sorted(self.addresses):
+            try:
+                pair = self.pair(peer)
+            except TransportClosed:
+                return
             pair.abort(comm_id, reason)
 
     # -- receiver thread -------------------------------------------------------------------
@@ -324,10 +392,12 @@ class SocketDevice:
             with pair.lock:
                 pair.closed = True
                 pair.sock.close(linger=max(0, int(linger * 1000)))
+        if self._wake_tx is not None:
+            self._wake_tx.close(linger=0)
         self._ctx.term()   # waits out the lingers; the receiver's recv raises ETERM and exits
         self._rx.join()
-        for t in self._monitors:
-            t.join()
+        if self._monitor_thread is not None:
+            self._monitor_thread.join()
 
 
 def _peer(frame) -> str:

@@ -52,7 +52,7 @@ def _bytes(n, seed=0):
 def test_segments_are_private_and_unlinked_once_mapped(pair):
     a, b = pair
     names = sorted(_segments())
-    assert names == sorted([a.segment, b.segment])
+    assert names == sorted(t.segment.split(":")[0] for t in (a, b))   # "<name>:<pid>:<fd>"
     for n in names:
         st = os.stat(os.path.join("/dev/shm", n))
         assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.getuid()
@@ -60,7 +60,7 @@ def test_segments_are_private_and_unlinked_once_mapped(pair):
     b.unlink_segment()
     assert _segments() == []
     data = _bytes(100)
-    assert a.send(1, 7, 1, 0, FP, data) is DONE      # mappings outlive the names
+    assert a.send(1, 7, 1, 0, FP, data) is DONE      # mapped at first use, through /proc
     assert bytes(b.recv(0, 7, 1, 0, FP, 5)) == data.tobytes()
 
 
@@ -164,6 +164,7 @@ def test_a_message_from_the_peer_wakes_a_sleeping_waiter(pair):
 
 def test_an_unusable_ring_message_fails_every_comm_on_both_ranks(pair):
     a, b = pair
+    a.make_pair(1)                                     # maps b's inbox (first use)
     a.channel.post(1, 99, 7, 11, 0, FP, 0, b"")        # a member's message of no known kind
     with pytest.raises(Aborted) as e:
         b.recv(0, 7, 11, 0, FP, 5)
@@ -175,6 +176,7 @@ def test_an_unusable_ring_message_fails_every_comm_on_both_ranks(pair):
 
 def test_a_malformed_notice_fails_every_comm(pair):
     a, b = pair
+    a.make_pair(1)                                     # maps b's inbox (first use)
     a.channel.post(1, 3, 7, 12, 0, FP, 0, b"12 not-a-handle")   # well formed, names nothing
     with pytest.raises(ShmError, match="not a device memory handle"):
         b.recv(0, 7, 12, 0, FP, 5)

@@ -201,6 +201,7 @@ def test_an_abort_wakes_a_sender_waiting_for_its_acknowledgement(pair):
 
 def test_a_bad_notice_fails_the_receive_and_is_still_acknowledged(pair):
     a, b = pair()
+    a.make_pair(1)                    # pairs are made at first use: map b's inbox for a.channel
     p, view = _device_bytes(4096, seed=8)
     handle, off = ipc.export(view)
 
