@@ -14,7 +14,7 @@ import socket
 import subprocess
 import time
 
-from launcher.forkserver import recv_message, send_message
+from launcher.forkserver import ROOM_VAR, recv_message, room, send_message
 
 
 class ForkServerError(RuntimeError):
@@ -34,7 +34,7 @@ class ForkServer:
         try:
             self.proc = subprocess.Popen(
                 [python, "-u", "-m", "launcher.worker", "--fork-server", str(theirs.fileno())],
-                env=env,
+                env={**env, ROOM_VAR: room(env)},   # room for each rank's /proc/PID/environ
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
                 start_new_session=True, close_fds=True)
         except BaseException:
