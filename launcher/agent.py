@@ -46,7 +46,7 @@ from typing import Callable
 
 from launcher import config, proc, shm, stacks
 from launcher.attempts import RESUMED_MARKER, AttemptRecord, failure_class, format_attempts
-from launcher.entrycheck import script_problem
+from launcher.entrycheck import preload_for, script_problem
 from launcher.env import JobInfo, worker_env
 from launcher.errors import Interrupted, describe_exit, signal_name
 from launcher.forkclient import ForkServerError
@@ -355,7 +355,8 @@ class Agent:
         w0 = self.workers[0].proc
         try:
             self._server = ForkServer(self.spec.cmd[0], w0.env, self._janitor,
-                                      should_stop=lambda: bool(self._signal))
+                                      should_stop=lambda: bool(self._signal),
+                                      preload=preload_for(proc.worker_argv(self.spec.cmd)))
         except (ForkServerError, OSError) as e:
             if not self._signal:
                 say(f"npurun: no fork server ({e}); each rank starts in a fresh interpreter "
