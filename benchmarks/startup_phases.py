@@ -100,6 +100,15 @@ def _instrument_launcher(marks: dict) -> None:
         setattr(owner, name, timed)
 
     wrap(forkclient.ForkServer, "__init__", "fork_server_ready")
+    from launcher import diagnose  # noqa: PLC0415
+    orig_states = diagnose.Diagnoser.states
+
+    def states(self):
+        t = time.time()
+        out = orig_states(self)
+        marks.setdefault("_states", []).append((t, time.time() - t, len(out)))
+        return out
+    diagnose.Diagnoser.states = states
     wrap(proc.WorkerProcess, "start", "rank_started", every=True)
     wrap(agent.Agent, "_start_workers", "all_started")
     orig_reap = agent.Agent._reap
@@ -168,6 +177,10 @@ def main(argv=None) -> int:
           f"{open('/proc/loadavg').read().split()[0]} at the end")
     print("npurun (s from its start):")
     exits = marks.pop("_exits", [])
+    polls = marks.pop("_states", [])
+    if polls:
+        print("npurun's reads of the ranks' states (diagnose.states): "
+              + ", ".join(f"{t - t0:.1f}s:{d * 1000:.0f}ms/{n}" for t, d, n in polls))
     for k, v in sorted(marks.items(), key=lambda kv: kv[1]):
         print(f"  {k:28s} {v - t0:7.2f}")
     print("ranks (s from npurun's start):      median    latest   (earliest)")

@@ -287,6 +287,7 @@ def _die_with_launcher() -> None:
         os._exit(128 + signal.SIGKILL)          # npurun died before the prctl above
 
 
+_BUFFERED = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)   # text first: it feeds
 _ending: list[int] = []     # in a forked rank whose code ended: the status Python would give
 
 
@@ -315,10 +316,15 @@ def _end_rank() -> None:
     if not _ending:     # the server itself, or a rank that ended outside run_rank: as usual
         return
     code = _ending[-1]
+    # The atexit handlers before this one may have undone what the rank's daemon threads use
+    # (weakref.finalize unmaps shared memory): keep the GIL from them until the end.
+    sys.setswitchinterval(60.0)
     gc.collect()        # the rank's own objects only (the inherited ones are frozen)
     # the teardown would have flushed the files the script left open (an object an atexit
     # handler refers to is never garbage): flush the rank's own, then the standard streams
-    files = [o for gen in range(3) for o in gc.get_objects(gen) if isinstance(o, io.IOBase)]
+    # (concrete types: an isinstance against the io ABCs is slow, and every moment here is
+    # one where the rank's daemon threads run on while the atexit handlers undid their state)
+    files = [o for gen in range(3) for o in gc.get_objects(gen) if isinstance(o, _BUFFERED)]
     for stream in (*files, sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
             if stream is not None and not stream.closed:
