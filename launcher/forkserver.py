@@ -345,7 +345,6 @@ def main(argv: list[str]) -> list[str]:
         sys.exit("usage: python -m launcher.worker --fork-server FD (started by npurun)")
     _die_with_launcher()
     atexit.register(_end_rank)      # first registered: runs after every other handler
-    os.environ.pop(ROOM_VAR, None)  # it only makes room (_show_environment)
     gc.disable()                    # no collection leaves holes in the pages the ranks share
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # npurun stops it; a Ctrl-C goes to npurun
     server = _Server(int(argv[0]))
