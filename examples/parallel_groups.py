@@ -93,6 +93,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     for step in range(a.steps):
         if step == 1 and me == a.hang_rank:
+            print(f"parallel_groups: rank {me} stops now, before step 1", flush=True)
             time.sleep(3600)                    # stuck in user code: the others wait for it
         _, tp_ranks, tp = mine["tp"]
         x.copy_from_host(np.full(a.count, me + 1, np.float32))

@@ -46,13 +46,14 @@ from typing import Callable
 
 from launcher import config, proc, schedwatch, shm, stacks
 from launcher.attempts import RESUMED_MARKER, AttemptRecord, failure_class, format_attempts
-from launcher.entrycheck import script_problem
+from launcher.entrycheck import preload_for, script_problem
 from launcher.env import JobInfo, worker_env
 from launcher.errors import Interrupted, describe_exit, signal_name
 from launcher.forkclient import ForkServerError
 from launcher.janitor import Janitor
 from launcher.output import OutputPump, Std, std_for
 from launcher.proc import LogFiles, WorkerProcess
+from launcher.report import ranks_text
 from launcher.summary import (Culprit, ProcessFailure, format_story, format_summary, root_cause,
                               story_exit_code)
 from runtime import sched
@@ -60,6 +61,11 @@ from runtime import sched
 log = logging.getLogger("launcher")
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# Above this many ranks on the console, the ranks' lines after a Ctrl-C (one each, where it
+# stopped) are printed grouped by site, and rank lists as ranges: a 256-rank job's screen.
+GROUP_AT = 8
+INTERRUPT_MARKER = b"KeyboardInterrupt: stopped"
+ONE_LINE_MARKER = b" (full traceback: "      # launcher.worker's one-line errors end so
 
 
 class WorkerState(str, enum.Enum):
@@ -149,6 +155,8 @@ class Agent:
         # the job verdict of the failure being handled: {"verdict", "text", "path"} or None
         self.verdict_hooks: list[Callable[[], dict | None]] = []
         self.attempts: list[AttemptRecord] = []
+        self._interrupt_sites: dict[str, list[int]] = {}   # a big job's Ctrl-C lines, by site
+        self._held_lines = 0            # a big job's one-line errors kept off the console
 
     # -- hooks for diagnosis ---------------------------------------------------------------
     def live_workers(self) -> list[Worker]:
@@ -209,6 +217,7 @@ class Agent:
         self._janitor = Janitor()
         self._pump = OutputPump()
         self._pump.watch(RESUMED_MARKER, self._saw_resumed)
+        self._pump.watch(ONE_LINE_MARKER, self._saw_one_liner)
         self._waiter = proc.Waiter((self._wake_r,))
         try:
             self.rdzv.should_stop = self._stop_signal
@@ -263,6 +272,24 @@ class Agent:
     # -- attempts ----------------------------------------------------------------------------
     def _record(self) -> AttemptRecord:
         return self.attempts[-1]
+
+    def _saw_one_liner(self, prefix: str, line: str) -> bool:
+        """A rank's one-line error (``launcher.worker``: a collective's error or a Ctrl-C,
+        ``... (full traceback: PATH)``), in the pump's thread. Above GROUP_AT ranks on the
+        console it is kept off it: the failure summary groups the ranks' errors, and
+        ``_interrupted`` prints one line per place the ranks stopped at."""
+        shown = sum(1 for w in self.workers if w.proc.console)
+        rank = prefix.strip()[len("[rank "):-len("]:")]
+        if shown <= GROUP_AT or not rank.isdigit():
+            return False
+        if INTERRUPT_MARKER.decode() in line:
+            if not self._signal:
+                return False
+            site = line.partition(INTERRUPT_MARKER.decode())[2].partition(" (full traceback")[0]
+            self._interrupt_sites.setdefault(site.strip(), []).append(int(rank))
+        else:
+            self._held_lines += 1
+        return True
 
     def _saw_resumed(self, _prefix: str, line: str) -> None:
         """The pump saw a rank print ``resumed from step N`` (in the pump's thread)."""
@@ -355,7 +382,8 @@ class Agent:
         w0 = self.workers[0].proc
         try:
             self._server = ForkServer(self.spec.cmd[0], w0.env, self._janitor,
-                                      should_stop=lambda: bool(self._signal))
+                                      should_stop=lambda: bool(self._signal),
+                                      preload=preload_for(proc.worker_argv(self.spec.cmd)))
         except (ForkServerError, OSError) as e:
             if not self._signal:
                 say(f"npurun: no fork server ({e}); each rank starts in a fresh interpreter "
@@ -471,6 +499,7 @@ class Agent:
             say(format_summary(self._title(), failures, stopped,
                                keep_files=not self._temp_root or self._keep_temp_logs(),
                                restarting=restarting))
+            self._say_held()
         if first.get("node") != self.job.node_rank:
             say(f"npurun: note: node {first.get('node')} failed first: {first.get('message')}")
         return RunResult(WorkerState.FAILED, code, self.attempt, failures)
@@ -509,6 +538,13 @@ class Agent:
         say(format_story(self._title(), report["verdict"]["reason"], culprits, failures,
                          tracebacks=where, restarting=restarting))
         say(f"npurun: hang report written to {report['path']}")
+        self._say_held()
+
+    def _say_held(self) -> None:
+        if self._held_lines:
+            say(f"npurun: the one-line errors of {self._held_lines} ranks were kept off the "
+                "console: the summary above groups them")
+            self._held_lines = 0
 
     def _peer_failed(self, detail: dict) -> RunResult:
         self._failed([detail["rank"]] if detail.get("rank") is not None else [],
@@ -553,9 +589,15 @@ class Agent:
         self._pump.wait_idle(2.0)
         killed = [w.rank for w in self.workers if w.proc.returncode == -signal.SIGKILL]
         self.keep_logs = self._logs_said = True       # the ranks' lines point into them
-        say(f"npurun: {signal_name(sig)} received: stopped rank(s) {live or 'none'} "
-            f"(forwarded {signal_name(sig)}"
-            + (f"; SIGKILL after {self.spec.stop_grace:g} s: {killed}" if killed else "")
+        for site, ranks in sorted(self._interrupt_sites.items(), key=lambda kv: -len(kv[1])):
+            say(f"npurun: KeyboardInterrupt: {ranks_text(ranks)} stopped "
+                f"{site or 'outside their code'}")
+        big = len(self.workers) > GROUP_AT         # a list of 256 numbers is not read
+        say(f"npurun: {signal_name(sig)} received: stopped "
+            + ((ranks_text(live) if live else "no rank") if big else f"rank(s) {live or 'none'}")
+            + f" (forwarded {signal_name(sig)}"
+            + (f"; SIGKILL after {self.spec.stop_grace:g} s: "
+               + (ranks_text(killed) if big else str(killed)) if killed else "")
             + f"); exits with {128 + sig}; tracebacks in "
             f"{os.path.join(self.attempt_dir, '<local_rank>', 'traceback.log')}")
         return RunResult(WorkerState.STOPPED, 128 + sig, self.attempt, signum=sig)

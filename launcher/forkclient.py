@@ -14,7 +14,9 @@ import socket
 import subprocess
 import time
 
-from launcher.forkserver import recv_message, send_message
+from launcher.forkserver import ROOM_VAR, recv_message, room, send_message
+
+PRELOAD_VAR = "NPUSIM_FORKSERVER_PRELOAD"
 
 
 class ForkServerError(RuntimeError):
@@ -25,8 +27,13 @@ class ForkServer:
     """One node's fork server, started with ``env`` (a rank's environment) by ``python``."""
 
     def __init__(self, python: str, env: dict, janitor=None, *, timeout: float = 120.0,
-                 should_stop=lambda: False):
+                 should_stop=lambda: False, preload=()):
+        """``preload``: more modules to import (before NPUSIM_FORKSERVER_PRELOAD's)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = dict(env)
+        if preload:
+            env[PRELOAD_VAR] = ",".join([*preload, env.get(PRELOAD_VAR, "")]).strip(",")
+        env[ROOM_VAR] = room(env)           # room for each rank's /proc/PID/environ
         self.sock = ours
         self.status: dict[int, int] = {}       # pid -> returncode (Popen's convention)
         self._replies: list[dict] = []

@@ -3,7 +3,8 @@
 One pump thread serves every pipe of a launcher through a selector (no thread per pipe, no busy
 loop). Console lines get the ``[rank N]: `` prefix and are written whole, so ranks interleave by
 line, never inside one; tee'd bytes go to the log file as they arrive. ``watch`` lets the
-launcher see the console lines that carry a marker (the examples' ``resumed from step N``).
+launcher see the console lines that carry a marker (the examples' ``resumed from step N``), and
+take them off the console (a big job's Ctrl-C lines, which npurun prints grouped).
 """
 from __future__ import annotations
 
@@ -81,10 +82,14 @@ class _Stream:
         lines, self.buf = self.buf[:cut + 1], self.buf[cut + 1:]
         for marker, callback in self.watches:
             if marker in lines:      # one scan of the chunk: the common case has no marker
-                for line in lines.splitlines():
-                    if marker in line:
-                        callback(self.prefix, line.decode("utf-8", "replace"))
-        self._write(lines)
+                kept = []
+                for line in lines.splitlines(keepends=True):
+                    if marker not in line or not callback(
+                            self.prefix, line.decode("utf-8", "replace").rstrip("\n")):
+                        kept.append(line)
+                lines = b"".join(kept)
+        if lines:
+            self._write(lines)
 
     def finish(self) -> None:
         if self.console is not None and self.buf:
@@ -122,7 +127,8 @@ class OutputPump:
 
     def watch(self, marker: bytes, callback) -> None:
         """Call ``callback(prefix, line)`` in the pump's thread for every console line that
-        contains ``marker`` (before the line is written)."""
+        contains ``marker`` (before the line is written); a true result keeps the line off the
+        console (the launcher says it another way: a big job's Ctrl-C lines, grouped)."""
         self._watches.append((marker, callback))
 
     def add(self, fd: int, prefix: str, console: str | None, logfile=None) -> None:

@@ -9,6 +9,7 @@ import os
 import time
 
 _STACK_LINES = 24
+GROUP_ROWS = 16     # a verdict table of more ranks shows one row per distinct state (ranges)
 
 
 def name_threads(stack: str | None, names: dict | None) -> str | None:
@@ -115,17 +116,18 @@ def format_report(v: dict, *, now: float | None = None, stacks: bool = True) -> 
     lines.append(f"verdict: {v['verdict']}")
     lines.append("")
     lines.append(f"{'rank':>5}  {'state':<12} {'seq':>5}  {'op':<40} {'waiting for':<12} {'since':>8}")
-    for r, e in sorted(v["ranks"].items(), key=lambda kv: int(kv[0])):
+    for ranks, e in _rows(v["ranks"]):
         since = f"{now - e['since']:.1f} s" if e.get("since") else "-"
         wf = f"rank {e['waiting_for']}" if e.get("waiting_for") is not None else "-"
         op = e.get("op") or "-"
-        lines.append(f"{r:>5}  {e['state']:<12} {e['seq'] if e['seq'] is not None else '-':>5}  "
+        lines.append(f"{ranks:>5}  {e['state']:<12} "
+                     f"{e['seq'] if e['seq'] is not None else '-':>5}  "
                      f"{op[:40]:<40} {wf:<12} {since:>8}")
         if e.get("detail") and (e["state"] != "waiting" or v.get("cycle")):
             lines.append(f"{'':>7}{e['detail']}")
-    for r, e in sorted((v.get("other_ranks") or {}).items(), key=lambda kv: int(kv[0])):
-        where = f"not a member of {v['comm']}" if not v.get("cycle") else "not in the cycle"
-        lines.append(f"{r:>5}  ({where}: {e['state']})")
+    where = f"not a member of {v['comm']}" if not v.get("cycle") else "not in the cycle"
+    for ranks, e in _rows(v.get("other_ranks") or {}, lambda e: e["state"]):
+        lines.append(f"{ranks:>5}  ({where}: {e['state']})")
     if stacks:
         for c in v["culprits"]:
             e = v["ranks"].get(str(c)) or {}
@@ -145,6 +147,31 @@ def format_report(v: dict, *, now: float | None = None, stacks: bool = True) -> 
                     lines.append(f"... ({more} more lines in hang_report.json)")
     lines.append(bar)
     return "\n".join(lines)
+
+
+def _same_row(e: dict):
+    """What makes two ranks' rows of the verdict table say the same (not their ``since``)."""
+    shown = e.get("detail") if e.get("state") != "waiting" else None
+    return (e.get("state"), e.get("seq"), e.get("op"), e.get("waiting_for"), shown)
+
+
+def _rows(entries: dict, key=_same_row) -> list[tuple[str, dict]]:
+    """The table's rows: one per rank; above GROUP_ROWS ranks, one per distinct row (the
+    ranks as ranges, the oldest ``since``), in the order of their first rank."""
+    items = sorted(entries.items(), key=lambda kv: int(kv[0]))
+    if len(items) <= GROUP_ROWS:
+        return [(r, e) for r, e in items]
+    groups: dict = {}
+    for r, e in items:
+        groups.setdefault(key(e), []).append((int(r), e))
+    out = []
+    for members in groups.values():
+        e = dict(members[0][1])
+        sinces = [m.get("since") for _, m in members if m.get("since")]
+        if sinces:
+            e["since"] = min(sinces)
+        out.append((ranks_text([r for r, _ in members]).split(" ", 1)[1], e))
+    return out
 
 
 def ranks_text(ranks) -> str:

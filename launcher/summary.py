@@ -18,8 +18,10 @@ from datetime import datetime
 
 from hccl.failure import Failure
 from launcher.errors import describe_exit, shell_exit_code, signal_name
+from launcher.report import ranks_text
 
 NOT_AVAILABLE = "<N/A>"
+GROUP_AT = 8        # more released ranks than this: grouped by how they ended, ranks as ranges
 
 
 @dataclass
@@ -134,7 +136,16 @@ def format_summary(title: str, failures: list[ProcessFailure], stopped: list[int
             return f"{NOT_AVAILABLE} (no Python exception recorded)"
         return f.error_file if keep_files else f"{NOT_AVAILABLE} (pass --log-dir to keep it)"
 
-    blocks = [_format_one(i + 1, f, shown(f)) for i, f in enumerate(others)]
+    blocks = [_format_one(i + 1, f, shown(f)) for i, f in enumerate(others[:GROUP_AT])]
+    if len(others) > GROUP_AT:     # a big job: the first ones in full, the rest as ranges
+        rest = others[GROUP_AT:]
+        groups: dict = {}
+        for f in rest:
+            groups.setdefault(describe_exit(f.exitcode), []).append(f.rank)
+        blocks += [f"  ... {len(rest)} more: " + "; ".join(
+            f"{ranks_text(rs)}: {how}" for how, rs in sorted(groups.items(),
+                                                              key=lambda kv: -len(kv[1])))
+            + " (their error files are next to the ones above)"]
     root_block = _format_one(0, root, shown(root))
     width = 72
     parts = [
@@ -149,7 +160,9 @@ def format_summary(title: str, failures: list[ProcessFailure], stopped: list[int
     ]
     if stopped:
         parts += ["-" * width,
-                  f"Stopped by npurun after the failure: ranks {', '.join(map(str, stopped))}"]
+                  "Stopped by npurun after the failure: " + (
+                      f"ranks {', '.join(map(str, stopped))}" if len(stopped) <= GROUP_AT
+                      else ranks_text(stopped))]
     if restarting:
         parts.append("npurun restarts the job (--max-restarts)")
     else:
@@ -217,14 +230,28 @@ def format_story(title: str, reason: str, culprits: list[Culprit],
     victims = sorted((f for f in failures if f.rank not in blamed), key=lambda f: f.rank)
     if victims:
         who = "the culprit" if len(culprits) == 1 else "the culprits"
-        parts += ["-" * width, f"Released by {who} (not causes; one line each):"]
-        for f in victims:
-            parts.append(f"  rank {f.rank}: {describe_exit(f.exitcode)}: "
-                         f"{_one_line(f.error_line or f.message)}")
+        if len(victims) <= GROUP_AT:
+            parts += ["-" * width, f"Released by {who} (not causes; one line each):"]
+            for f in victims:
+                parts.append(f"  rank {f.rank}: {describe_exit(f.exitcode)}: "
+                             f"{_one_line(f.error_line or f.message)}")
+        else:       # a big job: one line per way of ending, with the first rank's error
+            parts += ["-" * width, f"Released by {who} (not causes; one line per way they "
+                      "ended, the first rank's error as the example):"]
+            groups: dict = {}
+            for f in victims:
+                line = f.error_line or f.message or ""
+                groups.setdefault((describe_exit(f.exitcode), line.split(":", 1)[0]), []).append(f)
+            for (how, _), fs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+                parts.append(f"  {ranks_text([f.rank for f in fs])}: {how}: "
+                             f"{'e.g. ' if len(fs) > 1 else ''}"
+                             f"{_one_line(fs[0].error_line or fs[0].message, 160)}")
     written = _written(tracebacks, failures)
     if written:
+        listed = (", ".join(map(str, written)) if len(written) <= GROUP_AT
+                  else ranks_text(written)[len("ranks "):])
         parts.append(f"Full tracebacks: {tracebacks} (local rank{'s' if len(written) > 1 else ''} "
-                     f"{', '.join(map(str, written))})")
+                     f"{listed})")
     names = ", ".join(str(c.rank) for c in culprits) or "none found"
     if restarting:
         parts.append(f"npurun restarts the job (--max-restarts); culprit rank(s): {names}")

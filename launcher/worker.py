@@ -263,13 +263,22 @@ def _run_spawn(payload_path: str, result_path: str) -> None:
     os.replace(tmp, result_path)
 
 
+_USAGE = "usage: python -m launcher.worker [-m MODULE | --exec PROG | --spawn P R | SCRIPT] ARGS"
+
+
 def main(argv: list[str]) -> None:
-    usage = "usage: python -m launcher.worker [-m MODULE | --exec PROG | --spawn P R | SCRIPT] ARGS"
     if not argv:
-        sys.exit(usage)
+        sys.exit(_USAGE)
     if argv[0] == "--fork-server":  # a rank's command line names the bootstrap, forked or not
         from launcher import forkserver  # noqa: PLC0415
         argv = forkserver.main(argv[1:])     # returns in a forked rank, with its arguments
+        forkserver.run_rank(_run, argv)      # it ends without the interpreter's teardown
+        return
+    _run(argv)
+
+
+def _run(argv: list[str]) -> None:
+    usage = _USAGE
     bootstrap()
     mode, rest = argv[0], argv[1:]
     if mode == "--exec":

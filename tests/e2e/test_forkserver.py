@@ -151,3 +151,45 @@ def test_max_restarts_after_a_forked_rank_or_the_server_died(tmp_path, who):
     if who == "server":
         assert "the fork server" in res.stderr and "died; starting a new one" in res.stderr, \
             res.stderr[-3000:]
+
+
+ENDING = """
+import atexit, os, sys, threading
+out, r = {out!r}, os.environ["RANK"]
+with open("/proc/self/environ", "rb") as f:
+    shown = dict(p.split("=", 1) for p in f.read().decode().split("\\0") if "=" in p)
+assert shown == dict(os.environ), sorted(set(shown.items()) ^ set(os.environ.items()))[:6]
+log = open(os.path.join(out, "unclosed." + r), "w")      # never closed: flushed at the end
+log.write("kept")
+atexit.register(lambda: log.write(" by atexit"))
+go = threading.Event()
+def late():             # a non-daemon thread: joined before the process ends
+    go.wait(60)
+    open(os.path.join(out, "thread." + r), "w").close()
+threading.Thread(target=late).start()
+go.set()
+if r == "1":
+    {end}
+"""
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("end,code", [("pass", 0), ("sys.exit(3)", 3), ("sys.exit('bye')", 1),
+                                      ("raise ValueError('no')", 1),
+                                      ("raise KeyboardInterrupt", 128 + signal.SIGINT)])
+def test_a_forked_rank_ends_as_python_would(tmp_path, end, code):
+    """A forked rank skips the interpreter's teardown (launcher.forkserver, "How a forked rank
+    ends") but not what a script relies on: its exit status, atexit handlers, non-daemon
+    threads, files left open; and /proc/PID/environ shows its own environment."""
+    script = _script(tmp_path, ENDING.format(out=str(tmp_path), end=end))
+    with LeakCheck() as lc:
+        res = run_npurun("--nproc-per-node", "3", script, env=lc.env, timeout=220)
+    assert res.returncode == code, res.stderr[-3000:]
+    # after a failure npurun stops the other ranks (SIGTERM): only rank 1 ended by itself
+    for r in range(3) if code == 0 else [1]:
+        assert (tmp_path / f"unclosed.{r}").read_text() == "kept by atexit", res.stderr[-3000:]
+        assert (tmp_path / f"thread.{r}").exists()
+    if end.startswith("sys.exit('"):
+        assert "[rank 1]: bye" in res.stderr
+    if code == 1:
+        assert "rank      : 1" in res.stderr
