@@ -8,6 +8,7 @@ died: the agent then starts a new one for the next attempt, or falls back to fre
 """
 from __future__ import annotations
 
+import math
 import os
 import select
 import socket
@@ -68,8 +69,7 @@ class ForkServer:
 
     def _read(self, timeout: float) -> bool:
         """Read one message within ``timeout`` s; exits go to ``status``, the rest are kept."""
-        r, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
-        if not r:
+        if not readable(self.sock.fileno(), timeout):
             return False
         try:
             msg, fds = recv_message(self.sock)
@@ -157,6 +157,14 @@ class ForkServer:
         self.sock.close()
 
 
+def readable(fd: int, timeout: float) -> bool:
+    """Whether ``fd`` becomes readable within ``timeout`` s (poll, not select: at world 256
+    npurun holds more than 1024 descriptors, beyond select's reach)."""
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(max(0, math.ceil(timeout * 1000))))
+
+
 def worker_argv(cmd: list[str]) -> list[str] | None:
     """The arguments of ``launcher.worker`` in ``cmd`` if ``cmd`` is ``PYTHON -u -m
     launcher.worker ARGS`` (what npurun runs); None otherwise (then no fork server)."""
@@ -165,4 +173,4 @@ def worker_argv(cmd: list[str]) -> list[str] | None:
     return None
 
 
-__all__ = ["ForkServer", "ForkServerError", "worker_argv"]
+__all__ = ["ForkServer", "ForkServerError", "readable", "worker_argv"]

@@ -23,7 +23,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from launcher.forkclient import worker_argv  # noqa: F401 - also for the agent
+from launcher.forkclient import readable, worker_argv  # noqa: F401 - also for the agent
 from launcher.janitor import Janitor
 from launcher.output import OutputPump, Std
 
@@ -189,7 +189,7 @@ class WorkerProcess:
         if self._pid in srv.status:
             return srv.status.pop(self._pid)
         if self.pidfd is not None:
-            ended = bool(select.select([self.pidfd], [], [], wait)[0])
+            ended = readable(self.pidfd, wait)
         else:
             ended = not _exists(self._pid)
         if not ended:
