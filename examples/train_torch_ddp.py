@@ -7,7 +7,7 @@ Run it with the launcher (rank 0 prints the progress and the summary):
     npurun --nproc-per-node 4 examples/train_torch_ddp.py --check --backend gloo
     npurun --nproc-per-node 4 --max-restarts 3 examples/train_torch_ddp.py --checkpoint-dir /tmp/ckpt
     npurun --nproc-per-node 2 examples/train_torch_ddp.py --device npu --check
-    python -m torch.distributed.run --standalone --nproc-per-node 2 examples/train_torch_ddp.py --backend gloo
+    torchrun --standalone --nproc-per-node 2 examples/train_torch_ddp.py --backend gloo
 
 ``--device npu`` trains on npusim's torch ``npu`` device, as a torch_npu script does: ``import
 torch_npu``, ``torch.npu.set_device(local_rank)``, the model ``.to(f"npu:{local_rank}")``,

@@ -1,0 +1,179 @@
+"""all_reduce through the "hccl" torch backend on npu tensors vs CPU tensors (not a timed test).
+
+    PYTHONPATH=. python benchmarks/npu_allreduce.py [--world 2] [--rounds 5] [--write]
+
+Runs itself under npurun (``python -m launcher --nproc-per-node WORLD``); each rank binds its
+NPU (``torch.npu.set_device(local_rank)``), then for 1 KiB, 1 MiB and 16 MiB of float32 times
+``dist.all_reduce(t)`` until its result is there: on npu tensors the call then
+``torch.npu.synchronize()`` (the call itself returns at once: stream-ordered), on CPU tensors the
+call alone (it blocks until the completer copied the result back). Rounds alternate npu and
+CPU; a round's figure is its median call, the table rank 0's median round.
+
+Per call it also counts, after a warm-up call on the same tensor (so the communicator's bound
+Call is found): the Python frames entered on the calling thread (``sys.setprofile``: every
+Python function call, and those in hccl/; the completer and stream worker threads are not
+counted) and the copies of the tensor's bytes (the staging buffers the backend allocates, and
+its copies into and out of them). ``--write`` puts the table on docs/figures.md
+(section "npu-allreduce").
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZES = (("1 KiB", 1 << 10, 400), ("1 MiB", 1 << 20, 40), ("16 MiB", 16 << 20, 6))
+HCCL_DIR = os.path.join(ROOT, "hccl") + os.sep
+
+
+def _count_call(fn) -> int:
+    """(Python frames entered, of which in hccl/) by ``fn()`` on this thread."""
+    counts = [0, 0]
+
+    def prof(frame, event, arg):
+        if event == "call":
+            counts[0] += 1
+            if frame.f_code.co_filename.startswith(HCCL_DIR):
+                counts[1] += 1
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return tuple(counts)
+
+
+def rank_side(out: str, rounds: int) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch_npu  # noqa: F401
+
+    import hccl.torch_backend  # noqa: F401
+    from hccl.torch import work as torch_work
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.set_num_threads(1)
+    torch.npu.set_device(local)
+    dist.init_process_group("hccl")
+    copies = {"buffers": 0, "in": 0, "out": 0}
+    real = (torch_work.Staging.buffer, torch_work.put, torch_work.take)
+
+    def buffer(self, count, dtype):
+        copies["buffers"] += 1
+        return real[0](self, count, dtype)
+
+    def put(a, start, t):
+        copies["in"] += 1
+        return real[1](a, start, t)
+
+    def take(a, start, t):
+        copies["out"] += 1
+        return real[2](a, start, t)
+    # work.py's Staging.load and the backend (which imported them by name) call them
+    backend = sys.modules["hccl.torch.backend"]
+    torch_work.Staging.buffer = buffer
+    torch_work.put = backend.put = put
+    torch_work.take = backend.take = take
+    rows = {}
+    for label, nbytes, reps in SIZES:
+        n = nbytes // 4
+        tensors = {"npu": torch.ones(n, device="npu"), "cpu": torch.ones(n)}
+
+        def once(dev):
+            dist.all_reduce(tensors[dev])
+            if dev == "npu":
+                torch.npu.synchronize()
+        per = {"npu": [], "cpu": []}
+        for r in range(rounds):
+            for dev in (("npu", "cpu") if r % 2 == 0 else ("cpu", "npu")):
+                once(dev)                                  # warm: the bound Call, the pool
+                times = []
+                for _ in range(reps):
+                    t0 = time.perf_counter()
+                    once(dev)
+                    times.append(time.perf_counter() - t0)
+                per[dev].append(statistics.median(times) * 1e6)
+        cost = {}
+        for dev in ("npu", "cpu"):
+            dist.barrier()
+            once(dev)
+            for k in copies:
+                copies[k] = 0
+            # the call alone (synchronize after: its frames are not the backend's)
+            frames = _count_call(lambda: dist.all_reduce(tensors[dev]))
+            if dev == "npu":
+                torch.npu.synchronize()
+            cost[dev] = {"frames": frames, **copies}
+        rows[label] = {"us": {d: statistics.median(v) for d, v in per.items()}, "cost": cost}
+    if dist.get_rank() == 0:
+        with open(out, "w") as f:
+            json.dump(rows, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    ap.add_argument("--write", action="store_true", help="write the docs/figures.md section")
+    ap.add_argument("--rank-side", metavar="OUT", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.rank_side:
+        rank_side(args.rank_side, args.rounds)
+        return 0
+    if args.world < 2 or args.rounds < 1:
+        ap.error("--world must be >= 2 and --rounds >= 1")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows.json")
+        env = dict(os.environ, PYTHONPATH=ROOT)
+        cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", str(args.world),
+               os.path.abspath(__file__), "--rounds", str(args.rounds), "--rank-side", out]
+        res = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+        if res.returncode != 0:
+            print(res.stdout[-3000:], res.stderr[-3000:], file=sys.stderr)
+            return 1
+        with open(out) as f:
+            rows = json.load(f)
+    head = ["size", "npu us/call", "CPU us/call", "CPU / npu", "frames npu (hccl/)",
+            "frames CPU (hccl/)", "copies npu", "copies CPU"]
+    table = []
+    for label, _, _ in SIZES:
+        r = rows[label]
+        us, cost = r["us"], r["cost"]
+
+        def copies(c):
+            return f"{c['in'] + c['out']} ({c['buffers']} staging buffers)"
+        table.append([label, f"{us['npu']:.0f}", f"{us['cpu']:.0f}",
+                      f"{us['cpu'] / us['npu']:.2f}",
+                      f"{cost['npu']['frames'][0]} ({cost['npu']['frames'][1]})",
+                      f"{cost['cpu']['frames'][0]} ({cost['cpu']['frames'][1]})",
+                      copies(cost["npu"]), copies(cost["cpu"])])
+    print(" | ".join(head))
+    for row in table:
+        print(" | ".join(row))
+    if args.write:
+        from benchmarks import figures
+        text = (f"World {args.world} under npurun, float32, rank 0's figures: the median of "
+                f"{args.rounds} alternating rounds, each the median call. npu: "
+                "`dist.all_reduce(t)` then `torch.npu.synchronize()` (the call is stream-ordered and returns at once); "
+                "CPU: `dist.all_reduce(t)` (blocks until the result is copied back). Frames: "
+                "Python calls on the calling thread during one call after a warm-up "
+                "(sys.setprofile; the completer and stream threads not counted), those in hccl/ "
+                "in brackets. Copies: the backend's copies of the tensor's bytes into and out of "
+                "staging buffers.")
+        figures.write_section("npu-allreduce", "all_reduce through the hccl backend: npu vs "
+                              "CPU tensors", f"PYTHONPATH=. python benchmarks/npu_allreduce.py "
+                              f"--world {args.world} --rounds {args.rounds} --write",
+                              head, table, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
