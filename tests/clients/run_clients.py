@@ -136,7 +136,8 @@ def run(name: str, mode: str, world: int, work: str, env: dict | None = None,
 
 
 def _bits(t) -> bytes:
-    return t.detach().contiguous().view(-1).view(dtype=__import__("torch").uint8).numpy().tobytes()
+    import torch
+    return t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
 
 
 def _same(a, b, where: str, diffs: list[str]) -> None:
