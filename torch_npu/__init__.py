@@ -47,5 +47,8 @@ else:
 
     from . import npu
     _rt.register(npu)
+    # as torch_npu registers ProcessGroupHCCL: "hccl" works, and is torch's default backend for
+    # npu (get_default_backend_for_device), without importing npusim's backend by name
+    import hccl.torch.backend  # noqa: E402,F401
     __version__ = "npusim-" + torch.__version__.split("+")[0]
     npu_device = "npu"

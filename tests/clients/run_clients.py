@@ -6,8 +6,9 @@ Each client is a vendored public script, byte for byte. It runs twice per world 
 
 - **npu**: ``npurun --nproc-per-node W`` on npusim's simulated NPUs. A CUDA script gets the one
   documented edit, ``from torch_npu.contrib import transfer_to_npu`` on the line after its
-  ``import torch`` (``npu_variant`` writes that copy; SOURCES.md shows the diff); a torch_npu
-  script runs as it is.
+  ``import torch`` (``npu_variant`` writes that copy; SOURCES.md shows the diff); a script
+  written for any accelerator (``torch.accelerator``) can get ``import torch_npu`` there
+  instead ("ddp-example-import"); a torch_npu script would run as it is.
 - **ref**: ``python -m torch.distributed.run --standalone --nproc-per-node W`` (torchrun) on CPU
   tensors with gloo: the vendored file itself, with ref_shim mapping cuda/accelerator/npu to CPU
   and nccl/hccl to gloo for this run only.
@@ -31,6 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 RUNNER = os.path.join(HERE, "client_runner.py")
 EDIT = "from torch_npu.contrib import transfer_to_npu"
+IMPORT = "import torch_npu"       # torch_npu's own one line, for a script written for any accelerator
 
 # name -> where the vendored script lives, what it runs, the edit it gets, what else to record.
 # "runs": the script's argument lists, run one after the other in one working directory (the
@@ -38,6 +40,9 @@ EDIT = "from torch_npu.contrib import transfer_to_npu"
 CLIENTS = {
     "ddp-example": dict(
         dir="pytorch_examples/distributed/ddp", script="example.py", edit=EDIT,
+        runs=[[]], collect=[]),
+    "ddp-example-import": dict(
+        dir="pytorch_examples/distributed/ddp", script="example.py", edit=IMPORT,
         runs=[[]], collect=[]),
     "ddp-tutorial": dict(
         dir="pytorch_examples/distributed/ddp-tutorial-series", script="multigpu_torchrun.py",
@@ -131,7 +136,8 @@ def run(name: str, mode: str, world: int, work: str, env: dict | None = None,
 
 
 def _bits(t) -> bytes:
-    return t.detach().contiguous().view(-1).view(dtype=__import__("torch").uint8).numpy().tobytes()
+    import torch
+    return t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
 
 
 def _same(a, b, where: str, diffs: list[str]) -> None:

@@ -52,11 +52,12 @@ def test_npu_variant_differs_by_the_one_line(name):
     c = run_clients.CLIENTS[name]
     with open(os.path.join(CLIENTS_DIR, c["dir"], c["script"]), encoding="utf-8") as f:
         original = f.read().splitlines()
-    edited = run_clients.npu_variant("\n".join(original) + "\n").splitlines()
+    edited = run_clients.npu_variant("\n".join(original) + "\n", c["edit"]).splitlines()
     assert len(edited) == len(original) + 1
     i = original.index("import torch")
     assert edited[:i + 1] == original[:i + 1]
-    assert edited[i + 1] == "from torch_npu.contrib import transfer_to_npu"
+    assert edited[i + 1] in ("from torch_npu.contrib import transfer_to_npu", "import torch_npu")
+    assert edited[i + 1] == c["edit"]
     assert edited[i + 2:] == original[i + 1:]
 
 
@@ -101,6 +102,16 @@ def test_ddp_example(world, tmp_path):
         diffs: list[str] = []
         run_clients._same(r["state"], records[0]["state"], "state", diffs)
         assert not diffs, diffs
+    _assert_equal(runs)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_ddp_example_with_import_torch_npu_alone(tmp_path):
+    """example.py asks torch.accelerator for its device and backend: ``import torch_npu`` (the
+    npu becomes the accelerator, "hccl" its default backend) is all it needs."""
+    runs = _both("ddp-example-import", 2, tmp_path)
+    assert "backend=hccl" in runs["npu"].outputs[0][0]
     _assert_equal(runs)
 
 

@@ -8,7 +8,8 @@ World 3: the losses are gloo's bitwise; the final parameters equal npu+hccl's on
 (the device adds nothing) and differ from gloo's in the last bits of some values, because the
 two backends add three ranks' gradients in different orders: hccl computes (g0 + g1) + g2 for
 every element, gloo's ring starts each chunk at another rank, and float64 addition is not
-associative. ``test_world_3_sum_order`` shows this on one all_reduce.
+associative. ``test_world_3_sum_order`` shows this on one all_reduce. The world-3 tests are
+slow (``python -m pytest -m slow tests/torch/test_torch_npu_ddp.py``).
 """
 from __future__ import annotations
 
@@ -68,6 +69,7 @@ def test_world_2_npu_hccl_is_cpu_gloo_bitwise(tmp_path):
     assert torch.equal(_bits(npu_params), _bits(gloo_params))
 
 
+@pytest.mark.slow            # three launches of three ranks: minutes on a loaded machine
 @pytest.mark.timeout(900)
 def test_world_3_npu_hccl_is_cpu_hccl_and_gloo_up_to_the_sum_order(tmp_path):
     npu_losses, npu_params = _train(tmp_path, 3, True, "npu")
@@ -79,6 +81,7 @@ def test_world_3_npu_hccl_is_cpu_hccl_and_gloo_up_to_the_sum_order(tmp_path):
     assert rel < 1e-13, rel            # last bits only (measured: 8e-15 relative, 6 steps)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_world_3_sum_order(tmp_path):
     """hccl's all_reduce on npu tensors is exactly (x0 + x1) + x2; gloo's differs in some
