@@ -31,6 +31,10 @@ import numpy as np
 import torch
 
 import runtime
+from runtime import profiler
+from runtime.sanitizer import stream_check_enabled
+
+from .site import user_site
 
 _KDL_EXT_DEV = 12                 # DLPack's kDLExtDev: torch's PrivateUse1
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -58,7 +62,8 @@ def _forget(addr: int, ref) -> None:
 
 
 def _from_dlpack(arr: np.ndarray, device: int) -> torch.Tensor:
-    """A uint8 ``npu:device`` tensor on the bytes of numpy array ``arr``, keeping ``arr`` alive."""
+    """An ``npu:device`` tensor on the bytes of numpy array ``arr`` (its dtype, shape and
+    strides), keeping ``arr`` alive."""
     cap = arr.__dlpack__()
     p = _capsule_ptr(cap, b"dltensor")
     # DLTensor: void *data; DLDevice {int32 device_type; int32 device_id}; ...
@@ -73,16 +78,33 @@ def new_storage_tensor(nbytes: int, device: int) -> torch.Tensor:
     The current runtime device must be ``device`` (the caller switches to it).
     Raises runtime.errors.OutOfMemoryError with the pool's numbers past the capacity.
     """
-    dev = runtime.empty((nbytes,), np.uint8)
+    return _from_dlpack(_new_owner(nbytes, device), device)
+
+
+def _new_owner(nbytes: int, device: int) -> _Owner:
+    """A new allocation of ``nbytes`` as its _Owner (registered in ``_live``), not yet exported."""
+    dev = runtime.empty((nbytes,), np.uint8, site=_alloc_site())
     view = dev._np()
     owner = view.view(_Owner)
     owner.dev, owner.index = dev, device
     owner.cpu = torch.from_numpy(view)          # a second view of the bytes, not of the owner
-    t = _from_dlpack(owner, device)
-    addr = view.ctypes.data
+    owner.views = {}                            # shared_cpu_view's cache
+    addr = owner.cpu.data_ptr()                 # (numpy's ``.ctypes.data`` costs 10 us)
     with _lock:
         _live[addr] = weakref.ref(owner, lambda r, a=addr: _forget(a, r))
-    return t
+    return owner
+
+
+_UNRECORDED = "an npu tensor's storage (its line is recorded while NPUSIM_STREAM_CHECK is on)"
+
+
+def _alloc_site() -> str:
+    """The user's line for the pool's record of an allocation, taken only while the stream
+    sanitizer (which names it in a race) or the profiler records: finding it walks the Python
+    stack, 20-40 us inside a model's forward, more than the rest of the allocation."""
+    if stream_check_enabled() or profiler.active():
+        return user_site(2)
+    return _UNRECORDED
 
 
 def owner_of(t: torch.Tensor) -> _Owner | None:
@@ -101,6 +123,12 @@ def empty_strided(size, stride, dtype: torch.dtype, device: int) -> torch.Tensor
     if numel_span == 0:         # no bytes: an empty host array stands for the storage
         base = _from_dlpack(np.empty(item, np.uint8), device)   # one host element
     else:
+        npdt = _NUMPY.get(dtype)
+        if npdt is not None and stride == contiguous_strides(size):
+            # the common case in one step: the allocation exported with its dtype and shape (a
+            # numpy view of the _Owner, which keeps it alive), without two redispatches
+            owner = _new_owner(numel_span * item, device)
+            return _from_dlpack(owner.view(npdt).reshape(size), device)
         base = new_storage_tensor(numel_span * item, device)
     t = _view_dtype.redispatch(_CPU, base, dtype) if dtype != torch.uint8 else base
     return _as_strided.redispatch(_CPU, t, size, stride, 0)
@@ -109,6 +137,11 @@ def empty_strided(size, stride, dtype: torch.dtype, device: int) -> torch.Tensor
 _ITEMSIZE = {d: torch.empty((), dtype=d).element_size() for d in (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
     torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128)}
+
+
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
+          torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8,
+          torch.uint8: np.uint8, torch.bool: np.bool_}
 
 
 def element_span(size, stride) -> int:
@@ -138,6 +171,39 @@ def cpu_view(t: torch.Tensor, owner: _Owner | None = None) -> torch.Tensor:
     runtime.buffer_nbytes(owner.dev)          # validates: live, and its device not reset
     out = torch.empty((0,), dtype=t.dtype)
     return out.set_(owner.cpu.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+
+
+_VIEWS_PER_STORAGE = 8
+
+
+def shared_cpu_view(t: torch.Tensor) -> torch.Tensor:
+    """``cpu_view(t)``, cached on the storage's _Owner by (dtype, offset, sizes, strides): the
+    operators of a training step read the same few tensors again and again, and a new view
+    costs more than a small CPU kernel. The view is shared: a caller must not change its
+    metadata, or must ``forget_cpu_view(t)`` when a kernel did (a resized ``out=``). The cache
+    dies with the storage (it lives on the _Owner), so a view never outlives its bytes.
+    Validates the memory (MemoryAccessError after a reset of its device) on every call.
+    """
+    owner = owner_of(t)
+    if owner is None:
+        return cpu_view(t, None)
+    runtime.buffer_nbytes(owner.dev)
+    key = (t.dtype, t.storage_offset(), t.size(), t.stride())
+    views = owner.views
+    v = views.get(key)
+    if v is None:
+        if len(views) >= _VIEWS_PER_STORAGE:
+            views.clear()
+        v = views[key] = torch.empty((0,), dtype=t.dtype).set_(
+            owner.cpu.untyped_storage(), key[1], key[2], key[3])
+    return v
+
+
+def forget_cpu_view(t: torch.Tensor) -> None:
+    """Drop ``shared_cpu_view(t)`` from the cache (its metadata was changed by a kernel)."""
+    owner = owner_of(t)
+    if owner is not None:
+        owner.views.pop((t.dtype, t.storage_offset(), t.size(), t.stride()), None)
 
 
 def span(t: torch.Tensor, owner: _Owner):
