@@ -117,7 +117,7 @@ def resize_(self, size, *, memory_format=None):
             old = S.owner_of(self)
             if old is not None:         # keep the old bytes (rare: torch resizes empty tensors)
                 runtime.current_stream().synchronize()
-                S.owner_of(base).cpu[:have].copy_(old.cpu[:have])
+                S.cpu_bytes(S.owner_of(base))[:have].copy_(S.cpu_bytes(old)[:have])
         torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
             _CPU_KS, self, base.untyped_storage(), self.storage_offset(), size, stride)
         return self
