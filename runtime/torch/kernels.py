@@ -191,7 +191,8 @@ def register() -> None:
         if isinstance(op, torch._ops.OpOverloadPacket):
             op = op.default
         _aten.impl(name, functools.partial(fallback, op), "PrivateUse1")
-    from . import autocast, serialization
+    from . import attention, autocast, serialization
+    attention.register(_aten)
     autocast.register(_aten)
     serialization.register()
 
