@@ -1,11 +1,14 @@
 """Benchmark of npusim's torch npu device against CPU eager (a benchmark, not a timed test).
 
     PYTHONPATH=. python benchmarks/npu_ops.py [--rounds 7] [--steps 15] [--threads 1] [--figures]
+                                              [--base DIR]
 
 Prints microseconds per small operator on npu and on CPU eager, and one training step of a small
 transformer (2 encoder layers, width 128, 4 heads, feed-forward 512, batch 8, sequence 64;
 forward, backward, AdamW step) on npu and on CPU, with their ratios. ``--figures`` also writes
-the section "npu-ops" of docs/figures.md.
+the section "npu-ops" of docs/figures.md. ``--base DIR`` first runs the same measurement on another
+checkout of npusim (e.g. ``git archive`` of main into DIR) in a child process, and puts its npu
+figures and ratios next to these ones: before and after from one run.
 
 The machine is shared and its load moves: both devices are measured in the same process, one
 after the other within each round (operators) or step (training), so a load change hits both, and
@@ -110,6 +113,22 @@ def training(steps: int) -> dict:
     return out
 
 
+def base_run(base: str, args) -> dict:
+    """The same measurement on the npusim checkout at ``base`` (its runtime and torch_npu), in a
+    child process: {"ops": {name: [cpu, npu]}, "step": {...}}."""
+    import json
+    import os
+    import subprocess
+    import sys
+    cmd = [sys.executable, os.path.abspath(__file__), "--json", "--rounds", str(args.rounds),
+           "--calls", str(args.calls), "--steps", str(args.steps), "--threads", str(args.threads)]
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(base))
+    out = subprocess.run(cmd, cwd=base, env=env, capture_output=True, text=True, timeout=1800)
+    if out.returncode:
+        raise SystemExit(f"the run on {base} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.splitlines()[-1])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
@@ -117,22 +136,42 @@ def main():
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--figures", action="store_true", help="write docs/figures.md's section")
+    ap.add_argument("--base", help="an npusim checkout to measure first, for a before column")
+    ap.add_argument("--base-label", default="the base checkout",
+                    help="how the figures page names --base (e.g. main's commit)")
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     with open("/proc/loadavg") as f:
         load0 = " ".join(f.read().split()[:3])
+    base = base_run(args.base, args) if args.base else None
     ops = per_op(args.rounds, args.calls)
     step = training(args.steps)
+    if args.json:
+        import json
+        print(json.dumps({"ops": ops, "step": step}))
+        return
     rows = [[k, f"{c:.1f}", f"{n:.1f}", f"{n / c:.1f}x"] for k, (c, n) in ops.items()]
     rows.append(["training step (ms)", f"{step['cpu_ms']:.1f}", f"{step['npu_ms']:.1f}",
                  f"{step['ratio']:.2f}x"])
     rows.append(["training step, wall clock (ms)", f"{step['wall_cpu_ms']:.1f}",
                  f"{step['wall_npu_ms']:.1f}", f"{step['wall_ratio']:.2f}x"])
-    print(f"{'operator (us)':<30} {'cpu':>8} {'npu':>8} {'npu/cpu':>8}")
+    head = ["operator", "CPU eager", "npu", "npu / CPU"]
+    if base:
+        head += ["before: CPU eager", "before: npu", "before: npu / CPU"]
+        bs = base["step"]
+        for r, (c, n) in zip(rows, base["ops"].values()):
+            r += [f"{c:.1f}", f"{n:.1f}", f"{n / c:.1f}x"]
+        rows[-2] += [f"{bs['cpu_ms']:.1f}", f"{bs['npu_ms']:.1f}", f"{bs['ratio']:.2f}x"]
+        rows[-1] += [f"{bs['wall_cpu_ms']:.1f}", f"{bs['wall_npu_ms']:.1f}",
+                     f"{bs['wall_ratio']:.2f}x"]
+    print(" | ".join(head))
     for r in rows:
-        print(f"{r[0]:<30} {r[1]:>8} {r[2]:>8} {r[3]:>8}")
+        print(f"{r[0]:<30} " + " ".join(f"{c:>9}" for c in r[1:]))
     print(f"training step: median ratio {step['ratio']:.2f}x in CPU time, "
-          f"{step['wall_ratio']:.2f}x in wall-clock time (goal <= 2x)")
+          f"{step['wall_ratio']:.2f}x in wall-clock time (goal <= 2x)"
+          + (f"; before: {base['step']['ratio']:.2f}x, {base['step']['wall_ratio']:.2f}x"
+             if base else ""))
     with open("/proc/loadavg") as f:
         load1 = " ".join(f.read().split()[:3])
     print(f"load average: {load0} at the start, {load1} at the end; torch threads {args.threads}")
@@ -152,12 +191,15 @@ def main():
             "operator is torch's CPU kernel on views of the device memory plus the device's "
             "Python: one boxed fallback, the pool's allocation for each result "
             "(docs/torch.md). "
+            + (f"The *before* columns are the same measurement, in a child process just before, "
+               f"of npusim at {args.base_label}. " if base else "")
             + ("The two steps' losses are equal, bitwise." if step["same_loss"] else
                "The losses differ in the last bits: torch's scaled_dot_product_attention takes its "
                "fused kernel on CPU and its math path on a new backend (docs/torch.md, limits)."))
         path = write_section("npu-ops", "The torch npu device against CPU eager",
-                             "PYTHONPATH=. python benchmarks/npu_ops.py --figures",
-                             ["operator", "CPU eager", "npu", "npu / CPU"], rows, text)
+                             "PYTHONPATH=. python benchmarks/npu_ops.py --figures"
+                             + (f" --base DIR (DIR: {args.base_label})" if base else ""),
+                             head, rows, text)
         print("wrote", path)
 
 
