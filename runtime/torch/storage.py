@@ -41,8 +41,8 @@ import torch
 
 import runtime
 from runtime import profiler
-from runtime.memory import (DeviceBuffer, allocation_marks, free_from_gc, host_view, malloc_at,
-                            same_allocations)
+from runtime.context import contexts_by_device, current_context
+from runtime.memory import DeviceBuffer, free_from_gc, host_view, malloc_at
 from runtime.pool import MemMallocPolicy
 from runtime.sanitizer import stream_check_enabled
 
@@ -129,8 +129,9 @@ def _new_owner(nbytes: int, device: int, typed=None) -> _Owner:
     # torch storage would never be collected); its storage is the one of every CPU view
     owner.cpu = torch.from_numpy(view if typed is None else view.view(typed[0]).reshape(typed[1]))
     owner.views = {}                            # shared_cpu_view's cache
-    owner.devs = (dev,)
-    owner.mark = allocation_marks(owner.devs)   # what shared_cpu_view checks, cheaply
+    # what shared_cpu_view checks, cheaply: the device's context is still the one allocated
+    # from (a reset replaces it; nothing else can free memory the owner holds)
+    owner.ctx, owner.dev_id = current_context(), dev.ptr.device_id
     addr = owner.cpu.data_ptr()                 # (numpy's ``.ctypes.data`` costs 10 us)
     with _lock:
         _live[addr] = weakref.ref(owner, lambda r, a=addr: _forget(a, r))
@@ -235,15 +236,15 @@ def shared_cpu_view(t: torch.Tensor) -> torch.Tensor:
     dies with the storage (it lives on the _Owner), so a view never outlives its bytes; every
     view of a storage is on the one CPU storage ``owner.cpu``'s, so torch's overlap checks see
     two views of the same bytes as such. Validates the memory on every call (MemoryAccessError
-    after a reset of its device): a cheap comparison of the allocation's marks, and the full
-    check (which names the error) when they moved.
+    after a reset of its device): a cheap comparison of the device's context with the one it was
+    allocated from, and the full check (which names the error) when it changed.
     """
     ref = _live.get(t.untyped_storage().data_ptr())
     owner = ref() if ref is not None else None
     if owner is None:
         return cpu_view(t, None)
-    if not same_allocations(owner.mark, owner.devs):
-        runtime.buffer_nbytes(owner.dev)
+    if contexts_by_device.get(owner.dev_id) is not owner.ctx:
+        runtime.buffer_nbytes(owner.dev)        # raises MemoryAccessError naming the reset
     key = (t.dtype, t.storage_offset(), t.size(), t.stride())
     views = owner.views
     v = views.get(key)

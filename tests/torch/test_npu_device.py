@@ -304,9 +304,15 @@ def test_bad_input_errors():
 def test_use_of_a_reset_device():
     with torch.npu.device(5):
         x = torch.ones(10, device="npu:5")
+        y = x * 2                                   # x's CPU view is cached (the fast path)
         runtime.reset_device(5)
     with pytest.raises(MemoryAccessError):
         (x + 1).cpu()
+    with torch.npu.device(5):                       # the fast path checks its cached views too
+        with pytest.raises(MemoryAccessError):
+            x + 1
+        with pytest.raises(MemoryAccessError):
+            y.mul_(3)
 
 
 # ---------------------------------------------------------------------- transfer_to_npu
