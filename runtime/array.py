@@ -1,6 +1,8 @@
 """DeviceArray: a typed, shaped view of one device allocation (like a torch_npu tensor's storage)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import dtypes, sanitizer
@@ -53,7 +55,7 @@ class DeviceArray(DeviceBuffer):
     def __init__(self, ptr: DevicePtr | None, shape, dtype, *, _owner: bool = False, _site: str = ""):
         self.shape = _shape(shape)
         self.dtype = as_dtype(dtype)
-        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
         self.ptr = ptr
         self._owner = _owner
         self._base = None
@@ -93,7 +95,7 @@ class DeviceArray(DeviceBuffer):
     def reshape(self, *shape) -> "DeviceArray":
         """A view of the same memory with another shape (same number of elements)."""
         shape = _shape(shape[0] if len(shape) == 1 else shape)
-        if int(np.prod(shape, dtype=np.int64)) != self.size:
+        if math.prod(shape) != self.size:
             raise InvalidParamError(f"reshape: cannot view {self.size} elements as shape {shape}")
         return self._view(self.ptr, shape, self.dtype)
 
@@ -120,7 +122,7 @@ class DeviceArray(DeviceBuffer):
     def _view(self, ptr, shape, dtype) -> "DeviceArray":
         if self._freed:
             raise MemoryAccessError(f"use after free: {self!r} was freed (allocated at {self._site})")
-        v = DeviceArray(ptr if int(np.prod(shape, dtype=np.int64)) else None, shape, dtype, _site=self._site)
+        v = DeviceArray(ptr if math.prod(shape) else None, shape, dtype, _site=self._site)
         v._base = self          # keeps the owner (and its memory) alive while the view lives
         return v
 
@@ -184,14 +186,17 @@ class DeviceArray(DeviceBuffer):
         return self.ptr.device_id if self.ptr is not None else None
 
 
-def empty(shape, dtype=np.float32, *, policy=MemMallocPolicy.HUGE_FIRST) -> DeviceArray:
-    """An uninitialised DeviceArray on the current device."""
-    return _empty(shape, dtype, policy, callsite(2))
+def empty(shape, dtype=np.float32, *, policy=MemMallocPolicy.HUGE_FIRST,
+          site: str | None = None) -> DeviceArray:
+    """An uninitialised DeviceArray on the current device. ``site`` (``file:line``) is where the
+    pool says it was allocated; by default the caller's line (a walk of the Python stack, which
+    costs microseconds a frame: a library that allocates per call may pass its own)."""
+    return _empty(shape, dtype, policy, callsite(2) if site is None else site)
 
 
 def _empty(shape, dtype, policy, site) -> DeviceArray:
     shape, dt = _shape(shape), as_dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    nbytes = math.prod(shape) * dt.itemsize
     current_context()  # a clear error before anything else when no device is set
     ptr = malloc_at(nbytes, policy, site) if nbytes else None
     return DeviceArray(ptr, shape, dt, _owner=True, _site=site)

@@ -39,15 +39,19 @@ def empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memor
         stride = (h * w * c, 1, w * c, c)
     else:
         stride = S.contiguous_strides(size)
-    with _device.on(d):
-        return S.empty_strided(size, stride, dtype, d)
+    return _empty_on(d, size, stride, dtype)
 
 
 def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
     dtype = dtype or torch.get_default_dtype()
-    d = _dev(device)
+    return _empty_on(_dev(device), tuple(size), tuple(stride), dtype)
+
+
+def _empty_on(d: int, size: tuple, stride: tuple, dtype) -> torch.Tensor:
+    if d == _device.current():      # the common case, without a context manager's cost
+        return S.empty_strided(size, stride, dtype, d)
     with _device.on(d):
-        return S.empty_strided(tuple(size), tuple(stride), dtype, d)
+        return S.empty_strided(size, stride, dtype, d)
 
 
 def _stream_of(d: int):
@@ -113,7 +117,7 @@ def resize_(self, size, *, memory_format=None):
             old = S.owner_of(self)
             if old is not None:         # keep the old bytes (rare: torch resizes empty tensors)
                 runtime.current_stream().synchronize()
-                S.owner_of(base).cpu[:have].copy_(old.cpu[:have])
+                S.cpu_bytes(S.owner_of(base))[:have].copy_(S.cpu_bytes(old)[:have])
         torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
             _CPU_KS, self, base.untyped_storage(), self.storage_offset(), size, stride)
         return self
@@ -187,7 +191,7 @@ def register() -> None:
         _aten.impl(name, fn, "PrivateUse1")
     # operators with a fused CPU kernel that torch would otherwise decompose for a new backend
     # (other rounding): they take the CPU kernel too, through the fallback
-    for name in _CPU_FUSED:
+    for name in _CPU_FUSED + _foreach_ops():
         op = torch.ops.aten
         for part in name.split("."):
             op = getattr(op, part)
@@ -197,7 +201,8 @@ def register() -> None:
     if not torch.backends.cuda.is_built():     # a CUDA build keeps its own pinned memory
         _aten.impl("is_pinned", is_pinned, "CPU")
         _aten.impl("_pin_memory", pin_memory, "CPU")
-    from . import autocast, serialization
+    from . import attention, autocast, serialization
+    attention.register(_aten)
     autocast.register(_aten)
     serialization.register()
 
@@ -207,6 +212,19 @@ _CPU_FUSED = [n for n in ("native_layer_norm", "native_layer_norm_backward", "na
                           "_softmax_backward_data", "_log_softmax_backward_data",
                           "_fused_sdp_choice")
               if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + n, "PrivateUse1")]
+
+
+def _foreach_ops() -> list:
+    """The ``_foreach_*`` operators (what optimizers call: AdamW's step is a dozen of them over
+    every parameter). torch gives a new backend their composite form, one operator per tensor;
+    taken whole by the fallback, each is one call that runs torch's CPU kernel (the same loop
+    over the same per-tensor kernels, so the same bits) over the lists of CPU views."""
+    out = []
+    for full in torch._C._dispatch_get_all_op_names():
+        if full.startswith("aten::_foreach_") and not \
+                torch._C._dispatch_has_kernel_for_dispatch_key(full, "PrivateUse1"):
+            out.append(full[len("aten::"):])
+    return sorted(out)
 
 
 def _set_empty(self):

@@ -25,6 +25,17 @@ while the profiler records (every operator is then a task on the trace) and whil
 sanitizer checks (every operator declares its reads and writes: read-only inputs as reads,
 results and written arguments as writes). Operators whose results depend on the data (``item``,
 ``nonzero``, ``equal``; any operator without a meta kernel) wait for the stream, then run at once.
+
+The common case, fast (``_now``). A training step is hundreds of small operators, so the path of
+an operator on an idle stream is one walk over the arguments that both finds the device (and
+leaves for the general path on anything unusual: a CPU tensor mixed in, two devices, a device
+other than the thread's, a factory, a random operator, a busy stream, the profiler or the
+sanitizer on) and swaps each npu tensor for its CPU view. The views come from a cache on the
+storage (storage.shared_cpu_view), as the same tensors are read again and again. A kernel that
+changed the metadata of a written argument's view (an ``out=`` it resized) is caught by comparing
+the view's address, sizes and strides before and after; the npu tensor then follows and the
+cached view is dropped. Nothing else is captured on that path: the call site is taken only where
+something will name it (a task, a sanitizer record; a TaskError needs a task).
 """
 from __future__ import annotations
 
@@ -32,6 +43,7 @@ import torch
 
 import runtime
 from runtime import profiler
+from runtime.sanitizer import stream_check_enabled
 
 from . import device as _device
 from . import random as _random
@@ -41,11 +53,14 @@ from .site import user_site
 _NPU = "npu"
 _CPU_KS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _info: dict = {}
+_Tensor = torch.Tensor
+_SEQ = (list, tuple)
+_LATER = object()             # _now's answer when the operator needs the general path
 
 
 class _Info:
     """What the fallback needs to know about one operator, from its schema."""
-    __slots__ = ("name", "view", "written", "sync", "gen")
+    __slots__ = ("name", "view", "written", "sync", "gen", "plain")
 
     def __init__(self, op):
         schema = op._schema
@@ -60,6 +75,8 @@ class _Info:
         # a random operator given no generator draws from its npu device's (random.py)
         self.gen = next(((k, a.name) for k, a in enumerate(schema.arguments)
                          if a.name == "generator"), None)
+        # neither random nor a factory: the fast path may take it
+        self.plain = self.gen is None and not any(a.name == "device" for a in schema.arguments)
 
 
 def _tensor_type(t: str) -> bool:
@@ -152,9 +169,15 @@ def _dense_strides(r: torch.Tensor) -> tuple:
 
 # ---------------------------------------------------------------------- the fallback
 def fallback(op, *args, **kwargs):
-    i = info(op)
+    i = _info.get(op)
+    if i is None:
+        i = info(op)
     if i.view:
         return op.redispatch(_CPU_KS, *args, **kwargs)
+    if i.plain and not profiler.active() and not stream_check_enabled():
+        out = _now(op, i, args, kwargs)
+        if out is not _LATER:
+            return out
     dev = _devices(args, kwargs, i.name)
     if dev is None:               # no npu tensor among the arguments: a factory given device=npu
         d = kwargs.get("device")
@@ -163,6 +186,73 @@ def fallback(op, *args, **kwargs):
         return _compute(op, i, dev, args, kwargs)
     with _device.on(dev):
         return _compute(op, i, dev, args, kwargs)
+
+
+def _now(op, i: _Info, args, kwargs):
+    """The operator run at once on shared CPU views, or _LATER (see the note: the fast path)."""
+    st = [-1, False]              # the npu device index; something for the general path
+    cargs = [_view(a, st) for a in args]
+    ckwargs = {k: _view(v, st) for k, v in kwargs.items()} if kwargs else kwargs
+    dev = st[0]
+    if st[1] or dev < 0 or dev != _device.current() or not runtime.current_stream().idle():
+        return _LATER
+    if not i.written:
+        return _rebuild(op(*cargs, **ckwargs), lambda r: _to_npu(r, dev))
+    pairs = []                    # (npu tensor, its CPU view) of each written npu argument
+    for pos, name in i.written:
+        if pos < len(args):
+            a, c = args[pos], cargs[pos]
+        else:
+            a, c = kwargs.get(name), ckwargs.get(name)
+        if isinstance(a, _Tensor):
+            if c is not a:
+                pairs.append((a, c))
+        elif type(a) in _SEQ:
+            pairs.extend((x, y) for x, y in zip(a, c) if y is not x)
+    marks = [(c.data_ptr(), c.size(), c.stride()) for _, c in pairs]
+    out = op(*cargs, **ckwargs)
+    for (a, c), (ptr, size, stride) in zip(pairs, marks):
+        if c.data_ptr() != ptr or c.size() != size or c.stride() != stride:
+            S.forget_cpu_view(a)
+            _follow(a, c)
+    if out is None:
+        return out
+    back = {id(c): a for a, c in pairs}
+
+    def npu_of(r):
+        a = back.get(id(r))
+        return a if a is not None else _to_npu(r, dev)
+    return _rebuild(out, npu_of)
+
+
+def _view(a, st):
+    """``a`` with its npu tensors (also inside a list) swapped for their shared CPU views;
+    ``st``: [npu device index, True when the general path must take the operator]."""
+    if isinstance(a, _Tensor):
+        d = a.get_device()
+        if d < 0:                 # a CPU tensor: only a 0-dim one (a scalar) may join npu ones
+            if a.dim():
+                st[1] = True
+            return a
+        if d != st[0]:
+            if st[0] >= 0:        # two npu devices: the general path names them
+                st[1] = True
+            st[0] = d
+        return S.shared_cpu_view(a)
+    if type(a) in _SEQ:
+        for b in a:
+            if isinstance(b, _Tensor):
+                return type(a)([_view(b, st) for b in a])
+    return a
+
+
+def _follow(a: torch.Tensor, c: torch.Tensor) -> None:
+    """Make npu tensor ``a`` what the CPU kernel made of its view ``c`` (an ``out=`` it resized
+    into CPU memory, or restrided)."""
+    a.resize_(c.size())
+    if c.stride() != a.stride():
+        a.as_strided_(c.size(), c.stride())
+    S.cpu_view(a).copy_(c)
 
 
 def _compute(op, i: _Info, dev: int, args, kwargs):
@@ -207,16 +297,14 @@ def _run_now(op, i: _Info, dev: int, args, kwargs):
     cargs, ckwargs = _map(args, kwargs, _cpu)
     if not i.written:
         return _rebuild(op(*cargs, **ckwargs), lambda r: _to_npu(r, dev))
-    before = [(a, c, c.data_ptr(), c.size()) for a, c in
-              zip(_written_args(i, args, kwargs), _written_args(i, cargs, ckwargs))]
+    before = [(a, c, c.data_ptr(), c.size(), c.stride()) for a, c in
+              zip(_written_args(i, args, kwargs), _written_args(i, cargs, ckwargs)) if a is not c]
     out = op(*cargs, **ckwargs)
     # an out= argument the CPU kernel resized now lives in CPU memory: resize the npu one
-    for a, c, ptr, size in before:
-        if c.data_ptr() != ptr or c.size() != size:
-            a.resize_(c.size())
-            if c.stride() != a.stride():
-                a.as_strided_(c.size(), c.stride())
-            S.cpu_view(a).copy_(c)
+    for a, c, ptr, size, stride in before:
+        if c.data_ptr() != ptr or c.size() != size or c.stride() != stride:
+            S.forget_cpu_view(a)
+            _follow(a, c)
     # results that alias a written argument are that argument (in place, out=)
     by_id = {}
     for a, c in zip(_flat_all(args, kwargs), _flat_all(cargs, ckwargs)):
@@ -237,7 +325,7 @@ def _to_npu(r: torch.Tensor, dev: int) -> torch.Tensor:
         return r
     t = S.empty_strided(r.size(), _dense_strides(r), r.dtype, dev)
     if r.numel():
-        S.cpu_view(t).copy_(r)
+        S.shared_cpu_view(t).copy_(r)      # the next operator will read t: cache its view
     return t
 
 

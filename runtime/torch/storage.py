@@ -1,4 +1,4 @@
-"""The storage of an ``npu`` tensor: a DeviceArray of npusim device memory, owned by torch.
+"""The storage of an ``npu`` tensor: an allocation of npusim device memory, owned by torch.
 
 Design note. A torch tensor on ``npu:N`` must own its data in the way every torch tensor does,
 through its storage: views, ``nn.Parameter``, ``.data``, ``torch.save`` all share or copy the
@@ -7,19 +7,28 @@ allocator for the PrivateUse1 key, but DLPack hands torch memory *with an owner*
 ``torch.from_dlpack`` keeps the exporter's object alive until its storage dies, then calls the
 exporter's deleter. So an allocation is
 
-    runtime.empty(nbytes, uint8)      -> DeviceArray (the pool counts it; OOM raises there)
-    _Owner: a uint8 numpy view of its bytes, holding the DeviceArray
+    malloc from the pool              -> _Memory, a DeviceBuffer (the pool counts it; OOM raises
+                                         there; collected, it frees the memory as a DeviceArray)
+    _Owner: a uint8 numpy view of its bytes, holding the _Memory
     numpy's DLPack capsule of the _Owner, its device field set to kDLExtDev (12), which torch
         maps to PrivateUse1, i.e. ``npu:N``
     torch.from_dlpack(capsule)        -> a uint8 ``npu:N`` tensor whose storage owns the _Owner
 
-and a tensor of any dtype / shape is ``set_`` onto that storage. When the storage's last user goes,
-torch calls the deleter, the _Owner dies, the DeviceArray is garbage-collected and its memory
+(a contiguous tensor of a dtype numpy has is exported with its dtype and shape in one step; any
+other is viewed onto the uint8 storage). When the storage's last user goes,
+torch calls the deleter, the _Owner dies, the _Memory is garbage-collected and its memory
 goes back to the pool in the order of the stream it was allocated on (runtime.free_from_gc).
 
 ``_live`` maps the storage's address to a weak reference of its _Owner: the CPU view of an npu
 tensor (``cpu_view``) is a CPU tensor on the same bytes (the device memory *is* host memory in
 npusim), with the tensor's dtype, sizes, strides and offset; torch's CPU kernels run on it.
+The operators' fast path takes them from a small cache on the _Owner (``shared_cpu_view``),
+which dies with the storage.
+
+Costs, measured: an operator allocates its result, and a training step allocates a hundred and
+fifty times, so this path is kept short. The allocation site the pool records (what the stream
+sanitizer names in a race) is the user's line only while the sanitizer or the profiler is on:
+finding it walks the Python stack, 20-40 us deep inside a model, more than all the rest.
 """
 from __future__ import annotations
 
@@ -31,6 +40,13 @@ import numpy as np
 import torch
 
 import runtime
+from runtime import profiler
+from runtime.context import contexts_by_device, current_context
+from runtime.memory import DeviceBuffer, free_from_gc, host_view, malloc_at
+from runtime.pool import MemMallocPolicy
+from runtime.sanitizer import stream_check_enabled
+
+from .site import user_site
 
 from .device import bind_thread
 
@@ -49,8 +65,9 @@ _live: dict = {}                  # storage address -> weakref to its _Owner
 
 class _Owner(np.ndarray):
     """The uint8 numpy view of one allocation that torch's storage keeps alive (see the note);
-    ``dev`` is the DeviceArray, ``cpu`` a CPU uint8 tensor of the same bytes, ``index`` the
-    device index."""
+    ``dev`` is the allocation (a DeviceBuffer: ``dev.ptr``, ``dev.nbytes``), ``cpu`` a CPU tensor
+    on all of its bytes (uint8, or the dtype and shape of the tensor allocated; every CPU view is
+    on ``cpu.untyped_storage()``), ``index`` the device index."""
 
 
 def _forget(addr: int, ref) -> None:
@@ -60,7 +77,8 @@ def _forget(addr: int, ref) -> None:
 
 
 def _from_dlpack(arr: np.ndarray, device: int) -> torch.Tensor:
-    """A uint8 ``npu:device`` tensor on the bytes of numpy array ``arr``, keeping ``arr`` alive."""
+    """An ``npu:device`` tensor on the bytes of numpy array ``arr`` (its dtype, shape and
+    strides), keeping ``arr`` alive."""
     cap = arr.__dlpack__()
     p = _capsule_ptr(cap, b"dltensor")
     # DLTensor: void *data; DLDevice {int32 device_type; int32 device_id}; ...
@@ -75,17 +93,70 @@ def new_storage_tensor(nbytes: int, device: int) -> torch.Tensor:
     The current runtime device must be ``device`` (the caller switches to it).
     Raises runtime.errors.OutOfMemoryError with the pool's numbers past the capacity.
     """
+    return _from_dlpack(_new_owner(nbytes, device), device)
+
+
+class _Memory(DeviceBuffer):
+    """One pool allocation of a storage (``ptr``, ``nbytes``), given back to the pool when
+    collected, as a DeviceArray's; what every memory call takes. Lighter than a DeviceArray
+    (no shape, no dtype: the tensor has those), and a storage is allocated per operator."""
+
+    __slots__ = ("ptr", "nbytes", "__weakref__")
+
+    def __init__(self, nbytes: int):
+        self.ptr = malloc_at(nbytes, MemMallocPolicy.HUGE_FIRST, _alloc_site())
+        self.nbytes = nbytes
+
+    def device_ptr(self, name: str):
+        return self.ptr
+
+    def __repr__(self):
+        return f"npu storage memory ({self.nbytes} bytes on device {self.ptr.device_id})"
+
+    def __del__(self):
+        try:
+            free_from_gc(self.ptr)
+        except Exception:       # device reset or interpreter shutdown: nothing left to free
+            pass
+
+
+def _new_owner(nbytes: int, device: int, typed=None) -> _Owner:
+    """A new allocation of ``nbytes`` as its _Owner (registered in ``_live``), not yet exported.
+    ``typed``: (numpy dtype, shape) of the tensor to be, which ``owner.cpu`` then has."""
     bind_thread()
-    dev = runtime.empty((nbytes,), np.uint8)
-    view = dev._np()
+    dev = _Memory(nbytes)
+    view = host_view(dev.ptr, nbytes)
     owner = view.view(_Owner)
     owner.dev, owner.index = dev, device
-    owner.cpu = torch.from_numpy(view)          # a second view of the bytes, not of the owner
-    t = _from_dlpack(owner, device)
-    addr = view.ctypes.data
+    # a CPU tensor on the bytes, made from ``view``, never from the owner (a cycle through a
+    # torch storage would never be collected); its storage is the one of every CPU view
+    owner.cpu = torch.from_numpy(view if typed is None else view.view(typed[0]).reshape(typed[1]))
+    owner.views = {}                            # shared_cpu_view's cache
+    # what shared_cpu_view checks, cheaply: the device's context is still the one allocated
+    # from (a reset replaces it; nothing else can free memory the owner holds)
+    owner.ctx, owner.dev_id = current_context(), dev.ptr.device_id
+    addr = owner.cpu.data_ptr()                 # (numpy's ``.ctypes.data`` costs 10 us)
     with _lock:
         _live[addr] = weakref.ref(owner, lambda r, a=addr: _forget(a, r))
-    return t
+    return owner
+
+
+_UNRECORDED = "an npu tensor's storage (its line is recorded while NPUSIM_STREAM_CHECK is on)"
+
+
+def _alloc_site() -> str:
+    """The user's line for the pool's record of an allocation, taken only while the stream
+    sanitizer (which names it in a race) or the profiler records: finding it walks the Python
+    stack, 20-40 us inside a model's forward, more than the rest of the allocation."""
+    if stream_check_enabled() or profiler.active():
+        return user_site(2)
+    return _UNRECORDED
+
+
+def cpu_bytes(owner: _Owner) -> torch.Tensor:
+    """A uint8 CPU tensor on all the bytes of ``owner``'s allocation."""
+    st = owner.cpu.untyped_storage()
+    return torch.empty((0,), dtype=torch.uint8).set_(st, 0, (st.nbytes(),), (1,))
 
 
 def owner_of(t: torch.Tensor) -> _Owner | None:
@@ -105,6 +176,15 @@ def empty_strided(size, stride, dtype: torch.dtype, device: int) -> torch.Tensor
         bind_thread()
         base = _from_dlpack(np.empty(item, np.uint8), device)   # one host element
     else:
+        npdt = _NUMPY.get(dtype)
+        if npdt is not None and stride == contiguous_strides(size):
+            # the common case in one step: the allocation exported with its dtype and shape (a
+            # numpy view of the _Owner, which keeps it alive), without two redispatches
+            owner = _new_owner(numel_span * item, device, (npdt, size))
+            # owner.cpu is its shared CPU view, made here at no cost (the result of an
+            # operator is written through it next)
+            owner.views[(dtype, 0, size, stride)] = owner.cpu
+            return _from_dlpack(owner.view(npdt).reshape(size), device)
         base = new_storage_tensor(numel_span * item, device)
     t = _view_dtype.redispatch(_CPU, base, dtype) if dtype != torch.uint8 else base
     return _as_strided.redispatch(_CPU, t, size, stride, 0)
@@ -113,6 +193,11 @@ def empty_strided(size, stride, dtype: torch.dtype, device: int) -> torch.Tensor
 _ITEMSIZE = {d: torch.empty((), dtype=d).element_size() for d in (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
     torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128)}
+
+
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
+          torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8,
+          torch.uint8: np.uint8, torch.bool: np.bool_}
 
 
 def element_span(size, stride) -> int:
@@ -142,6 +227,44 @@ def cpu_view(t: torch.Tensor, owner: _Owner | None = None) -> torch.Tensor:
     runtime.buffer_nbytes(owner.dev)          # validates: live, and its device not reset
     out = torch.empty((0,), dtype=t.dtype)
     return out.set_(owner.cpu.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+
+
+_VIEWS_PER_STORAGE = 8
+
+
+def shared_cpu_view(t: torch.Tensor) -> torch.Tensor:
+    """``cpu_view(t)``, cached on the storage's _Owner by (dtype, offset, sizes, strides): the
+    operators of a training step read the same few tensors again and again, and a new view
+    costs more than a small CPU kernel. The view is shared: a caller must not change its
+    metadata, or must ``forget_cpu_view(t)`` when a kernel did (a resized ``out=``). The cache
+    dies with the storage (it lives on the _Owner), so a view never outlives its bytes; every
+    view of a storage is on the one CPU storage ``owner.cpu``'s, so torch's overlap checks see
+    two views of the same bytes as such. Validates the memory on every call (MemoryAccessError
+    after a reset of its device): a cheap comparison of the device's context with the one it was
+    allocated from, and the full check (which names the error) when it changed.
+    """
+    ref = _live.get(t.untyped_storage().data_ptr())
+    owner = ref() if ref is not None else None
+    if owner is None:
+        return cpu_view(t, None)
+    if contexts_by_device.get(owner.dev_id) is not owner.ctx:
+        runtime.buffer_nbytes(owner.dev)        # raises MemoryAccessError naming the reset
+    key = (t.dtype, t.storage_offset(), t.size(), t.stride())
+    views = owner.views
+    v = views.get(key)
+    if v is None:
+        if len(views) >= _VIEWS_PER_STORAGE:
+            views.clear()
+        v = views[key] = torch.empty((0,), dtype=t.dtype).set_(
+            owner.cpu.untyped_storage(), key[1], key[2], key[3])
+    return v
+
+
+def forget_cpu_view(t: torch.Tensor) -> None:
+    """Drop ``shared_cpu_view(t)`` from the cache (its metadata was changed by a kernel)."""
+    owner = owner_of(t)
+    if owner is not None:
+        owner.views.pop((t.dtype, t.storage_offset(), t.size(), t.stride()), None)
 
 
 def span(t: torch.Tensor, owner: _Owner):

@@ -304,9 +304,15 @@ def test_bad_input_errors():
 def test_use_of_a_reset_device():
     with torch.npu.device(5):
         x = torch.ones(10, device="npu:5")
+        y = x * 2                                   # x's CPU view is cached (the fast path)
         runtime.reset_device(5)
     with pytest.raises(MemoryAccessError):
         (x + 1).cpu()
+    with torch.npu.device(5):                       # the fast path checks its cached views too
+        with pytest.raises(MemoryAccessError):
+            x + 1
+        with pytest.raises(MemoryAccessError):
+            y.mul_(3)
 
 
 # ---------------------------------------------------------------------- transfer_to_npu
@@ -379,3 +385,129 @@ def test_a_real_torch_npu_wins(tmp_path):
     env["NPUSIM_TORCH_NPU"] = "1"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.stdout.split() == ["False", "True"], r.stderr[-500:]
+
+
+# ---------------------------------------------------------------------- the fast path (ops._now)
+def test_fast_path_results_views_and_written_arguments():
+    """On an idle stream an operator runs at once on cached CPU views (runtime/torch/ops.py):
+    results, out= resizes, views at offsets, aliasing and foreach operators stay exact."""
+    torch.npu.set_device(0)
+    torch.npu.synchronize()
+    base = torch.npu.memory_allocated()
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(5, 7, generator=g), torch.randn(5, 7, generator=g)
+    out = torch.empty(0, device="npu")
+    r = torch.add(a.npu(), b.npu(), out=out)            # the CPU kernel resizes out's view
+    assert r is out and out.shape == (5, 7) and out.device.type == "npu"
+    _same(out, a + b)
+    _same(out * 2, (a + b) * 2)                         # the cached view follows the new storage
+    x = torch.arange(24.0).view(4, 6)
+    xn = x.npu()
+    for f in (lambda t: t[1:, 2:] * 2, lambda t: t.t() + 1, lambda t: t[::2].sum(0),
+              lambda t: t.reshape(-1)[5:9].exp(), lambda t: t.t().contiguous().view(-1)):
+        _same(f(xn), f(x))
+    xn[1:3].add_(10)                                    # in place through a view at an offset
+    x[1:3].add_(10)
+    _same(xn, x)
+    y = torch.randn(6, generator=g)
+    yn = y.npu()
+    yn.mul_(yn)                                         # one tensor read and written
+    y.mul_(y)
+    _same(yn, y)
+    ts = [torch.randn(3, 4, generator=g).abs() for _ in range(5)]
+    tn = [t.npu() for t in ts]
+    torch._foreach_add_(ts, ts, alpha=0.5)              # one fallback call for the whole list
+    torch._foreach_add_(tn, tn, alpha=0.5)
+    for p, q in zip(ts, tn):
+        _same(q, p)
+    for p, q in zip(torch._foreach_sqrt(ts), torch._foreach_sqrt(tn)):
+        _same(q, p)
+    del out, r, xn, yn, tn, q
+    torch.npu.synchronize()
+    assert torch.npu.memory_allocated() == base
+
+
+def _line_of(text: str) -> int:
+    """The line number of the one line of this file that contains ``text``."""
+    import inspect
+    lines = [k + 1 for k, s in enumerate(inspect.getsource(inspect.getmodule(_same)).splitlines())
+             if text in s and "_line_of" not in s]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_stream_check_sees_tensors_made_on_the_fast_path():
+    """Tensors made and written on the fast path (sanitizer off), then used with the sanitizer on:
+    the race is named with both operators and both lines, and the buffer's allocation site."""
+    torch.npu.set_device(0)
+    torch.npu.synchronize()
+    x = torch.ones(1000, device="npu")
+    y = x * 3                                           # fast path: a cached CPU view of y
+    runtime.enable_stream_check()
+    try:
+        z = y * 2                                       # race site A
+        s = torch.npu.Stream()
+        with torch.npu.stream(s):
+            with pytest.raises(StreamRaceError) as e:
+                z.add(1)                                # race site B
+        msg = str(e.value)
+        first = next(s for s in msg.splitlines() if s.strip().startswith("first:"))
+        second = next(s for s in msg.splitlines() if s.strip().startswith("second:"))
+        assert "'aten::mul.out'" in first and "'aten::add.out'" in second
+        assert f"test_npu_device.py:{_line_of('# race site A')} " in first
+        assert f"test_npu_device.py:{_line_of('# race site B')} " in second
+        # z was allocated while the sanitizer was on: its allocation site is the user's line
+        assert f"allocated at {__file__}:{_line_of('# race site A')} " in msg
+    finally:
+        torch.npu.synchronize()
+        runtime.enable_stream_check("off")
+    assert (y + 1)[0].item() == 4.0                     # fast path again
+
+
+def test_profiler_shows_npu_operators(tmp_path):
+    import json
+    torch.npu.set_device(0)
+    x = torch.ones(100, device="npu")
+    y = x * 3                                           # before the profile: not in the trace
+    path = tmp_path / "trace.json"
+    with runtime.profile(str(path)):
+        z = torch.relu(y * 2 + 1)                       # profiled line
+    tr = json.loads(path.read_text())
+    ev = [e for e in (tr["traceEvents"] if isinstance(tr, dict) else tr) if e.get("ph") == "X"]
+    names = [e["name"] for e in ev]
+    assert names.count("aten::mul.out") == 1 and names.count("aten::add.out") == 1
+    assert names.count("aten::relu") == 1
+    line = _line_of("# profiled line")
+    assert all(e["args"]["site"].startswith(f"{__file__}:{line} ") for e in ev
+               if e["name"].startswith("aten::")), [e["args"] for e in ev]
+    assert z.tolist() == [7.0] * 100
+
+
+def test_transformer_training_bitwise():
+    """nn.TransformerEncoder (its attention through scaled_dot_product_attention: the CPU's
+    fused kernel on npu too, runtime/torch/attention.py) trains bitwise as on CPU with AdamW."""
+    import copy
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    cpu = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    npu = copy.deepcopy(cpu).npu()
+    oc, on = torch.optim.AdamW(cpu.parameters(), lr=1e-3), torch.optim.AdamW(npu.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(3):
+        x = torch.randn(2, 10, 32, generator=g)
+        lc, ln = cpu(x).square().mean(), npu(x.npu()).square().mean()
+        _same(ln, lc)
+        oc.zero_grad()
+        on.zero_grad()
+        lc.backward()
+        ln.backward()
+        for pc, pn in zip(cpu.parameters(), npu.parameters()):
+            _same(pn.grad, pc.grad)
+        oc.step()
+        on.step()
+    for pc, pn in zip(cpu.parameters(), npu.parameters()):
+        _same(pn, pc)
+    q = torch.randn(2, 4, 8, 16, generator=g)
+    mask = torch.ones(8, 8, dtype=torch.bool).tril()   # a mask: torch's decomposition, as before
+    out = torch.nn.functional.scaled_dot_product_attention(q.npu(), q.npu(), q.npu(), attn_mask=mask.npu())
+    torch.testing.assert_close(out.cpu(), torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask))
