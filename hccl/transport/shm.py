@@ -166,7 +166,10 @@ def _map(fd: int, size: int):
         err = ctypes.get_errno()
         raise ChannelError(f"cannot map {size} bytes of shared memory: {os.strerror(err)}")
     arr = (ctypes.c_ubyte * size).from_address(addr)
-    weakref.finalize(arr, _libc.munmap, ctypes.c_void_p(addr), ctypes.c_size_t(size))
+    unmap = weakref.finalize(arr, _libc.munmap, ctypes.c_void_p(addr), ctypes.c_size_t(size))
+    # not at exit: a daemon thread (ZeroMQ's monitor, a peer's disconnect) may still ring the
+    # bell then, and the process's end unmaps everything anyway (an unmap at exit was a SIGSEGV)
+    unmap.atexit = False
     return arr
 
 
