@@ -7,7 +7,8 @@ into what a user's call pays:
 
 - ``issue``: the host's part of ``comm.all_reduce`` (checks, the plan lookup, the sequence
   number, the flight record, the enqueue), timed while the stream is held behind a gate, so
-  nothing else runs;
+  nothing else runs (and, the stream being busy, nothing of the exchange begins at the call:
+  ``eager`` includes the sends an idle stream's call posts, see hccl/call.py);
 - ``stream``: a no-op kernel's ``launch`` + ``synchronize``: the hand-off to the stream's worker
   and the two wake-ups, one rank, no peer;
 - ``replay``: a task graph of that one AllReduce replayed + synchronize: the stream plus the

@@ -7,7 +7,8 @@ the plan (``hccl.plan``: the schedule and fingerprints), the host views of the b
 scratch the schedule needs, the peers' pairs, bound together into an ``executor.Program``, the
 wire fingerprint and the allocation marks of the buffers. ``issue`` does what each call does by
 nature (the sequence number, the flight record, the stream's task) and ``run``, the task,
-executes the program; a failure becomes the user's error there, once (``executor.failure``,
+executes the program (on an idle stream, ``begin`` has posted its leading sends at the call
+already: ``runtime.Stream.enqueue_begun``, which keeps the stream's order); a failure becomes the user's error there, once (``executor.failure``,
 with this Call as its context).
 
 Who keeps a Call:
@@ -107,6 +108,10 @@ class Call(executor.Context):
             if self.peer is not None:
                 meta["peer"] = self.peer
         if s.capture is None and not graph.active:      # eager, no capture anywhere: the task
+            if self.program.lead and meta is None and not sanitizer.on and s.enqueue_begun(
+                    functools.partial(self.begin, objs, site), self.name, "collective", None,
+                    site) is not None:
+                return                  # an idle stream: the leading sends are posted already
             s.enqueue(self.make(objs, site, meta), self.name, "collective", meta, site)    # now
             return
         fuse = None
@@ -117,6 +122,33 @@ class Call(executor.Context):
 
     def make(self, objs: tuple, site: str, meta=None):
         """The task of one issue: now when eager, at each replay of a task graph."""
+        seq, rec = self._take(site)
+        if meta is not None:
+            meta["seq"] = seq
+        return functools.partial(self.run, seq, rec, objs)
+
+    def begin(self, objs: tuple, site: str):
+        """The task of an eager issue on an idle stream, its program begun now: the sends
+        before its first receive are posted at the call (``Stream.enqueue_begun`` calls this
+        holding the stream's execution lock; a failure is raised by the task, as when the
+        task posts them)."""
+        seq, rec = self._take(site)
+        rec.state, rec.t_started = "started", _time()
+        self.rec = rec
+        comm = self.comm
+        timeout = comm.exec_timeout
+        if timeout is None:
+            timeout = comm._env_timeout
+            if timeout is None:
+                timeout = comm.timeout()[0]
+        try:
+            ahead = self.program.begin(self.cid, seq, self.wire_fp, timeout, self.on_wait)
+        except executor.StepFailed as f:
+            ahead = f
+        return functools.partial(self.run, seq, rec, objs, ahead)
+
+    def _take(self, site: str) -> tuple:
+        """The next sequence number of this call and its flight record."""
         comm, peer = self.comm, self.peer
         if peer is not None:
             key = ("send" if self.op == OpType.SEND else "recv", peer)
@@ -129,26 +161,32 @@ class Call(executor.Context):
         rec = recorder.enqueue(comm, seq, self.plan.rec_fp, stream=self.stream.name, site=site,
                                peer=peer, nbytes=self.nbytes,
                                names=self.plan.names)
-        if meta is not None:
-            meta["seq"] = seq
-        return functools.partial(self.run, seq, rec, objs)
+        return seq, rec
 
-    def run(self, seq: int, rec, objs: tuple) -> None:
-        """Execute the call as ``seq`` (the task): the user's error on failure."""
+    def run(self, seq: int, rec, objs: tuple, ahead=None) -> None:
+        """Execute the call as ``seq`` (the task): the user's error on failure. ``ahead``:
+        what ``begin`` did (where the program goes on, or the failure it met), None if nothing
+        began."""
         if not same_allocations(self.marks, objs):
             self.program = self._bind(objs)         # raises the use-after-free error
             self.marks = allocation_marks(objs)
-        rec.state, rec.t_started = "started", _time()       # recorder.start(rec), inline
+        if ahead is None:
+            rec.state, rec.t_started = "started", _time()   # recorder.start(rec), inline
         self.rec = rec
         comm = self.comm
         timeout = comm.exec_timeout
         by_comm = timeout is not None
         if not by_comm:
-            timeout = comm._env_timeout
+            timeout = comm._env_timeout     # comm.timeout(), without its call once read
             if timeout is None:
                 timeout = comm.timeout()[0]
         try:
-            self.program.run(self.cid, seq, self.wire_fp, timeout, self.on_wait)
+            if ahead is None:
+                self.program.run(self.cid, seq, self.wire_fp, timeout, self.on_wait)
+            elif type(ahead) is executor.StepFailed:
+                raise ahead
+            else:
+                self.program.run(self.cid, seq, self.wire_fp, timeout, self.on_wait, *ahead)
         except executor.StepFailed as f:
             self.timeout_by_comm = by_comm
             raise self.failed(f, seq, timeout, (rec,)) from f.error

@@ -8,7 +8,10 @@ range it touches. ``Program.run`` loops over those tuples; nothing is sliced, lo
 allocated per step beyond what the messages themselves need. A ``hccl.call.Call`` binds its
 program once, when the call is first validated, and runs it at every issue.
 
-Sends are posted zero-copy and not waited for; a Recv is first tried without waiting
+An eager call on an idle stream begins its program at the call (``Program.begin``, through
+``runtime.Stream.enqueue_begun``): the sends before the first receive are posted then, so the
+peers' receives find them without waiting for this rank's stream to start the task, which goes
+on from there. Sends are posted zero-copy and not waited for; a Recv is first tried without waiting
 (``pair.try_recv``: the message is often there already) and only then waited for (at most
 ``timeout`` seconds, the HCCL_EXEC_TIMEOUT of one wait), telling ``on_wait`` whom it waits for;
 it then reduces or copies the payload into its region; a Copy moves bytes locally. Before
@@ -145,19 +148,54 @@ class Program:
     """A schedule bound to views and pairs (``bind``); ``run`` executes it, any number of times
     (one at a time: its scratch is its own)."""
 
-    __slots__ = ("ops", "views")
+    __slots__ = ("ops", "views", "lead")
 
     def __init__(self, ops: tuple, views: dict):
         self.ops, self.views = ops, views
+        # the steps before the first receive: ``begin`` may run them before the task does
+        self.lead = next((i for i, op in enumerate(ops) if op[0] == _RECV), len(ops))
+
+    def begin(self, comm_id: int, seq: int, fp, timeout: float | None,
+              on_wait: Callable[[int, bool], None] | None = None) -> tuple:
+        """Run the leading steps that never wait, now: the sends before the first receive (so
+        the peers' receives find them early), and the local steps among them while no send is
+        pending. Returns (the index of the first step not run, the pending sends) for ``run``'s
+        ``start`` and ``pending``; raises ``StepFailed`` as ``run`` does."""
+        ops, i, n = self.ops, 0, self.lead
+        pending = op = None
+        try:
+            while i < n:
+                op = ops[i]
+                kind = op[0]
+                if kind == _SEND:
+                    handle = op[1].send(comm_id, seq, op[3], fp, op[2])
+                    if handle is not DONE and op[5] > op[4] and not handle.done():
+                        if pending is None:
+                            pending = _Pending(timeout, on_wait)
+                        pending.items.append((op[4], op[5], handle, op[6], op[3]))
+                elif pending is not None and pending.items:
+                    break                   # a local step could have to wait for a send
+                elif kind == _COPY:
+                    if op[3]:
+                        op[1][:] = op[2]
+                    else:
+                        np.copyto(op[1], op[2])
+                else:
+                    reduce_into(op[1], op[2], op[3])
+                i += 1
+        except (TransportError, HcclError) as e:
+            raise StepFailed(e, op) from e
+        return i, pending
 
     def run(self, comm_id: int, seq: int, fp, timeout: float | None,
-            on_wait: Callable[[int, bool], None] | None = None) -> None:
-        """Execute the program for ``seq``; raises ``StepFailed`` (the transport's or the
-        consumer's exception and the step it failed in) for ``failure`` to translate."""
-        pending = None
+            on_wait: Callable[[int, bool], None] | None = None, start: int = 0,
+            pending: "_Pending | None" = None) -> None:
+        """Execute the program for ``seq`` (from step ``start`` with the sends ``pending``
+        after a ``begin``); raises ``StepFailed`` (the transport's or the consumer's exception
+        and the step it failed in) for ``failure`` to translate."""
         op = None
         try:
-            for op in self.ops:
+            for op in (self.ops[start:] if start else self.ops):
                 kind = op[0]
                 if kind == _SEND:
                     handle = op[1].send(comm_id, seq, op[3], fp, op[2])

@@ -179,6 +179,27 @@ class Stream:
                 self._bell.release()
         return seq
 
+    def enqueue_begun(self, begin, name: str, category: str = "kernel", meta=None,
+                      site: str | None = None) -> int | None:
+        """If the stream is idle (``idle()``: nothing queued or running, no error pending) and
+        not capturing, call ``begin()`` now, in the calling thread, holding the execution lock
+        (nothing of this stream runs meanwhile, and nothing could come before it in the
+        stream's order), and enqueue the task it returns; returns its timeline value. Returns
+        None, having called nothing, when the stream is busy: enqueue the usual way then.
+
+        For a task whose first part never waits (hccl posts a collective's leading sends at
+        the call, so the peers' receives find them early): ``begin`` must not block. An
+        exception from it propagates and nothing is enqueued."""
+        if self.capture is not None or self._done < self._issued or self._error is not None \
+                or self._destroyed or not self._exec.acquire(False):
+            return None
+        try:
+            if self._done < self._issued or self._error is not None:
+                return None
+            return self.enqueue(begin(), name, category, meta, site)
+        finally:
+            self._exec.release()
+
     def enqueue_deferred(self, make, name: str, category: str = "kernel", meta=None,
                          site: str | None = None, fuse=None) -> int:
         """Queue the task ``make()`` returns: built now when eager, at every replay when the
