@@ -184,8 +184,9 @@ def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: 
 def _table(store: StoreClient, uid: str, rank: int, size: int, timeout: float) -> list[bytes]:
     """Every rank's entry, read from the store once per job, not once per rank: rank 0 gets the
     size keys with one request (the store holds it until all are set) and publishes them as one
-    value that the other ranks get with one request each (2 x size requests in all instead of
-    size^2: 65k at world 256, one store thread serving them while every rank waits)."""
+    value that the other ranks get with one request each (size + 1 requests in all, where each
+    rank reading every key was size^2: 65k at world 256, one store thread serving them while
+    every rank waits)."""
     keys = [f"{uid}/addr/{r}" for r in range(size)]
     key = f"{uid}/table"
     if rank == 0:
@@ -202,6 +203,13 @@ def _table(store: StoreClient, uid: str, rank: int, size: int, timeout: float) -
             store.wait(keys, timeout=0)
         except StoreTimeout as e:
             raise _never_arrived(keys, e.missing, timeout, rank, "never arrived") from None
+        raw = None
+    if raw is None:             # all arrived, the last just now: rank 0 gathers and publishes
+        try:
+            raw = store.get(key, timeout=min(timeout, 5.0))
+        except StoreTimeout:
+            raw = None
+    if raw is None:
         raise HcclTimeoutError(
             f"[rank {rank}] communicator init timed out after {timeout:g} s "
             f"(HCCL_CONNECT_TIMEOUT={timeout:g}): every rank arrived but rank 0 never published "

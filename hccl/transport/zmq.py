@@ -95,7 +95,8 @@ class SocketPair(MailboxPair):
     message); its receives are the mailboxes the device's receiver thread files into
     (``base.MailboxPair``)."""
 
-    __slots__ = ("t", "device", "peer", "sock", "conn", "serial", "lock", "closed", "connected")
+    __slots__ = ("t", "device", "peer", "sock", "conn", "serial", "lock", "closed", "connected",
+                 "watched", "late")
 
     def __init__(self, device: "SocketDevice", peer: int, sock: zmq.Socket, conn: int):
         self.t = device.owner
@@ -103,6 +104,8 @@ class SocketPair(MailboxPair):
         self.lock = threading.Lock()
         self.closed = False
         self.connected = False       # the TCP connection was up once (monitor thread)
+        self.watched = False         # its link monitor runs (not for a pair made for an ABORT)
+        self.late = False            # watched only after it was opened: CONNECTED may be missed
 
     def send(self, comm_id: int, seq: int, step: int, fp, mv: memoryview) -> SendHandle:
         """Send ``mv`` (at most the device's ``max_message`` bytes, else ValueError) without
@@ -200,40 +203,51 @@ class SocketDevice:
                     if peer in remote:
                         self.remote.add(peer)
 
-    def pair(self, peer: int) -> SocketPair:
+    def pair(self, peer: int, watch: bool = True) -> SocketPair:
         """The pair of ``peer``, opened now if this is its first use. Never blocks: ZeroMQ
-        connects in the background and queues what is sent meanwhile."""
+        connects in the background and queues what is sent meanwhile. ``watch=False`` (an ABORT
+        to a peer never used) leaves out the link monitor, which costs as much again; a later
+        use with ``watch`` adds it."""
         p = self.pairs.get(peer)
-        if p is not None:
+        if p is not None and (p.watched or not watch):
             return p
         with self._lock:
-            p = self.pairs.get(peer)
-            if p is not None:
-                return p
             if self._closing:
                 raise TransportClosed(f"rank {self.rank}: transport closed")
-            addr = self.addresses.get(peer)
-            if addr is None:
-                raise ValueError(f"rank {self.rank}: no address of rank {peer}; call connect() "
-                                 "with it first")
-            conn = wire.new_conn_id()
-            s = self._ctx.socket(zmq.DEALER)
-            s.linger = 0
-            s.sndhwm = 0
-            s.setsockopt(zmq.MAXMSGSIZE, 1 << 20)   # peers never send on this socket
-            s.routing_id = wire.routing_id(_RANK_TAG, self.rank, conn)
-            if addr.startswith("tcp://["):
-                s.ipv6 = True
-            if peer in self.remote:
-                hb_ms = max(100, int(config.heartbeat_timeout() * 1000))
-                s.setsockopt(zmq.HEARTBEAT_IVL, max(20, hb_ms // 5))
-                s.setsockopt(zmq.HEARTBEAT_TIMEOUT, hb_ms)
-            mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
-                                       | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_MONITOR_STOPPED)
-            s.connect(addr)
-            p = SocketPair(self, peer, s, conn)
-            self._watch(mon, peer)
+            p = self.pairs.get(peer)
+            if p is None:
+                p = self._open(peer, watch)
+            elif watch and not p.watched:      # opened for an ABORT, used now
+                with p.lock:       # the socket's own thread rule: no send meanwhile
+                    self._watch(_monitor_socket(p.sock), peer)
+                p.late = p.watched = True
             self.pairs[peer] = p          # published last: a reader without the lock sees it whole
+        return p
+
+    def _open(self, peer: int, watch: bool) -> SocketPair:
+        """A new pair's DEALER, its monitor (``watch``) attached before it connects to
+        ``peer``'s address, so that no event is missed; call with ``_lock`` held."""
+        addr = self.addresses.get(peer)
+        if addr is None:
+            raise ValueError(f"rank {self.rank}: no address of rank {peer}; call connect() "
+                             "with it first")
+        conn = wire.new_conn_id()
+        s = self._ctx.socket(zmq.DEALER)
+        s.linger = 0
+        s.sndhwm = 0
+        s.setsockopt(zmq.MAXMSGSIZE, 1 << 20)   # peers never send on this socket
+        s.routing_id = wire.routing_id(_RANK_TAG, self.rank, conn)
+        if addr.startswith("tcp://["):
+            s.ipv6 = True
+        if peer in self.remote:
+            hb_ms = max(100, int(config.heartbeat_timeout() * 1000))
+            s.setsockopt(zmq.HEARTBEAT_IVL, max(20, hb_ms // 5))
+            s.setsockopt(zmq.HEARTBEAT_TIMEOUT, hb_ms)
+        if watch:
+            self._watch(_monitor_socket(s), peer)
+        s.connect(addr)
+        p = SocketPair(self, peer, s, conn)
+        p.watched = watch
         return p
 
     def _watch(self, mon: zmq.Socket, peer: int) -> None:
@@ -295,21 +309,28 @@ class SocketDevice:
 
     def _link_event(self, peer: int, event: int) -> None:
         pair = self.pairs.get(peer)
+        if pair is None:               # pair() is still publishing it (it holds the lock)
+            with self._lock:
+                pair = self.pairs.get(peer)
         if pair is None or self._closing:
             return
         if event == zmq.EVENT_CONNECTED:
             pair.connected = True
-        elif event == zmq.EVENT_DISCONNECTED and pair.connected:
+        elif event == zmq.EVENT_DISCONNECTED and (pair.connected or pair.late):
             self.owner.link_broken(peer)
         elif event == zmq.EVENT_CONNECT_RETRIED and not pair.connected:
             self.owner.link_broken(peer, "its address refused the connection: its process "
                                          "exited or closed its transport")
 
     def broadcast_abort(self, comm_id: int, reason: str) -> None:
-        """ABORT to every peer, making the pairs not made yet (an abort must reach every rank)."""
-        for peer in sorted(self.addresses):
+        """ABORT to every peer (an abort must reach every rank): first the peers already paired
+        (those most likely waiting for this rank), then the others through pairs opened for it
+        without a link monitor."""
+        with self._lock:
+            made = set(self.pairs)
+        for peer in sorted(made) + sorted(set(self.addresses) - made):
             try:
-                pair = self.pair(peer)
+                pair = self.pair(peer, watch=False)
             except TransportClosed:
                 return
             pair.abort(comm_id, reason)
@@ -398,6 +419,11 @@ class SocketDevice:
         self._rx.join()
         if self._monitor_thread is not None:
             self._monitor_thread.join()
+
+
+def _monitor_socket(sock: zmq.Socket) -> zmq.Socket:
+    return sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+                                   | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_MONITOR_STOPPED)
 
 
 def _peer(frame) -> str:

@@ -67,6 +67,11 @@ def test_an_abort_reaches_peers_never_paired(world):
         with pytest.raises(Exception, match="stop"):
             t.recv(2 if t.rank != 2 else 3, 7, 1, 0, FP, 10)
     assert sorted(ts[0].sockets.pairs) == [1, 2, 3]          # the sockets it took
+    assert not any(p.watched for p in ts[0].sockets.pairs.values())   # no link monitors
+    assert ts[0].paired == []                                  # and no pairs for collectives
+    ts[0].send(1, 8, 1, 0, FP, b"later")                       # used later: watched from then
+    assert ts[0].sockets.pairs[1].watched and ts[0].paired == [1]
+    assert bytes(ts[1].recv(0, 8, 1, 0, FP, 5)) == b"later"
 
 
 def test_a_peer_of_another_node_gone_before_the_first_message_is_named(world):
