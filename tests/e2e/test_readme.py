@@ -73,6 +73,9 @@ VARIANTS = {
     "npurun --nproc-per-node 4 examples/train_torch_ddp.py --check": [
         (f"npurun --nproc-per-node 2 examples/train_torch_ddp.py --check {SMALL_DDP}", "bitwise",
          True, NO_TORCH)],
+    "npurun --nproc-per-node 2 examples/train_torch_ddp.py --device npu --check": [
+        (f"npurun --nproc-per-node 2 examples/train_torch_ddp.py --device npu --check {SMALL_DDP}",
+         "bitwise", True, NO_TORCH)],
     "python -m runtime.bench": [
         (f"{PY} -m runtime.bench --iters 100", "empty Python function call", True, "")],
     "npurun --nproc-per-node 2 -m hccl.bench --sizes 1K,1M,16M --timing median": [
