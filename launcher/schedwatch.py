@@ -31,7 +31,9 @@ the older, shared-machine figures). No fixed choice wins both, so npurun watches
   creator's class and cores, so a late thread is in the state of the thread that made it). The
   library (runtime, hccl) never changes a user's thread.
 
-Only for crowded ranks (more ranks on the node than cores npurun may use); NPUSIM_SCHED_BATCH
+Only for crowded ranks (more ranks on the node than cores npurun may use, up to
+``WATCH_RANKS_PER_CORE`` per core: beyond, sampling every rank's threads costs npurun more than
+the policy gains, and npurun changes nothing, see the constant); NPUSIM_SCHED_BATCH
 and NPUSIM_BIND, when set, fix their half (1 always, 0 never: ``runtime.sched``) and the watcher
 keeps to the other; NPUSIM_SCHED_WATCH=0 turns the watcher off (then npurun changes nothing it
 was not asked to). npurun says which on its first line. Where the classes, affinity or /proc are
@@ -95,12 +97,21 @@ class Policy:
         return f"npurun: {self.ranks} ranks on {self.cores} cores: {'; '.join(parts)}"
 
 
+# The watcher acts on nodes with up to this many ranks per core. Its gain was measured at 2 per
+# core (world 4 on 2 cores); at 128 per core (world 256 on 2 cores) npurun's samples of every
+# rank's threads (/proc, ~2,300 threads five times a second) share npurun's GIL with the job's
+# store, and launch -> exit took 19.8-63 s against 17.7-19.3 s without it (benchmarks.scale).
+WATCH_RANKS_PER_CORE = 4
+
+
 def policy(ranks_here: int) -> Policy:
     """npurun's policy for ``ranks_here`` ranks of this node, from the environment (the design
     note): fixed halves where NPUSIM_SCHED_BATCH / NPUSIM_BIND say 1, the watcher for the
-    halves left unset when the ranks outnumber the cores and NPUSIM_SCHED_WATCH is not 0."""
+    halves left unset when the ranks outnumber the cores (up to WATCH_RANKS_PER_CORE per core)
+    and NPUSIM_SCHED_WATCH is not 0."""
     cores = sched.cores()
-    crowded = ranks_here > cores and config.sched_watch() and _procfs()
+    crowded = (cores < ranks_here <= WATCH_RANKS_PER_CORE * cores and config.sched_watch()
+               and _procfs())
     return Policy(ranks_here, cores, batch=sched.wanted(ranks_here),
                   bind=sched.binds(ranks_here),
                   watch_batch=crowded and _BATCH is not None and rconfig.sched_batch() is None,

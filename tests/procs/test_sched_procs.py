@@ -290,6 +290,10 @@ def test_policy_watches_crowded_ranks_only_where_no_knob_fixes_it(monkeypatch):
     assert (pol.watch_batch, pol.watch_bind, pol.batch, pol.bind) == (True, True, False, False)
     assert "while other programs use less than 0.3 of these cores" in pol.announce()
     assert not schedwatch.policy(n).watching and schedwatch.policy(n).announce() is None
+    most = schedwatch.WATCH_RANKS_PER_CORE * n        # beyond: npurun's samples cost more
+    assert schedwatch.policy(most).watching
+    big = schedwatch.policy(most + 1)
+    assert not big.watching and not big.batch and not big.bind and big.announce() is None
     monkeypatch.setenv("NPUSIM_SCHED_BATCH", "0")
     pol = schedwatch.policy(n + 1)
     assert (pol.watch_batch, pol.watch_bind) == (False, True)
