@@ -211,6 +211,26 @@ class _Block(torch.nn.Module):
         return x + self.ff(self.ln2(x))
 
 
+def _train_both(cpu, npu, opt, shape, seed: int, steps: int = 3):
+    """``steps`` optimizer steps of the same model on CPU and on npu, from the same inputs; every
+    loss and every gradient bitwise equal. Returns the input generator, to draw on from."""
+    oc, on = opt(cpu.parameters()), opt(npu.parameters())
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(*shape, generator=g)
+        lc, ln = cpu(x).square().mean(), npu(x.npu()).square().mean()
+        _same(ln, lc)
+        oc.zero_grad()
+        on.zero_grad()
+        lc.backward()
+        ln.backward()
+        for pc, pn in zip(cpu.parameters(), npu.parameters()):
+            _same(pn.grad, pc.grad)
+        oc.step()
+        on.step()
+    return g
+
+
 @pytest.mark.parametrize("make, shape, opt", [
     (_CNN, (4, 3, 16, 16), lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)),
     (_Block, (2, 10, 32), lambda p: torch.optim.AdamW(p, lr=1e-3)),
@@ -221,21 +241,7 @@ def test_model_steps_bitwise(make, shape, opt):
     npu = make()
     npu.load_state_dict(cpu.state_dict())
     npu = npu.npu()
-    oc, on = opt(cpu.parameters()), opt(npu.parameters())
-    g = torch.Generator().manual_seed(1)
-    for _ in range(3):
-        x = torch.randn(*shape, generator=g)
-        lc = cpu(x).square().mean()
-        ln = npu(x.npu()).square().mean()
-        _same(ln, lc)
-        oc.zero_grad()
-        on.zero_grad()
-        lc.backward()
-        ln.backward()
-        for pc, pn in zip(cpu.parameters(), npu.parameters()):
-            _same(pn.grad, pc.grad)
-        oc.step()
-        on.step()
+    _train_both(cpu, npu, opt, shape, seed=1)
     for (kc, vc), (kn, vn) in zip(cpu.state_dict().items(), npu.state_dict().items()):
         assert kc == kn
         _same(vn, vc)
@@ -491,20 +497,7 @@ def test_transformer_training_bitwise():
     layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
     cpu = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
     npu = copy.deepcopy(cpu).npu()
-    oc, on = torch.optim.AdamW(cpu.parameters(), lr=1e-3), torch.optim.AdamW(npu.parameters(), lr=1e-3)
-    g = torch.Generator().manual_seed(2)
-    for _ in range(3):
-        x = torch.randn(2, 10, 32, generator=g)
-        lc, ln = cpu(x).square().mean(), npu(x.npu()).square().mean()
-        _same(ln, lc)
-        oc.zero_grad()
-        on.zero_grad()
-        lc.backward()
-        ln.backward()
-        for pc, pn in zip(cpu.parameters(), npu.parameters()):
-            _same(pn.grad, pc.grad)
-        oc.step()
-        on.step()
+    g = _train_both(cpu, npu, lambda p: torch.optim.AdamW(p, lr=1e-3), (2, 10, 32), seed=2)
     for pc, pn in zip(cpu.parameters(), npu.parameters()):
         _same(pn, pc)
     q = torch.randn(2, 4, 8, 16, generator=g)
