@@ -17,7 +17,9 @@ into what a user's call pays:
 - ``exchange`` = replay - stream: the messages, the peers' wake-ups and the reduction;
 - ``cpu``: the CPU time of the whole process per eager call (``time.process_time``, every
   thread, spinning waits included): steadier than the medians on a shared machine, since time
-  spent waiting for a core is not counted.
+  spent waiting for a core is not counted;
+- ``at call``: the fraction of those eager calls already complete when ``all_reduce`` returned
+  (run whole in the caller, hccl/call.py's ``begin``: no task, no hand-off to the worker).
 
 and, for a step of 8 such calls, eager against the fused replay (benchmarks.graph_step).
 What one eager call costs in Python is counted too, on every thread of the rank (the task may
@@ -90,9 +92,13 @@ def measure(comm, nbytes: int, calls: int, warmup: int) -> dict:
            "replay_us": graph_step.median_us(replay, calls, warmup)}
     out["exchange_us"] = out["replay_us"] - out["stream_us"]
     c0 = time.process_time()                # cpu: every thread of the rank, waits included
+    done = 0
     for _ in range(calls):
-        eager()
+        comm.all_reduce(x, op=op, stream=s)
+        done += s.completed == s.issued     # done when all_reduce returned (hccl.call.begin)
+        s.synchronize()
     out["cpu_us"] = (time.process_time() - c0) / calls * 1e6
+    out["at_call"] = done / calls
     gate = threading.Event()                # issue: the stream waits behind the gate
     issue_ts = []
     for _ in range(max(1, calls // 50)):
@@ -175,7 +181,8 @@ def _run(side: str | None, world: int, nbytes: int, calls: int) -> dict:
             return json.load(f)["results"]
 
 
-FIGURES = ("frames", "allocs", "eager_us", "cpu_us", "issue_us", "stream_us", "exchange_us")
+FIGURES = ("frames", "allocs", "eager_us", "cpu_us", "issue_us", "stream_us", "exchange_us",
+           "at_call")
 
 
 def table(worlds: list[int], nbytes: int, calls: int, base: str | None = None,
@@ -193,10 +200,10 @@ def table(worlds: list[int], nbytes: int, calls: int, base: str | None = None,
                 r = _run(side, w, nbytes, calls)
                 cell = got.setdefault((w, name), {k: [] for k in FIGURES + ("floor_us",)})
                 for k in FIGURES:
-                    cell[k].append(r[k])
+                    cell[k].append(r.get(k, 0.0))
                 cell["floor_us"].append(floor_us)
     head = ["world", "side", "frames / call", "blocks / call", "eager us", "floor us",
-            "eager / floor", "cpu us", "issue us", "stream us", "exchange us"]
+            "eager / floor", "cpu us", "issue us", "stream us", "exchange us", "at call"]
     rows = []
     for w in worlds:
         for name, _ in sides:
@@ -205,7 +212,8 @@ def table(worlds: list[int], nbytes: int, calls: int, base: str | None = None,
                          f"{m['eager_us']:.1f}", f"{m['floor_us']:.2f}",
                          f"{m['eager_us'] / m['floor_us']:.1f}x", f"{m['cpu_us']:.1f}",
                          f"{m['issue_us']:.1f}",
-                         f"{m['stream_us']:.1f}", f"{m['exchange_us']:.1f}"])
+                         f"{m['stream_us']:.1f}", f"{m['exchange_us']:.1f}",
+                         f"{m['at_call']:.0%}"])
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in rows:
         print("| " + " | ".join(str(c) for c in r) + " |")
@@ -257,6 +265,8 @@ def main(argv=None) -> int:
         r.update(world=comm.size, bytes=a.bytes, calls=a.calls)
         for k in ("issue_us", "stream_us", "exchange_us", "replay_us", "eager_us", "cpu_us"):
             print(f"world {comm.size}, {a.bytes} B all_reduce, {k[:-3]:>9}: {r[k]:8.1f} us")
+        print(f"world {comm.size}, eager calls complete when all_reduce returned: "
+              f"{r['at_call']:.0%}")
         print(f"world {comm.size}, per eager call: {r['frames']:.0f} Python frames, "
               f"{r['allocs']:.1f} blocks allocated, {r['growth']:.1f} bytes held after")
         if floor_us is not None:

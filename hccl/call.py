@@ -7,9 +7,11 @@ the plan (``hccl.plan``: the schedule and fingerprints), the host views of the b
 scratch the schedule needs, the peers' pairs, bound together into an ``executor.Program``, the
 wire fingerprint and the allocation marks of the buffers. ``issue`` does what each call does by
 nature (the sequence number, the flight record, the stream's task) and ``run``, the task,
-executes the program (on an idle stream, ``begin`` has posted its leading sends at the call
-already: ``runtime.Stream.enqueue_begun``, which keeps the stream's order); a failure becomes the user's error there, once (``executor.failure``,
-with this Call as its context).
+executes the program; a failure becomes the user's error there, once (``executor.failure``,
+with this Call as its context). On an idle stream ``begin`` runs the program at the call first
+(``runtime.Stream.enqueue_begun``, which keeps the stream's order): a small call as far as its
+messages come within ``INLINE_SPIN`` (usually all of it: then no task runs and the stream's
+worker is not woken), a larger one its leading sends; the task goes on from where it stopped.
 
 Who keeps a Call:
 - the communicator, for eager calls (``Calls``, keyed by the arguments as passed, each scalar
@@ -43,6 +45,21 @@ from hccl.transport.base import norm_fp
 from hccl.types import OpType
 
 BOUND = 64          # Calls a communicator keeps (a step issues a handful; emptied when full)
+# An eager call on an idle stream runs in the calling thread while its messages come at once
+# (``Call.begin``): each hand-off to the stream's worker (its wake-up, then the synchronize's
+# wait for it) costs several microseconds of futex and GIL hand-off, more than the whole 1 KiB
+# exchange. The caller looks for a message at most INLINE_SPIN after the call began (spinning,
+# yielding the core, never sleeping: ``shm.Channel.watch``), then hands the rest to the worker,
+# so a call never holds its caller longer than that (a peer that waits for something this rank
+# does after the call is never deadlocked). 50 us covers the usual skew between two ranks'
+# calls of a loop of small collectives here (measured: benchmarks.percall), and is short
+# beside the 200 us a waiting worker spins (hccl.transport.process.SPIN_US).
+INLINE_SPIN = 50e-6
+# Only calls whose buffers are this small run inline: a larger one stays asynchronous (its
+# reductions and copies would hold the caller), beginning with its leading sends only. The
+# size up to which a copy keeps the GIL (executor.GIL_COPY_BYTES): a step of tens of us.
+INLINE_BYTES = executor.GIL_COPY_BYTES
+_perf = time.perf_counter
 P2P_BIT = 1 << 62   # a point-to-point operation's comm id: its own sequence numbers
 _time = time.time
 
@@ -59,7 +76,8 @@ class Call(executor.Context):
 
     __slots__ = ("comm", "op", "stream", "plan", "cid", "fp", "wire_fp", "count", "dtype",
                  "redop", "root", "peer", "inplace", "knobs", "name", "names", "marks", "refs",
-                 "program", "timeout_by_comm", "rec", "on_wait", "nbytes", "__weakref__")
+                 "program", "timeout_by_comm", "rec", "on_wait", "nbytes", "inline", "begins",
+                 "__weakref__")
 
     def __init__(self, comm, op: OpType, bufs: dict, count: int, dtype, redop, root, peer,
                  stream, knobs: tuple, inplace: bool):
@@ -69,6 +87,7 @@ class Call(executor.Context):
         self.plan = pl = plan.collective(op, comm.rank, comm.size, count, dtype, redop, root,
                                          peer, inplace, *knobs)
         self.fp, self.wire_fp = pl.fp, norm_fp(pl.fp)
+        self.inline = max(pl.nbytes.values(), default=0) <= INLINE_BYTES
         self.cid = comm.comm_id | P2P_BIT if op in (OpType.SEND, OpType.RECV) else comm.comm_id
         self.name = f"Hccl{API_NAMES[op]}"
         self.names = tuple(k for k, b in bufs.items() if b is not None)
@@ -79,6 +98,9 @@ class Call(executor.Context):
         self.rec = None
         self.on_wait = self._waiting
         self.program = self._bind(objs)
+        # whether an idle stream's issue begins at the call: a small call runs there as far as
+        # it goes (``begin``); a larger one posts its leading sends, if it has any
+        self.begins = self.inline or self.program.lead > 0
 
     def _bind(self, objs) -> executor.Program:
         """The program on the buffers ``objs`` (in ``names`` order) as they are now."""
@@ -102,16 +124,16 @@ class Call(executor.Context):
                 (b, nbytes[k]) for k, b in zip(self.names, objs) if k == "send"], writes=[
                 (b, nbytes[k]) for k, b in zip(self.names, objs) if k == "recv"])
         meta = None
-        if profiler.active():       # the trace's arguments of the task: only when recorded
+        if profiler.on:             # the trace's arguments of the task: only when recorded
             meta = {"comm": self.comm.name, "count": self.count, "dtype": self.dtype.name,
                     "bytes": self.nbytes}
             if self.peer is not None:
                 meta["peer"] = self.peer
         if s.capture is None and not graph.active:      # eager, no capture anywhere: the task
-            if self.program.lead and meta is None and not sanitizer.on and s.enqueue_begun(
+            if self.begins and meta is None and not sanitizer.on and s.enqueue_begun(
                     functools.partial(self.begin, objs, site), self.name, "collective", None,
                     site) is not None:
-                return                  # an idle stream: the leading sends are posted already
+                return                  # an idle stream: begun (or done) in this thread
             s.enqueue(self.make(objs, site, meta), self.name, "collective", meta, site)    # now
             return
         fuse = None
@@ -128,10 +150,14 @@ class Call(executor.Context):
         return functools.partial(self.run, seq, rec, objs)
 
     def begin(self, objs: tuple, site: str):
-        """The task of an eager issue on an idle stream, its program begun now: the sends
-        before its first receive are posted at the call (``Stream.enqueue_begun`` calls this
-        holding the stream's execution lock; a failure is raised by the task, as when the
-        task posts them)."""
+        """An eager issue on an idle stream, run in the calling thread as far as it goes
+        without waiting (``Stream.enqueue_begun`` calls this holding the stream's execution
+        lock): a call of at most ``INLINE_BYTES`` runs its steps while each message is there or
+        arrives within ``INLINE_SPIN`` of the call (``executor.Program.begin``), a larger one
+        posts the sends before its first receive. Returns None when the whole call ran here
+        (it is complete: no task, the stream's worker is never woken), else the task that goes
+        on from where it stopped; a failure is raised by that task, as when the task meets it
+        (the stream's sticky error, with the same fields)."""
         seq, rec = self._take(site)
         rec.state, rec.t_started = "started", _time()
         self.rec = rec
@@ -142,9 +168,13 @@ class Call(executor.Context):
             if timeout is None:
                 timeout = comm.timeout()[0]
         try:
-            ahead = self.program.begin(self.cid, seq, self.wire_fp, timeout, self.on_wait)
+            ahead = self.program.begin(self.cid, seq, self.wire_fp, timeout, self.on_wait,
+                                       _perf() + INLINE_SPIN if self.inline else None)
         except executor.StepFailed as f:
             ahead = f
+        if ahead is None:
+            recorder.complete(rec)
+            return None
         return functools.partial(self.run, seq, rec, objs, ahead)
 
     def _take(self, site: str) -> tuple:

@@ -9,9 +9,12 @@ allocated per step beyond what the messages themselves need. A ``hccl.call.Call`
 program once, when the call is first validated, and runs it at every issue.
 
 An eager call on an idle stream begins its program at the call (``Program.begin``, through
-``runtime.Stream.enqueue_begun``): the sends before the first receive are posted then, so the
-peers' receives find them without waiting for this rank's stream to start the task, which goes
-on from there. Sends are posted zero-copy and not waited for; a Recv is first tried without waiting
+``runtime.Stream.enqueue_begun``). A small one runs there as far as it goes without waiting: its
+sends, its local steps, and each receive whose message is there or arrives before a deadline a
+few microseconds away (the pair spins for it, never sleeping in the kernel); most often that is
+the whole program, and the call is done before it returns, with no hand-off to the stream's
+worker. Otherwise (and for a large call, which only posts the sends before its first receive, so
+the peers' receives find them early) the stream's task goes on from the first step not run. Sends are posted zero-copy and not waited for; a Recv is first tried without waiting
 (``pair.try_recv``: the message is often there already) and only then waited for (at most
 ``timeout`` seconds, the HCCL_EXEC_TIMEOUT of one wait), telling ``on_wait`` whom it waits for;
 it then reduces or copies the payload into its region; a Copy moves bytes locally. Before
@@ -28,6 +31,7 @@ aborted) in the same place. Nothing above rebuilds it (the stream only surfaces 
 """
 from __future__ import annotations
 
+import time
 from typing import Callable, Sequence
 
 import numpy as np
@@ -48,6 +52,8 @@ _EMPTY_MV = memoryview(b"")
 _U8 = np.dtype(np.uint8)
 GIL_COPY_BYTES = 256 << 10      # copies up to this size keep the GIL (see copy_bytes)
 _SEND, _RECV, _COPY, _REDUCE = 0, 1, 2, 3
+_END = 1 << 64                  # above every address: ``busy(0, _END)`` asks of every send
+_perf = time.perf_counter
 
 
 class _Pending:
@@ -71,6 +77,19 @@ class _Pending:
             elif not item[2].done():
                 keep.append(item)
         self.items = keep
+
+    def busy(self, lo: int, hi: int) -> bool:
+        """Drop the sends delivered; whether one still pending reads any byte of [lo, hi)
+        (``settle`` would wait for it). Never waits."""
+        keep = []
+        for item in self.items:
+            if not item[2].done():
+                keep.append(item)
+        self.items = keep
+        for item in keep:
+            if item[0] < hi and lo < item[1]:
+                return True
+        return False
 
     def drain(self) -> None:
         items, self.items = self.items, []
@@ -156,13 +175,22 @@ class Program:
         self.lead = next((i for i, op in enumerate(ops) if op[0] == _RECV), len(ops))
 
     def begin(self, comm_id: int, seq: int, fp, timeout: float | None,
-              on_wait: Callable[[int, bool], None] | None = None) -> tuple:
-        """Run the leading steps that never wait, now: the sends before the first receive (so
-        the peers' receives find them early), and the local steps among them while no send is
-        pending. Returns (the index of the first step not run, the pending sends) for ``run``'s
-        ``start`` and ``pending``; raises ``StepFailed`` as ``run`` does."""
-        ops, i, n = self.ops, 0, self.lead
-        pending = op = None
+              on_wait: Callable[[int, bool], None] | None = None,
+              until: float | None = None) -> tuple | None:
+        """Run the steps that need no waiting, now, in the calling thread: the sends, and the
+        local steps and receives while nothing blocks them. With ``until`` (a ``perf_counter``
+        time) it goes as far as it can: a receive whose message is there, or arrives by
+        ``until`` (the pair spins for it, never sleeping in the kernel: ``Pair.try_recv``), runs
+        too; without, it stops at the first receive (the sends before it are posted, so the
+        peers' receives find them early). A step that would wait (a receive not there in time,
+        a local step or the end behind a send still being delivered) stops it.
+
+        Returns None when the whole program ran (every send delivered: the caller may reuse
+        every buffer), else (the index of the first step not run, the pending sends) for
+        ``run``'s ``start`` and ``pending``; raises ``StepFailed`` as ``run`` does."""
+        ops = self.ops
+        n = self.lead if until is None else len(ops)
+        i, pending, op = 0, None, None
         try:
             while i < n:
                 op = ops[i]
@@ -173,8 +201,13 @@ class Program:
                         if pending is None:
                             pending = _Pending(timeout, on_wait)
                         pending.items.append((op[4], op[5], handle, op[6], op[3]))
-                elif pending is not None and pending.items:
-                    break                   # a local step could have to wait for a send
+                    i += 1
+                    continue
+                if pending is not None and pending.items and pending.busy(op[4], op[5]):
+                    break                   # a send still reads the region: the task waits
+                if kind == _RECV:
+                    if not op[1].try_recv(comm_id, seq, op[2], fp, op[3], until - _perf()):
+                        break               # not there in time: the task waits for it
                 elif kind == _COPY:
                     if op[3]:
                         op[1][:] = op[2]
@@ -185,6 +218,8 @@ class Program:
                 i += 1
         except (TransportError, HcclError) as e:
             raise StepFailed(e, op) from e
+        if i == len(ops) and (pending is None or not pending.busy(0, _END)):
+            return None
         return i, pending
 
     def run(self, comm_id: int, seq: int, fp, timeout: float | None,

@@ -34,6 +34,7 @@ _perf = time.perf_counter
 _cpu = time.thread_time
 _lock = threading.Lock()
 _sinks: tuple = ()                # one list of event tuples per active recording
+on = False                        # bool(_sinks), read on every task and call: no call to ask
 _tracks: dict[int, str] = {}      # track id -> name
 
 HOST_TRACK = 0                    # step marks and ranges (stream ids start at 1)
@@ -194,10 +195,11 @@ def _dump(path: str, events: list) -> None:
 
 def start() -> list:
     """Begin a recording; returns its sink (pass it to ``stop_and_write``)."""
-    global _sinks, _mem_next
+    global _sinks, _mem_next, on
     sink: list = []
     with _lock:
         _sinks = _sinks + (sink,)
+        on = True
         _mem_last.clear()          # the new recording starts with a sample of each device
         _mem_next = 0.0
     return sink
@@ -205,13 +207,14 @@ def start() -> list:
 
 def stop_and_write(sink: list, path: str) -> None:
     """End the recording ``sink`` and write what it recorded (pending tasks are not waited for)."""
-    global _sinks
+    global _sinks, on
     try:
         _sample_memory(now_us())
     except Exception:  # noqa: BLE001 - a device reset mid-way must not cost the trace
         pass
     with _lock:
         _sinks = tuple(s for s in _sinks if s is not sink)
+        on = bool(_sinks)
     _dump(path, sink)
 
 

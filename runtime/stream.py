@@ -68,6 +68,10 @@ class _Task:
 _new_task = object.__new__
 
 
+def _done_task() -> None:
+    """A task done before it was enqueued (``Stream.enqueue_begun``): its place in the order."""
+
+
 class Stream:
     """An ordered queue of tasks on one device; different streams run concurrently.
 
@@ -187,16 +191,31 @@ class Stream:
         stream's order), and enqueue the task it returns; returns its timeline value. Returns
         None, having called nothing, when the stream is busy: enqueue the usual way then.
 
-        For a task whose first part never waits (hccl posts a collective's leading sends at
-        the call, so the peers' receives find them early): ``begin`` must not block. An
-        exception from it propagates and nothing is enqueued."""
+        For a task whose first part never waits (hccl runs a small collective at the call as
+        far as its messages are there: ``hccl.call.Call.begin``): ``begin`` must not block. It
+        returns None when it did the whole task itself: the task is then complete at once (the
+        timeline advances past it, the worker is not woken); if another thread enqueued on
+        the stream meanwhile, an empty task behind that one stands for it, so the timeline
+        still says done only when everything before is. An exception from ``begin``
+        propagates and nothing is enqueued."""
         if self.capture is not None or self._done < self._issued or self._error is not None \
                 or self._destroyed or not self._exec.acquire(False):
             return None
         try:
-            if self._done < self._issued or self._error is not None:
+            issued = self._issued
+            if self._done < issued or self._error is not None:
                 return None
-            return self.enqueue(begin(), name, category, meta, site)
+            fn = begin()
+            if fn is None:
+                with self._mu:
+                    if self._issued == issued:      # nobody enqueued meanwhile: done, in order
+                        self._issued = self._done = value = issued + 1
+                        if value >= self._wake_at:
+                            self._wake_at = _NEVER
+                            self._cv.notify_all()
+                        return value
+                fn = _done_task
+            return self.enqueue(fn, name, category, meta, site)
         finally:
             self._exec.release()
 
@@ -260,7 +279,7 @@ class Stream:
         """Run (or skip) one task; the caller holds the execution lock."""
         if task.seq > self._skip_until:
             self._running, self._running_since = task, _perf()
-            t0 = profiler.task_start() if profiler.active() else None
+            t0 = profiler.task_start() if profiler.on else None
             try:
                 task.fn()
             except BaseException as exc:  # noqa: BLE001 - any failure becomes the stream's error

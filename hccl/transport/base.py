@@ -480,10 +480,13 @@ class Pair:
         raise NotImplementedError
 
     def try_recv(self, comm_id: int, seq: int, step: int, fp: Fingerprint,
-                 consume: Callable[[memoryview], None]) -> bool:
+                 consume: Callable[[memoryview], None], spin: float = 0.0) -> bool:
         """If the message tagged ``(comm_id, seq, step)`` is there and may be taken at once,
         ``consume`` its payload and return True; else False, having waited for nothing (the
-        caller then calls ``recv_into``, which raises whatever ends the wait)."""
+        caller then calls ``recv_into``, which raises whatever ends the wait). ``spin``: seconds
+        the pair may spin for a message not there yet, never sleeping in the kernel; a pair
+        whose messages another thread of this process files looks once (spinning would hold
+        the GIL that thread needs)."""
         raise NotImplementedError
 
     def recv_into(self, comm_id: int, seq: int, step: int, fp: Fingerprint,
@@ -502,7 +505,7 @@ class MailboxPair(Pair):
 
     __slots__ = ()
 
-    def try_recv(self, comm_id, seq, step, fp, consume) -> bool:
+    def try_recv(self, comm_id, seq, step, fp, consume, spin=0.0) -> bool:
         t = self.t
         if (self.peer, comm_id, seq) not in t._boxes:     # lock-free: the usual miss
             return False

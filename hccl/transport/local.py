@@ -122,16 +122,27 @@ class LocalPair(Pair):
         """File every message waiting in this peer's ring (None: ``wait_for``'s drain)."""
         self.channel.poll(self.peer, self._handle)
 
-    def try_recv(self, comm_id: int, seq: int, step: int, fp, consume) -> bool:
+    def try_recv(self, comm_id: int, seq: int, step: int, fp, consume,
+                 spin: float = 0.0) -> bool:
         """The awaited message straight from its slot into ``consume`` when it is the first in
         the ring and nothing is held for its call (``base.Transport.expects``); else False
-        (``recv_into`` decides by the mailbox rules; see ``base.Pair``).
+        (``recv_into`` decides by the mailbox rules; see ``base.Pair``). With ``spin`` it
+        watches the ring that long for a message (``shm.Channel.watch``: the channel's own
+        spin caps it, 0 on a node with more ranks than cores), never sleeping in the kernel.
 
         ``consume`` then runs under this peer's ring lock: it must not wait (the executor
         settles its pending sends before a Recv, so its consumer never does)."""
-        t, peer = self.t, self.peer
-        return t.expects(peer, comm_id, seq) and \
-            self.channel.take(peer, _DATA, comm_id, seq, step, fp, consume) is True
+        t, peer, ch = self.t, self.peer, self.channel
+        while t.expects(peer, comm_id, seq):
+            got = ch.take(peer, _DATA, comm_id, seq, step, fp, consume)
+            if got is not None:
+                return got
+            if spin > ch.spin:
+                spin = ch.spin
+            if spin <= 0 or not ch.watch(peer, _perf() + spin):
+                return False
+            spin = 0.0                      # one message came: look at it, then give up
+        return False
 
     def recv_into(self, comm_id: int, seq: int, step: int, fp, timeout: float | None,
                   consume) -> None:

@@ -288,8 +288,8 @@ class _LazyPair(Pair):
     def send(self, comm_id, seq, step, fp, mv):
         return self._real().send(comm_id, seq, step, fp, mv)
 
-    def try_recv(self, comm_id, seq, step, fp, consume) -> bool:
-        return self._real().try_recv(comm_id, seq, step, fp, consume)
+    def try_recv(self, comm_id, seq, step, fp, consume, spin=0.0) -> bool:
+        return self._real().try_recv(comm_id, seq, step, fp, consume, spin)
 
     def recv_into(self, comm_id, seq, step, fp, timeout, consume) -> None:
         self._real().recv_into(comm_id, seq, step, fp, timeout, consume)
