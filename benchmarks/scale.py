@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -43,15 +44,22 @@ MODES = {"fork": "fork", "on": "fork", "1": "fork", "fresh": "fresh", "off": "fr
 
 RANK = """
 import json, os, time
+def _cpu():
+    t = os.times()
+    return t.user + t.system
+marks = [(time.time(), _cpu())]             # the script starts (forked, bootstrapped)
 import numpy as np
 import hccl, runtime
 out = {out!r}
 runtime.set_device(int(os.environ["LOCAL_RANK"]))
+marks.append((time.time(), _cpu()))         # imported, device set
 comm = hccl.init_comm()
+marks.append((time.time(), _cpu()))         # communicator made
 x = runtime.to_device(np.ones(256, np.float32))
 comm.all_reduce(x)
 runtime.synchronize()
 first = time.time()
+marks.append((first, _cpu()))               # first collective done
 ts = []
 for _ in range(20):
     t0 = time.perf_counter()
@@ -59,14 +67,17 @@ for _ in range(20):
     runtime.synchronize()
     ts.append(time.perf_counter() - t0)
 r = comm.rank
+marks.append((time.time(), _cpu()))         # the timed calls done
 with open(os.path.join(out, f"r{{r}}.tmp"), "w") as f:
     json.dump({{"first": first, "pid": os.getpid(), "us": sorted(ts)[10] * 1e6,
-               "loop": time.time() - first}}, f)
+               "loop": time.time() - first, "marks": marks}}, f)
 os.replace(os.path.join(out, f"r{{r}}.tmp"), os.path.join(out, f"r{{r}}.json"))
 go = os.path.join(out, "go")
 deadline = time.time() + 600
 while not os.path.exists(go) and time.time() < deadline:
     time.sleep(0.05)
+with open(os.path.join(out, f"h{{r}}"), "w") as f:     # CPU spent waiting for "go"
+    f.write(repr(_cpu() - marks[-1][1]))
 comm.destroy()
 """
 
@@ -121,6 +132,58 @@ def _mem(pid: int) -> tuple[int, int]:
     return rss, pss
 
 
+def _cpu_of(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far, 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _threads(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _phases(t0: float, recs: list, total_cpu: float, npurun_cpu: float,
+            server_cpu: float, hold: float) -> dict:
+    """Wall seconds from launch to each phase's end (the latest rank) and CPU seconds spent in
+    each phase (summed over the ranks; npurun's process and the fork server apart)."""
+    marks = [r["marks"] for r in recs]
+    names = ("fork", "import", "init", "first", "loop")
+    wall = {n: max(m[i][0] for m in marks) - t0 for i, n in enumerate(names)}
+    cpu = {"fork": sum(m[0][1] for m in marks)}
+    for i, n in enumerate(names[1:], 1):
+        cpu[n] = sum(m[i][1] - m[i - 1][1] for m in marks)
+    cpu["hold"] = hold                          # waiting for this program's "go"
+    cpu["npurun"], cpu["server"] = npurun_cpu, server_cpu
+    cpu["exit"] = total_cpu - sum(cpu.values())    # destroy, exit, npurun after the pause
+    cpu["total"] = total_cpu
+    return {"wall": {k: round(v, 2) for k, v in wall.items()},
+            "cpu": {k: round(v, 2) for k, v in cpu.items()}}
+
+
 def _env(**extra) -> dict:
     env = dict(os.environ, **extra)
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -133,6 +196,7 @@ def run(world: int, mode: str, timeout: float) -> dict:
     with open(script, "w") as f:
         f.write(textwrap.dedent(RANK.format(out=out)))
     env = _env(NPUSIM_FORKSERVER="1" if mode == "fork" else "0")
+    cpu0 = _children_cpu()
     t0 = time.time()
     p = subprocess.Popen([sys.executable, "-m", "launcher", "--nproc-per-node", str(world),
                           script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -148,10 +212,23 @@ def run(world: int, mode: str, timeout: float) -> dict:
         pause0 = time.time()
         recs = [json.load(open(f)) for f in files]
         mems = [_mem(r["pid"]) for r in recs]
+        threads = sum(_threads(r["pid"]) for r in recs)
+        ranks = {r["pid"] for r in recs}
+        npurun_cpu = _cpu_of(p.pid)
+        server_cpu = sum(_cpu_of(c) for c in _children(p.pid) if c not in ranks)
         open(os.path.join(out, "go"), "w").close()
         pause = time.time() - pause0
         p.communicate(timeout=timeout)
         loop = max(r["loop"] for r in recs)
+        hold = 0.0
+        for r in range(world):
+            try:
+                with open(os.path.join(out, f"h{r}")) as f:
+                    hold += float(f.read())
+            except (OSError, ValueError):
+                pass
+        res.update(_phases(t0, recs, _children_cpu() - cpu0, npurun_cpu, server_cpu, hold),
+                   threads=threads, load_end=_load())
         res.update(first_s=max(r["first"] for r in recs) - t0,
                    exit_s=time.time() - t0 - pause - loop,
                    allreduce_us=recs[0]["us"], exitcode=p.returncode,
@@ -267,6 +344,10 @@ def _slopes(worlds: list) -> str:
             + "; ".join(parts) + ".") if parts else ""
 
 
+def _fmt(d: dict) -> str:
+    return ", ".join(f"{k} {v:.1f}" for k, v in d.items())
+
+
 def _worlds(text: str, flag: str) -> list[int]:
     try:
         worlds = [int(w) for w in text.split(",")]
@@ -289,6 +370,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="DDP runs per backend and world")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--json", default=None, help="merge the rows into this file")
+    ap.add_argument("--phases", action="store_true",
+                    help="also print, per job, the wall time to each phase's end and the CPU "
+                         "seconds of each phase (ranks summed; npurun and the fork server apart)")
+    ap.add_argument("--repeat-worlds", type=int, default=1, metavar="K",
+                    help="run each world and mode K times (interleaved)")
     ap.add_argument("--figures", action="store_true",
                     help="write the 'scale' section of docs/figures.md from --json's rows")
     a = ap.parse_args(argv)
@@ -323,7 +409,7 @@ def main(argv=None) -> int:
         print("| world | mode | launch->1st collective (s) | launch->exit (s) | 1 KiB all_reduce"
               " (us) | RSS/rank (MiB) | PSS/rank (MiB) | PSS total (GiB) |", flush=True)
         print("|---|---|---|---|---|---|---|---|", flush=True)
-        for world in _worlds(a.worlds, "--worlds"):
+        for world in _worlds(a.worlds, "--worlds") * a.repeat_worlds:
             for mode in (MODES[m] for m in a.modes.split(",")):
                 r = run(world, mode, a.timeout)
                 if "error" in r:
@@ -333,6 +419,10 @@ def main(argv=None) -> int:
                 print(f"| {world} | {mode} | {r['first_s']:.1f} | {r['exit_s']:.1f} | "
                       f"{r['allreduce_us']:,.0f} | {r['rss_mib']:.0f} | {r['pss_mib']:.0f} | "
                       f"{r['pss_total_gib']:.2f} |", flush=True)
+                if a.phases:
+                    print(f"#   load {r['load']} -> {r['load_end']}, {r['threads']} rank "
+                          f"threads; wall to the end of: {_fmt(r['wall'])}; CPU s: "
+                          f"{_fmt(r['cpu'])}", flush=True)
     print(f"# load average {_load()} at the end", flush=True)
     merged = _merge(a.json, rows, _key)
     if a.figures:

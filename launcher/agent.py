@@ -349,16 +349,32 @@ class Agent:
         if self._signal:            # Ctrl-C while the fork server started: no rank to start
             return
         with sched.spawning(batch):   # Linux children inherit class and affinity (runtime/sched.py)
-            for w in self.workers:  # all forks first, then the interpreters start in parallel
+            # all forks first, then the interpreters start in parallel; with a fork server,
+            # every rank is asked for before any answer is awaited (ForkServer.request)
+            asked = []
+            for w in self.workers:
                 core = sched.core_of(w.local_rank, n) if bind else None
                 with sched.pinned(core):
                     try:
                         w.proc.start(self._pump, self._janitor, server,
-                                     {"core": core, "batch": batch})
+                                     {"core": core, "batch": batch}, wait=False)
+                        asked.append(w)
+                        continue
                     except ForkServerError as e:    # it died: its ranks die with it
                         say(f"npurun: {e}; rank {w.rank} and the next start in fresh "
                             "interpreters")
                         server = None
+                        w.proc.start(self._pump, self._janitor)
+                w.state = WorkerState.HEALTHY
+            for w in asked:
+                try:
+                    w.proc.finish_start()
+                except ForkServerError as e:
+                    if server is not None:
+                        say(f"npurun: {e}; rank {w.rank} and the ranks not yet forked start "
+                            "in fresh interpreters")
+                        server = None
+                    with sched.pinned(sched.core_of(w.local_rank, n) if bind else None):
                         w.proc.start(self._pump, self._janitor)
                 w.state = WorkerState.HEALTHY
         if self._schedwatch is not None:

@@ -18,6 +18,7 @@ import time
 from launcher.forkserver import ROOM_VAR, recv_message, room, send_message
 
 PRELOAD_VAR = "NPUSIM_FORKSERVER_PRELOAD"
+WINDOW = 32         # spawn requests in flight at most (``request``)
 
 
 class ForkServerError(RuntimeError):
@@ -38,7 +39,8 @@ class ForkServer:
         self.sock = ours
         self.status: dict[int, int] = {}       # pid -> returncode (Popen's convention)
         self._replies: list[dict] = []
-        self._next = 0
+        self._next = 0                          # spawn requests sent
+        self._answered = 0                      # and answered
         try:
             self.proc = subprocess.Popen(
                 [python, "-u", "-m", "launcher.worker", "--fork-server", str(theirs.fileno())],
@@ -58,6 +60,7 @@ class ForkServer:
             self.close()
             raise
         self.preloaded = ready.get("preloaded", [])
+        self.serving = int(ready.get("serving", 1))     # processes that fork (one bye each)
         self.import_seconds = float(ready.get("seconds", 0.0))
 
     @property
@@ -84,6 +87,8 @@ class ForkServer:
         if msg.get("op") == "exit":
             self.status[int(msg["pid"])] = int(msg["status"])
         else:
+            if msg.get("op") in ("spawned", "error"):
+                self._answered += 1
             self._replies.append(msg)
         return True
 
@@ -116,6 +121,27 @@ class ForkServer:
               core: int | None = None, batch: bool = False, timeout: float = 60.0) -> int:
         """Fork a rank running ``python -m launcher.worker ARGV`` with ``env`` (bound to
         ``core``, in SCHED_BATCH if ``batch``: npurun's launch policy); its pid."""
+        return self.result(self.request(argv, env, out_fd, err_fd, core=core, batch=batch,
+                                        timeout=timeout), timeout)
+
+    def request(self, argv: list[str], env: dict, out_fd: int, err_fd: int, *,
+                core: int | None = None, batch: bool = False, timeout: float = 60.0) -> int:
+        """``spawn``'s first half: ask for the rank and return the request's id at once, for
+        ``result``. The fds may be closed on return (the message carried copies). Asking for
+        every rank before waiting for any makes a world's start one pipeline instead of N round
+        trips, each waiting for two processes to be scheduled (at world 256 on a loaded
+        machine: 36 s to fork them one after the other). At most ``WINDOW`` requests are
+        unanswered at a time, so neither side's socket buffer fills while it writes."""
+        deadline = time.monotonic() + timeout
+        while self._next - self._answered >= WINDOW:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ForkServerError(f"the fork server (pid {self.proc.pid}) did not answer "
+                                      f"within {timeout:g} s")
+            self._read(min(left, 0.2))
+            if self.proc.poll() is not None and not readable(self.sock.fileno(), 0):
+                raise ForkServerError(f"the fork server (pid {self.proc.pid}) exited with "
+                                      f"{self.proc.returncode}")
         self._next += 1
         rid = self._next
         try:
@@ -124,6 +150,10 @@ class ForkServer:
                                      "batch": batch}, (out_fd, err_fd))
         except OSError as e:
             raise ForkServerError(f"the fork server (pid {self.proc.pid}) is gone: {e}") from e
+        return rid
+
+    def result(self, rid: int, timeout: float = 60.0) -> int:
+        """The pid of the rank asked for by ``request`` ``rid`` (waits up to ``timeout`` s)."""
         reply = self._wait_for(lambda m: m.get("id") == rid, timeout)
         if reply.get("op") != "spawned":
             raise ForkServerError(f"the fork server refused: {reply.get('message')}")
@@ -146,7 +176,8 @@ class ForkServer:
     def close(self, timeout: float = 5.0) -> None:
         """Tell the server to end (it kills any child left) and reap it."""
         try:
-            send_message(self.sock, {"op": "bye"})
+            for _ in range(getattr(self, "serving", 1)):   # each serving process takes one
+                send_message(self.sock, {"op": "bye"})
         except OSError:
             pass
         try:

@@ -58,6 +58,7 @@ class WorkerProcess:
         self.redirect, self.tee, self.console = redirect, tee, console
         self.popen: subprocess.Popen | None = None
         self.server = None                  # the ForkServer that forked it, if one did
+        self._pending = None                # a fork asked for, not yet answered (finish_start)
         self._pid = -1
         self.pidfd: int | None = None
         self.returncode: int | None = None
@@ -69,10 +70,12 @@ class WorkerProcess:
         return self._pid
 
     def start(self, pump: OutputPump, janitor: Janitor | None = None, server=None,
-              placement: dict | None = None) -> None:
+              placement: dict | None = None, *, wait: bool = True) -> None:
         """Start the process (forked by ``server``, a ``ForkServer``, when given and the command
         is the worker bootstrap, with ``placement``: ``core`` and ``batch``, npurun's launch
-        policy); its pipes go to ``pump``, its group is registered with ``janitor``."""
+        policy); its pipes go to ``pump``, its group is registered with ``janitor``.
+        ``wait=False``: a fork is only asked for; ``finish_start`` completes it (so a node's
+        ranks are asked for before any answer is awaited: ``ForkServer.request``)."""
         os.makedirs(self.files.dir, exist_ok=True)
         # per stream: an open file (to the file only), (console name, tee file or None) for a
         # pipe the pump reads, or None (discarded)
@@ -89,6 +92,8 @@ class WorkerProcess:
         argv = worker_argv(self.cmd) if server is not None else None
         if argv is not None:
             self._start_forked(server, argv, plans, pump, janitor, placement or {})
+            if wait:
+                self.finish_start()
             return
         kwargs = {}
         for slot, plan in zip(("stdout", "stderr"), plans):
@@ -123,8 +128,8 @@ class WorkerProcess:
                     ends.append((os.dup(plan.fileno()), None))
                 else:
                     ends.append((os.open(os.devnull, os.O_WRONLY), None))
-            pid = server.spawn(argv, self.env, ends[0][0], ends[1][0],
-                               core=placement.get("core"), batch=bool(placement.get("batch")))
+            rid = server.request(argv, self.env, ends[0][0], ends[1][0],
+                                 core=placement.get("core"), batch=bool(placement.get("batch")))
         except BaseException:
             for child_end, ours in ends:
                 os.close(child_end)
@@ -135,11 +140,30 @@ class WorkerProcess:
         finally:
             _close_plans(plans)
         for child_end, _ in ends:
-            os.close(child_end)         # the child holds its own copy
+            os.close(child_end)         # the server holds its own copy
+        self._pending = (server, rid, [(ours, plan) for (_, ours), plan in zip(ends, plans)],
+                         pump, janitor)
+
+    def finish_start(self) -> None:
+        """Complete a start made with ``wait=False`` (nothing to do otherwise): wait for the
+        fork server's answer. On ``ForkServerError`` the process was not started (its pipes
+        are closed): ``start`` may be called again."""
+        if self._pending is None:
+            return
+        server, rid, outs, pump, janitor = self._pending
+        self._pending = None
+        try:
+            pid = server.result(rid)
+        except BaseException:
+            for ours, plan in outs:
+                if ours is not None:
+                    os.close(ours)
+            _close_plans([plan for _, plan in outs], tee_files=True)
+            raise
         self.server = server
         self._started(pid, janitor)
         prefix = f"[rank {self.rank}]: "
-        for (_, ours), plan in zip(ends, plans):
+        for ours, plan in outs:
             if ours is not None:
                 name, logfile = plan
                 pump.add(ours, prefix, name, logfile)

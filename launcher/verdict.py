@@ -392,10 +392,13 @@ def wait_edges(infos: list[RankInfo]) -> list[dict]:
             if r.get("state") == "started":
                 started[(info.rank, r.get("comm_id"), r.get("seq"))] = r
     edges = []
+    states = {}                     # rank -> state, looked up per member (a scan was N^3 at 256)
+    for info in infos:
+        states.setdefault(info.rank, info.state)
     for (rank, cid, seq), r in started.items():
         members = r.get("members") or []
         blockers = [m for m in members if m != rank and (m, cid, seq) not in started
-                    and not _completed(infos, m, cid, seq)]
+                    and not (m in states and _progress(states[m], cid)[1] >= seq)]
         for b in blockers:
             edges.append(_edge(rank, b, r))
     return edges + _p2p_edges(infos)
@@ -435,13 +438,6 @@ def _p2p(st: dict | None) -> list[dict]:
                 seen.add(k)
                 out.append(r)
     return out
-
-
-def _completed(infos, rank, cid, seq) -> bool:
-    for info in infos:
-        if info.rank == rank:
-            return _progress(info.state, cid)[1] >= seq
-    return False
 
 
 def find_cycle(infos: list[RankInfo]) -> list[dict] | None:

@@ -13,7 +13,7 @@ is: the pairs are siblings with the same calls (``base.Pair``: ``send``, ``try_r
 - ``local.LocalPair``: a peer of this node (equal ``runtime.ipc.node_id``) that published a
   shared-memory segment, when shared memory is on (``shm=True``: NPUSIM_SHM, and
   ``shm.available()``: x86-64 Linux): its ring for small messages, notices for device memory
-  read in place, the socket pair as overflow.
+  read in place, the socket pair as overflow (opened at the first message that needs it).
 
 Connecting lazily. ``connect`` records what init learnt of every peer (address, node, segment,
 process identity) and opens nothing. ``pair(peer)`` hands out a ``_LazyPair`` whose first call
@@ -195,9 +195,8 @@ class ProcessTransport(Transport):
         return pair
 
     def _new_pair(self, peer: int):
-        sock = self.sockets.pair(peer)
         if peer not in self._local:
-            return sock
+            return self.sockets.pair(peer)
         try:
             name, pid, fd = self._segments[peer].rsplit(":", 2)
             self.channel.attach(peer, name, _open_segment(name, pid, fd, self._procs.get(peer)))
@@ -210,7 +209,8 @@ class ProcessTransport(Transport):
                 self.link_broken(peer, f"its shared-memory inbox cannot be mapped: {e}; it "
                                  "closed its transport, or this process may not open its "
                                  "/proc/<pid>/fd: set NPUSIM_SHM=0 to send over sockets only")
-        return LocalPair(self, self.channel, peer, sock, config.shm_min_bytes())
+        return LocalPair(self, self.channel, peer, _Overflow(self.sockets, peer),
+                         config.shm_min_bytes())
 
     def first_arrived(self, comm_id: int, want: dict[int, int], timeout: float,
                       drain=None) -> int:
@@ -269,6 +269,23 @@ class ProcessTransport(Transport):
 def _channel(rank: int, size: int, job: str, slots: int | None, slot_bytes: int | None):
     return shm.Channel(rank, size, job, slots=slots or config.shm_slots(),
                        slot_bytes=slot_bytes or config.shm_slot_bytes())
+
+
+class _Overflow:
+    """A peer of this node's socket pair, opened at its first use: what fits the rings needs
+    none, so a star's root at world 256 opens no TCP connection (and its peers none to it) for a
+    small collective; a peer of this node is watched by its process, not by its link."""
+
+    __slots__ = ("device", "peer")
+
+    def __init__(self, device: SocketDevice, peer: int):
+        self.device, self.peer = device, peer
+
+    def send(self, comm_id, seq, step, fp, mv):
+        return self.device.pair(self.peer).send(comm_id, seq, step, fp, mv)
+
+    def post(self, kind, **fields) -> None:
+        self.device.pair(self.peer).post(kind, **fields)
 
 
 class _LazyPair(Pair):
