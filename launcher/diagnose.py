@@ -322,6 +322,13 @@ class Diagnoser:
         """
         edges = verdict.wait_edges(infos)
         if edges:
+            # where the waits end: a collective whose missing ranks are not inside another one
+            # themselves (in a job of subgroups the world's barrier may wait longest, for
+            # ranks that wait in their groups for the one rank in its own code)
+            held = verdict.held_in(infos, ("started",))
+            late = {(e["comm_id"], e["seq"], e["op"]) for e in edges
+                    if not e["op"].startswith("RECV") and held.get(e["waits_for"], set()) - {e["comm_id"]}}
+            edges = [e for e in edges if (e["comm_id"], e["seq"], e["op"]) not in late] or edges
             first = min(edges, key=lambda e: e["since"] or float("inf"))
             same = [e for e in edges if (e["comm_id"], e["seq"], e["op"]) ==
                     (first["comm_id"], first["seq"], first["op"])]

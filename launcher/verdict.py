@@ -143,6 +143,19 @@ def _focus(infos: list[RankInfo]) -> dict | None:
     return None
 
 
+def held_in(infos: list[RankInfo], states=("enqueued", "started", "failed")) -> dict:
+    """{rank: comm_ids of the collectives it is held in}: records in ``states``, of the ranks
+    that did not end by themselves (dead, failed in their own code, exited 0)."""
+    held: dict = {}
+    for info in infos:
+        if _dead(info) or _own_error(info) or info.exit == 0:
+            continue
+        for r in _records(info.state):
+            if r.get("state") in states:
+                held.setdefault(info.rank, set()).add(r.get("comm_id"))
+    return held
+
+
 def _roots(infos: list[RankInfo], candidates: list[dict]) -> set:
     """The (comm_id, seq) of the candidate collectives where a wait chain ends: the members
     that have not started it are not held in another collective themselves (they are in their
@@ -151,13 +164,9 @@ def _roots(infos: list[RankInfo], candidates: list[dict]) -> set:
     those, and any of these may time out first; the barrier's missing members only wait
     elsewhere, so it is not where the job is stuck. Empty when no candidate is such an end
     (then the first failure or the oldest wait is the focus, as before)."""
-    seen, held = {}, {}            # (rank, comm_id, seq) -> state; rank -> comm_ids it is held in
-    for info in infos:
-        own = _dead(info) or _own_error(info) or info.exit == 0     # ended by itself
-        for r in _records(info.state):
-            seen[(info.rank, r.get("comm_id"), r.get("seq"))] = r.get("state")
-            if not own and r.get("state") in ("enqueued", "started", "failed"):
-                held.setdefault(info.rank, set()).add(r.get("comm_id"))
+    seen = {(i.rank, r.get("comm_id"), r.get("seq")): r.get("state")
+            for i in infos for r in _records(i.state)}
+    held = held_in(infos)
     by_rank = {i.rank: i for i in infos}
     out, done = set(), set()
     for c in candidates:

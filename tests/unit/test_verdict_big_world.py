@@ -13,6 +13,7 @@ import json
 import pytest
 
 from launcher import verdict
+from launcher.diagnose import Diagnoser
 from launcher.report import BIG_LINES, format_report
 from launcher.summary import Culprit, ProcessFailure, format_story
 from launcher.verdict import RankInfo, classify
@@ -51,10 +52,11 @@ def _rec(comm, cid, seq, op, members, state, waiting_for, t, error_type=None):
             "members": list(members)}
 
 
-def job(world: int, barrier_first: bool) -> list[RankInfo]:
+def job(world: int, barrier_first: bool, live: bool = False) -> list[RankInfo]:
     """Every rank's published state at the verdict (after npurun's abort): see the module note.
     ``barrier_first``: the world's BARRIER timed out before the TP group did (the run that
-    made the old report 129 lines long)."""
+    made the old report 129 lines long); ``live``: the states while the job waits (every
+    record started, every rank alive), as the hang notice sees them."""
     g = layout(world)
     comms = {}          # rank -> {kind: (comm, cid, members)}
     for kind, groups in g.items():
@@ -103,6 +105,10 @@ def job(world: int, barrier_first: bool) -> list[RankInfo]:
             err = None if state == "started" else TIMEOUT if typ == "HcclTimeoutError" else RELEASED
             exit_code = None if state == "started" else 1
             progress[-1]["last_enqueued"] = 1
+        if live:
+            for x in recs:
+                x.update(state="started", t_completed=None, error=None, error_type=None)
+            exit_code, err = None, None
         st = {"time": 200.0, "interval": 0.5, "node": "0", "host": "h",
               "in_flight": [x for x in recs if x["state"] in ("enqueued", "started")],
               "failed": [x for x in recs if x["state"] == "failed"], "recent": recs,
@@ -201,3 +207,17 @@ def test_the_report_is_bounded_when_every_rank_is_in_a_state_of_its_own():
     assert max(len(l) for l in lines) <= 700, text
     assert f"({len(culprits)} ranks)" in lines[4], lines[4]
     assert text.count("Python stacks of culprit rank") == 1
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("world", [128, 256])
+def test_the_hang_notice_names_the_group_where_the_waits_end(world):
+    """The world's barrier has waited longest, for 64 ranks that wait in their own groups: the
+    notice names the TP group and rank 37, not the barrier and its 64 missing ranks."""
+    infos = job(world, barrier_first=True, live=True)
+    stall = Diagnoser._stall(infos)
+    assert (stall["comm"], stall["seq"], stall["blockers"]) == ("world.sub[36, 37, 38, 39]", 2,
+                                                                [HUNG]), stall
+    assert stall["waiters"] == [36, 38, 39]
+    v = classify(infos, now=240.0)
+    assert v["comm"] == "world.sub[36, 37, 38, 39]" and v["culprits"] == [HUNG] and v["reason"] is None
