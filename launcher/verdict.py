@@ -470,11 +470,13 @@ def wait_edges(infos: list[RankInfo]) -> list[dict]:
         for r in _records(info.state):
             if r.get("state") == "started":
                 started[(info.rank, r.get("comm_id"), r.get("seq"))] = r
+    done = {(i.rank, p.get("comm_id")): int(p.get("last_completed") or 0)
+            for i in infos for p in (i.state or {}).get("progress") or ()}
     edges = []
     for (rank, cid, seq), r in started.items():
         members = r.get("members") or []
         blockers = [m for m in members if m != rank and (m, cid, seq) not in started
-                    and not _completed(infos, m, cid, seq)]
+                    and done.get((m, cid), 0) < seq]
         for b in blockers:
             edges.append(_edge(rank, b, r))
     return edges + _p2p_edges(infos)
@@ -514,13 +516,6 @@ def _p2p(st: dict | None) -> list[dict]:
                 seen.add(k)
                 out.append(r)
     return out
-
-
-def _completed(infos, rank, cid, seq) -> bool:
-    for info in infos:
-        if info.rank == rank:
-            return _progress(info.state, cid)[1] >= seq
-    return False
 
 
 def find_cycle(infos: list[RankInfo]) -> list[dict] | None:
