@@ -132,11 +132,13 @@ def format_report(v: dict, *, now: float | None = None, stacks: bool = True) -> 
         shown = ranks_text(members) if len(members) > GROUP_ROWS else f"ranks {members}"
         lines.append(f"communicator {v['comm']} ({shown}), seq {v['seq']}: {v['op']}")
     culprits = v["culprits"]
-    named = (f"{short_ranks(culprits)} ({len(culprits)} ranks)" if len(culprits) > CULPRITS_LISTED
-             else culprits if culprits else "none found")
+    named = culprits if culprits else "none found"
+    if len(culprits) > CULPRITS_LISTED:
+        named = short_ranks(culprits)
+        named += "" if named.endswith(" ranks)") else f" ({len(culprits)} ranks)"
     lines.append(f"culprit rank(s): {named}")
     lines.append(f"verdict: {_cut(v['verdict'], VERDICT_CHARS) if big else v['verdict']}")
-    for c, held in (v.get("holds_up") or {}).items():
+    for c, held in list((v.get("holds_up") or {}).items())[:1 if big else None]:
         where = "; ".join(f"{h['comm']} seq {h['seq']} ({h['op']}: "
                           f"{ranks_text(h['waiters'])} waiting)" for h in held[:HELD_LISTED])
         more = f"; {len(held) - HELD_LISTED} more" if len(held) > HELD_LISTED else ""
@@ -169,7 +171,8 @@ def format_report(v: dict, *, now: float | None = None, stacks: bool = True) -> 
                 if shown_stacks:
                     lines.append(f"(the stacks of the other culprits: {v.get('report_path') or 'hang_report.json'})")
                     break
-                room = max(BIG_STACK_MIN, min(_STACK_LINES, BIG_LINES - len(lines) - 3))
+                # its header, a "more lines" line, the other culprits' line, the closing bar
+                room = max(BIG_STACK_MIN, min(_STACK_LINES, BIG_LINES - len(lines) - 4))
             body = st.strip().splitlines()
             more = len(body) - room
             lines.append(f"----- {what} of culprit rank {c} -----")

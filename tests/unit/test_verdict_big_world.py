@@ -154,7 +154,7 @@ def _check(text: str, story: str) -> None:
     assert "npurun exits with 1 (culprit rank 37: not_entered)" in story
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("world", [128, 256])
 def test_the_focus_is_the_group_the_hung_rank_holds_up_even_when_the_barrier_fails_first(
         tmp_path, world):
@@ -166,7 +166,7 @@ def test_the_focus_is_the_group_the_hung_rank_holds_up_even_when_the_barrier_fai
     assert f"communicator world.sub[36, 37, 38, 39] (ranks [36, 37, 38, 39]), seq 2" in text
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("world", [128, 256])
 def test_a_verdict_on_the_world_barrier_stays_short_and_names_the_group(tmp_path, world,
                                                                         monkeypatch):
@@ -184,7 +184,7 @@ def test_a_verdict_on_the_world_barrier_stays_short_and_names_the_group(tmp_path
     assert len(held) == 1 and "world.sub[36, 37, 38, 39] seq 2" in held[0], text
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 def test_the_report_is_bounded_when_every_rank_is_in_a_state_of_its_own():
     """512 ranks, each with its own op, error and detail, 100 culprits with stacks: still at
     most BIG_LINES lines, every culprit counted."""
@@ -201,17 +201,23 @@ def test_the_report_is_bounded_when_every_rank_is_in_a_state_of_its_own():
          "op": "BARRIER()", "culprits": culprits, "ranks": ranks,
          "other_ranks": {str(r): {"state": f"exit {r}", "exit": r} for r in range(512, 700)},
          "verdict": "rank 0 never called seq 3; " * 100, "time": 2.0,
-         "holds_up": {"0": [{"comm": f"c{i}", "seq": i, "op": "X", "waiters": list(range(300))}
-                            for i in range(9)]}}
+         "holds_up": {str(c): [{"comm": f"c{i}", "seq": i, "op": "X",
+                                "waiters": list(range(300))} for i in range(9)]
+                      for c in culprits[:3]}}
+    deep = "Current thread 0x1 (most recent call first):\n" + "".join(
+        f'  File "/x/user.py", line {i} in f{i}\n' for i in range(60))
+    for c in culprits:
+        ranks[str(c)]["stack"] = deep
     text = format_report(v, now=5.0)
     lines = text.splitlines()
     assert len(lines) <= BIG_LINES, text
     assert max(len(l) for l in lines) <= 700, text
-    assert f"({len(culprits)} ranks)" in lines[4], lines[4]
+    assert lines[4].endswith(f"... ({len(culprits)} ranks)"), lines[4]
     assert text.count("Python stacks of culprit rank") == 1
+    assert "(the stacks of the other culprits: hang_report.json)" in text
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("world", [128, 256])
 def test_the_hang_notice_names_the_group_where_the_waits_end(world):
     """The world's barrier has waited longest, for 64 ranks that wait in their own groups: the
