@@ -139,6 +139,7 @@ def test_a_hung_rank_at_world_128_gets_a_verdict_of_at_most_60_lines(tmp_path):
     waits = [e["since"] for e in v["ranks"].values() if e.get("since")]
     print(f"world 128 verdict: {len(report)} lines, on {v['comm']} seq {v['seq']}, "
           f"{v['time'] - min(waits):.1f} s after the first wait in it" if waits else "")
+    print(text)                         # shown with -s
     assert len(report) <= 60, text
     assert "communicator world.sub[36, 37, 38, 39]" in text and "culprit rank(s): [37]" in text
     assert "npurun exits with 1 (culprit rank 37: not_entered)" in text
