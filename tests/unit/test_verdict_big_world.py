@@ -230,3 +230,47 @@ def test_the_hang_notice_names_the_group_where_the_waits_end(world):
     assert verdict.find_cycle(infos) is None
     v = classify(infos, now=240.0)
     assert v["comm"] == "world.sub[36, 37, 38, 39]" and v["culprits"] == [HUNG] and v["reason"] is None
+
+
+class _Agent:
+    """What Diagnoser uses of npurun's agent in a notice (no processes)."""
+
+    def __init__(self):
+        self.before_stop, self.on_tick, self.verdict_hooks = [], [], []
+        self.status_requested = False
+        self.job = type("Job", (), {"node_rank": 0, "world_size": 128})()
+
+    def live_workers(self):
+        return []
+
+
+@pytest.mark.timeout(120)
+def test_a_notice_due_between_two_polls_reads_only_the_ranks_of_its_stall(monkeypatch):
+    """A full poll of 128 states took 5-15 s on a loaded machine: the notice falls due between
+    two, after a read of the 4 ranks of the stall, not of all 128."""
+    import launcher.agent
+    said, read = [], []
+    monkeypatch.setattr(launcher.agent, "say", said.append)
+    infos = job(128, barrier_first=True, live=True)
+    for i in infos:
+        for r in i.state["in_flight"]:
+            r["waiting_since"] = r["t_started"] = r["t_started"] + 900.0   # 1000 s: wait from 1000
+    d = Diagnoser(_Agent(), "/nonexistent")
+    d._poll_took = 8.0
+    d._notice(infos, now=1005.0)                      # the TP group has waited 5 s
+    assert said == [] and d._pending[1] == 1015.0
+    states = {i.rank: i.state for i in infos}
+
+    def read_states(ranks):
+        read.append(list(ranks))
+        return {r: states[r] for r in ranks}
+    monkeypatch.setattr(d, "read_states", read_states)
+    d._next_poll = 0.0
+    monkeypatch.setattr("time.time", lambda: 1010.0)  # due in 5 s < a full poll's 8 s: wait
+    assert d.on_tick(d.agent) is None and read == [] and said == []
+    monkeypatch.setattr("time.time", lambda: 1015.2)
+    assert d.on_tick(d.agent) is None
+    assert read == [[36, 37, 38, 39]], read
+    assert len(said) == 1 and "rank 37 has not called seq 2 of world.sub[36, 37, 38, 39]" in \
+        said[0] and "for 15 s; ranks 36, 38, 39 wait for it" in said[0], said
+    d.close()
