@@ -252,8 +252,10 @@ class Diagnoser:
 
         Returns a ``StopRequest`` once a cycle has been stable for NPUSIM_DEADLOCK_STABLE s.
         """
-        now = time.time() if now is None else now
         states = self.states()
+        # the time the states were read at (a poll of 128 states takes seconds when loaded):
+        # a notice due by then is due now
+        now = time.time() if now is None else now
         self._watch_slow(states)
         infos = self.infos(states, {})
         cycle = verdict.find_cycle(infos)
@@ -410,7 +412,7 @@ class Diagnoser:
             if agent.job.node_rank != 0:    # node 0 judges hangs (the others would repeat it);
                 self._watch_slow(self.states())   # fail-slow is told on every node's console
                 return None
-            request = self.watch(now)
+            request = self.watch()
             self._poll_took = time.time() - now
             return request
         except (OSError, ConnectionError, TimeoutError, ValueError) as e:   # the store is busy
