@@ -107,10 +107,11 @@ def test_a_hung_rank_at_world_128_is_named_within_20_s_then_ctrl_c_is_short(tmp_
                 p.wait()
         con.join()
     head = notice[1]
-    assert "rank 37 has not called seq 2 of world.sub[36, 37, 38, 39]" in head, head
+    block = "\n".join(_npurun_lines(con.lines, notice[0])[:12])     # its culprits' lines too
+    assert "rank 37 has not called seq 2 of world.sub[36, 37, 38, 39]" in head, block
     assert "ranks 36, 38, 39 wait for it" in head
     waited = int(re.search(r"for (\d+) s;", head).group(1))
-    assert waited <= 20, head           # from the first peer's wait to the notice
+    assert waited <= 20, block          # from the first peer's wait to the notice
     print(f"world 128: notice {notice[0] - stopped[0]:.1f} s after rank 37 stopped, "
           f"{waited} s after its peers began to wait")
     assert p.returncode == 130
