@@ -336,7 +336,7 @@ class Diagnoser:
             # where the waits end: a collective whose missing ranks are not inside another one
             # themselves (in a job of subgroups the world's barrier may wait longest, for
             # ranks that wait in their groups for the one rank in its own code)
-            held = verdict.held_in(infos, ("started",))
+            held = verdict.held_in(infos, ("enqueued", "started"))
             late = {(e["comm_id"], e["seq"], e["op"]) for e in edges
                     if not e["op"].startswith("RECV") and held.get(e["waits_for"], set()) - {e["comm_id"]}}
             edges = [e for e in edges if (e["comm_id"], e["seq"], e["op"]) not in late] or edges
