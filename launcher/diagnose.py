@@ -34,6 +34,7 @@ any gets the usual failure summary alone. ``status()`` gives the same table for 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -89,6 +90,8 @@ class Diagnoser:
         self._cycle_since = 0.0
         self._cycle: list | None = None
         self._noticed: dict = {}        # (comm_id, seq, op) of a stall -> when it was named
+        self._pending = None            # (stall, when its notice is due, infos) not yet due
+        self._poll_took = 0.0           # seconds the last full poll took
         self.notice_after = config.hang_notice()
         self.remind_after = config.hang_remind()
         self.stable_for = config.deadlock_stable()
@@ -116,28 +119,29 @@ class Diagnoser:
         waits for the store's thread to be scheduled: on a loaded 2-core machine at world 128,
         one after the other took 5-8 s, so the once-a-second poll ran every 6-9 s and a stall
         was named 21 s after it began instead of 15."""
-        from hccl.diag import state_key  # noqa: PLC0415
-        c = self.client()
-        env = self._env()
         n = self.agent.job.world_size
-
-        def read(ranks) -> dict:
-            got = {}
-            for r in ranks:
-                try:
-                    got[r] = json.loads(c.get(state_key(r, env), timeout=0))
-                except Exception:   # a missing or unreadable state is reported as such
-                    continue
-            return got
         if n <= READERS:
-            return read(range(n))
+            return self.read_states(range(n))
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
             self._pool = ThreadPoolExecutor(READERS, thread_name_prefix="npurun-states")
         out = {}
-        for part in self._pool.map(read, [range(i, n, READERS) for i in range(READERS)]):
+        for part in self._pool.map(self.read_states,
+                                   [range(i, n, READERS) for i in range(READERS)]):
             out.update(part)
         return dict(sorted(out.items()))
+
+    def read_states(self, ranks) -> dict[int, dict]:
+        """The published states of ``ranks``, one store round trip each (a missing or
+        unreadable state is left out)."""
+        from hccl.diag import state_key  # noqa: PLC0415
+        c, env, got = self.client(), self._env(), {}
+        for r in ranks:
+            try:
+                got[r] = json.loads(c.get(state_key(r, env), timeout=0))
+            except Exception:   # a missing or unreadable state is reported as such
+                continue
+        return got
 
     # -- the verdict ------------------------------------------------------------------------
     def infos(self, states: dict, stacks: dict) -> list[verdict.RankInfo]:
@@ -248,8 +252,10 @@ class Diagnoser:
 
         Returns a ``StopRequest`` once a cycle has been stable for NPUSIM_DEADLOCK_STABLE s.
         """
-        now = time.time() if now is None else now
         states = self.states()
+        # the time the states were read at (a poll of 128 states takes seconds when loaded):
+        # a notice due by then is due now
+        now = time.time() if now is None else now
         self._watch_slow(states)
         infos = self.infos(states, {})
         cycle = verdict.find_cycle(infos)
@@ -294,10 +300,15 @@ class Diagnoser:
     def _notice(self, infos: list[verdict.RankInfo], now: float) -> None:
         """Name the rank a stall waits for, with its state and stack: once when the ranks have
         waited NPUSIM_HANG_NOTICE s, then a reminder every NPUSIM_HANG_REMIND s."""
+        self._pending = None
         stall = self._stall(infos)
-        if stall is None or now - stall["since"] < self.notice_after:
+        if stall is None:
             return
         key = (stall["comm_id"], stall["seq"], stall["op"])
+        if now - stall["since"] < self.notice_after:
+            if key not in self._noticed:
+                self._pending = (stall, stall["since"] + self.notice_after, infos)
+            return
         last = self._noticed.get(key)
         if last is not None and now - last < self.remind_after:
             return
@@ -322,6 +333,13 @@ class Diagnoser:
         """
         edges = verdict.wait_edges(infos)
         if edges:
+            # where the waits end: a collective whose missing ranks are not inside another one
+            # themselves (in a job of subgroups the world's barrier may wait longest, for
+            # ranks that wait in their groups for the one rank in its own code)
+            held = verdict.held_in(infos, ("enqueued", "started"))
+            late = {(e["comm_id"], e["seq"], e["op"]) for e in edges
+                    if not e["op"].startswith("RECV") and held.get(e["waits_for"], set()) - {e["comm_id"]}}
+            edges = [e for e in edges if (e["comm_id"], e["seq"], e["op"]) not in late] or edges
             first = min(edges, key=lambda e: e["since"] or float("inf"))
             same = [e for e in edges if (e["comm_id"], e["seq"], e["op"]) ==
                     (first["comm_id"], first["seq"], first["op"])]
@@ -342,6 +360,25 @@ class Diagnoser:
         return {"comm": r.get("comm"), "comm_id": r.get("comm_id"), "seq": r.get("seq"),
                 "op": verdict.describe_call(r), "since": since, "waiters": [rank], "blockers": []}
 
+    def _due(self, now: float) -> None:
+        """A stall's notice falls due between two full polls: read the states of its waiters
+        and blockers only (a full poll of 128 states took 5-15 s on a loaded machine, and the
+        notice came that much late) and name it if it still stands. The other ranks' states
+        are the last poll's."""
+        stall, _, infos = self._pending
+        self._pending = None
+        try:
+            fresh = self.read_states(sorted(set(stall["waiters"]) | set(stall["blockers"])))
+        except (OSError, ConnectionError, TimeoutError, ValueError):
+            return None                  # the next full poll tells
+        infos = [dataclasses.replace(i, state=fresh[i.rank]) if i.rank in fresh else i
+                 for i in infos]
+        again = self._stall(infos)
+        if again is not None and (again["comm_id"], again["seq"], again["op"]) == \
+                (stall["comm_id"], stall["seq"], stall["op"]):
+            self._notice(infos, now)
+        return None
+
     def _live(self, v: dict) -> str:
         return report.format_report(v, stacks=False).replace(
             "npusim job verdict", f"npusim job status (attempt {self.agent.attempt}, live view)", 1)
@@ -360,14 +397,24 @@ class Diagnoser:
                 text = f"npurun: status unavailable: {e}"
             answer_status(text)         # to the requester only, never into the job's console
         now = time.time()
-        if agent.job is None or now < self._next_poll:
+        if agent.job is None:
+            return None
+        if self._pending is not None and agent.job.node_rank == 0:
+            due = self._pending[1]
+            if now >= due:
+                return self._due(now)
+            if due - now < self._poll_took:     # a full poll now would end past it: wait
+                return None
+        if now < self._next_poll:
             return None
         self._next_poll = now + POLL
         try:
             if agent.job.node_rank != 0:    # node 0 judges hangs (the others would repeat it);
                 self._watch_slow(self.states())   # fail-slow is told on every node's console
                 return None
-            return self.watch(now)
+            request = self.watch()
+            self._poll_took = time.time() - now
+            return request
         except (OSError, ConnectionError, TimeoutError, ValueError) as e:   # the store is busy
             import logging  # noqa: PLC0415
             logging.getLogger("launcher").debug("npurun: watching the job: %s", e)

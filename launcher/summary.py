@@ -18,10 +18,12 @@ from datetime import datetime
 
 from hccl.failure import Failure
 from launcher.errors import describe_exit, shell_exit_code, signal_name
-from launcher.report import ranks_text
+from launcher.report import ranks_text, short_ranks
 
 NOT_AVAILABLE = "<N/A>"
 GROUP_AT = 8        # more released ranks than this: grouped by how they ended, ranks as ranges
+CULPRITS_SHOWN = 3  # a story shows this many culprits in full, the rest as ranges
+WAYS_SHOWN = 4      # and at most this many lines of released ranks (one per way they ended)
 
 
 @dataclass
@@ -143,7 +145,7 @@ def format_summary(title: str, failures: list[ProcessFailure], stopped: list[int
         for f in rest:
             groups.setdefault(describe_exit(f.exitcode), []).append(f.rank)
         blocks += [f"  ... {len(rest)} more: " + "; ".join(
-            f"{ranks_text(rs)}: {how}" for how, rs in sorted(groups.items(),
+            f"{_ranks(rs)}: {how}" for how, rs in sorted(groups.items(),
                                                               key=lambda kv: -len(kv[1])))
             + " (their error files are next to the ones above)"]
     root_block = _format_one(0, root, shown(root))
@@ -162,7 +164,7 @@ def format_summary(title: str, failures: list[ProcessFailure], stopped: list[int
         parts += ["-" * width,
                   "Stopped by npurun after the failure: " + (
                       f"ranks {', '.join(map(str, stopped))}" if len(stopped) <= GROUP_AT
-                      else ranks_text(stopped))]
+                      else _ranks(stopped))]
     if restarting:
         parts.append("npurun restarts the job (--max-restarts)")
     else:
@@ -208,7 +210,7 @@ def format_story(title: str, reason: str, culprits: list[Culprit],
     blamed = {c.rank for c in culprits}
     parts = ["=" * width, f"{title} FAILED ({reason})", "-" * width,
              "Root Cause (the job verdict's culprit" + ("s" if len(culprits) > 1 else "") + "):"]
-    for i, c in enumerate(culprits):
+    for i, c in enumerate(culprits[:CULPRITS_SHOWN]):
         where = (f"{c.rank} (local_rank: {c.local_rank})" if c.local_rank is not None
                  else f"{c.rank} (on another node)")
         if c.failure is not None:
@@ -227,6 +229,11 @@ def format_story(title: str, reason: str, culprits: list[Culprit],
                   f"  state     : {c.state}: {c.detail}"]
         if c.failure is not None and c.failure.message and c.failure.kind != Failure.RELEASED:
             parts.append(f"  error     : {_one_line(c.failure.error_line or c.failure.message)}")
+    if len(culprits) > CULPRITS_SHOWN:      # each in the verdict above and hang_report.json
+        rest = culprits[CULPRITS_SHOWN:]
+        states = sorted({c.state for c in rest})
+        parts.append(f"  ... {len(rest)} more culprits: {_ranks([c.rank for c in rest])} "
+                     f"({', '.join(states)}; see the verdict above)")
     victims = sorted((f for f in failures if f.rank not in blamed), key=lambda f: f.rank)
     if victims:
         who = "the culprit" if len(culprits) == 1 else "the culprits"
@@ -242,14 +249,23 @@ def format_story(title: str, reason: str, culprits: list[Culprit],
             for f in victims:
                 line = f.error_line or f.message or ""
                 groups.setdefault((describe_exit(f.exitcode), line.split(":", 1)[0]), []).append(f)
-            for (how, _), fs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-                parts.append(f"  {ranks_text([f.rank for f in fs])}: {how}: "
+            ways = sorted(groups.items(), key=lambda kv: -len(kv[1]))
+            if len(ways) > WAYS_SHOWN:
+                rest = [f.rank for _, fs in ways[WAYS_SHOWN - 1:] for f in fs]
+                ways = ways[:WAYS_SHOWN - 1]
+            else:
+                rest = []
+            for (how, _), fs in ways:
+                parts.append(f"  {_ranks([f.rank for f in fs])}: {how}: "
                              f"{'e.g. ' if len(fs) > 1 else ''}"
                              f"{_one_line(fs[0].error_line or fs[0].message, 160)}")
+            if rest:
+                parts.append(f"  {_ranks(rest)}: "
+                             f"{len(groups) - len(ways)} other ways of ending (their error files)")
     written = _written(tracebacks, failures)
     if written:
         listed = (", ".join(map(str, written)) if len(written) <= GROUP_AT
-                  else ranks_text(written)[len("ranks "):])
+                  else short_ranks(written, 100))
         parts.append(f"Full tracebacks: {tracebacks} (local rank{'s' if len(written) > 1 else ''} "
                      f"{listed})")
     names = ", ".join(str(c.rank) for c in culprits) or "none found"
@@ -263,6 +279,11 @@ def format_story(title: str, reason: str, culprits: list[Culprit],
         parts.append(f"npurun exits with {story_exit_code(culprits)} ({why})")
     parts.append("=" * width)
     return "\n".join(parts)
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``ranks 0-36, 38-127`` for a line of the summary; a long list is cut with its count."""
+    return ranks_text(ranks) if len(ranks) == 1 else "ranks " + short_ranks(ranks, 100)
 
 
 def _written(pattern: str, failures: list[ProcessFailure]) -> list[int]:

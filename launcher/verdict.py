@@ -38,12 +38,13 @@ from dataclasses import dataclass
 from hccl import types
 from hccl.failure import Failure, parse
 from launcher.errors import describe_exit
-from launcher.report import name_threads
+from launcher.report import name_threads, short_ranks
 
 STATES = ("completed", "waiting", "not_entered", "error", "dead", "mismatch", "unreachable",
           "released", "running")
 # a verdict's class (its "reason"), first match wins: what the culprits did
 CLASSES = (Failure.DEAD, Failure.ERROR, Failure.MISMATCH, Failure.UNREACHABLE)
+HEADLINE_CULPRITS = 4     # more culprits than this: the first ones in words, the rest as ranges
 STALE_MIN = 5.0       # a state older than this (and 10 publish intervals) has stopped refreshing
 
 
@@ -132,11 +133,54 @@ def _focus(infos: list[RankInfo]) -> dict | None:
                 continue
             (live if info.exit is None else ended).append(r)
     primary = [r for r in failed if not _is_echo(r)]
+    roots = _roots(infos, primary + live + failed + ended)
     for group, key in ((primary, "t_completed"), (live, "t_enqueued"), (failed, "t_completed"),
                        (ended, "t_enqueued")):
+        if roots:
+            group = [r for r in group if (r.get("comm_id"), r.get("seq")) in roots]
         if group:
             return min(group, key=lambda r: (r.get(key) or 0, r.get("seq") or 0))
     return None
+
+
+def held_in(infos: list[RankInfo], states=("enqueued", "started", "failed")) -> dict:
+    """{rank: comm_ids of the collectives it is held in}: records in ``states``, of the ranks
+    that did not end by themselves (dead, failed in their own code, exited 0)."""
+    held: dict = {}
+    for info in infos:
+        if _dead(info) or _own_error(info) or info.exit == 0:
+            continue
+        for r in _records(info.state):
+            if r.get("state") in states:
+                held.setdefault(info.rank, set()).add(r.get("comm_id"))
+    return held
+
+
+def _roots(infos: list[RankInfo], candidates: list[dict]) -> set:
+    """The (comm_id, seq) of the candidate collectives where a wait chain ends: the members
+    that have not started it are not held in another collective themselves (they are in their
+    own code, dead, or failed by themselves). In a big job the waits spread: the ranks of a subgroup wait for a
+    rank in user code, their other groups wait for them, and the world's barrier waits for
+    those, and any of these may time out first; the barrier's missing members only wait
+    elsewhere, so it is not where the job is stuck. Empty when no candidate is such an end
+    (then the first failure or the oldest wait is the focus, as before)."""
+    seen = {(i.rank, r.get("comm_id"), r.get("seq")): r.get("state")
+            for i in infos for r in _records(i.state)}
+    held = held_in(infos)
+    by_rank = {i.rank: i for i in infos}
+    out, done = set(), set()
+    for c in candidates:
+        key = (c.get("comm_id"), c.get("seq"))
+        if key in done:
+            continue
+        done.add(key)
+        cid, seq = key
+        absent = [m for m in c.get("members") or ()
+                  if seen.get((m, cid, seq)) not in ("started", "completed", "failed")
+                  and m in by_rank and _progress(by_rank[m].state, cid)[1] < (seq or 0)]
+        if absent and not any(held.get(m, set()) - {cid} for m in absent):
+            out.add(key)
+    return out
 
 
 def _dead(info: RankInfo) -> bool:
@@ -280,9 +324,44 @@ def classify(infos: list[RankInfo], *, now: float | None = None,
                                "exit": i.exit}
     return {"reason": reason, "comm": focus.get("comm"), "comm_id": cid, "members": members,
             "seq": seq, "op": describe_call(focus), "culprits": culprits, "ranks": ranks,
-            "other_ranks": others,
+            "other_ranks": others, "holds_up": _holds_up(infos, culprits, cid),
             "verdict": _headline(culprits, ranks, seq, focus, _call_of(majority, recs)),
             "time": now}
+
+
+HOLDS_UP = 3      # culprits whose other held-up collectives a verdict lists
+
+
+def _holds_up(infos: list[RankInfo], culprits: list[int], focus_cid) -> dict:
+    """{culprit: [{comm, seq, op, waiters}]}: the collectives of other communicators than the
+    focus that wait for a culprit (its peers are in or failed in a seq it never started), for
+    the first HOLDS_UP culprits. In a job of subgroups the focus may be one of several places
+    the same rank holds up (its tensor-parallel group, its data-parallel group, the world's
+    barrier): this names the others, the culprit's own groups among them."""
+    want = set(culprits[:HOLDS_UP])
+    if not want:
+        return {}
+    by_rank = {i.rank: i for i in infos}
+    entered = set()                 # (rank, comm_id, seq) started, completed or failed
+    calls: dict = {}                # (comm_id, seq) -> (record, waiters)
+    for info in infos:
+        for r in _records(info.state):
+            key = (r.get("comm_id"), r.get("seq"))
+            if r.get("state") in ("started", "completed", "failed"):
+                entered.add((info.rank,) + key)
+            if key[0] != focus_cid and r.get("state") in ("started", "failed") and \
+                    want & set(r.get("members") or ()):
+                calls.setdefault(key, (r, []))[1].append(info.rank)
+    out: dict = {}
+    for (cid, seq), (r, waiters) in sorted(calls.items(), key=lambda kv: (
+            kv[1][0].get("t_started") or 0, kv[0][1] or 0)):
+        for c in sorted(want & set(r.get("members") or ())):
+            info = by_rank.get(c) or RankInfo(c)
+            if (c, cid, seq) in entered or _progress(info.state, cid)[1] >= (seq or 0):
+                continue
+            out.setdefault(str(c), []).append({"comm": r.get("comm"), "seq": seq,
+                                               "op": describe_call(r), "waiters": sorted(waiters)})
+    return out
 
 
 def _last_position(info: RankInfo, rec: dict | None, seq, cid, others: list[RankInfo]
@@ -391,14 +470,13 @@ def wait_edges(infos: list[RankInfo]) -> list[dict]:
         for r in _records(info.state):
             if r.get("state") == "started":
                 started[(info.rank, r.get("comm_id"), r.get("seq"))] = r
+    done = {(i.rank, p.get("comm_id")): int(p.get("last_completed") or 0)
+            for i in infos for p in (i.state or {}).get("progress") or ()}
     edges = []
-    states = {}                     # rank -> state, looked up per member (a scan was N^3 at 256)
-    for info in infos:
-        states.setdefault(info.rank, info.state)
     for (rank, cid, seq), r in started.items():
         members = r.get("members") or []
         blockers = [m for m in members if m != rank and (m, cid, seq) not in started
-                    and not (m in states and _progress(states[m], cid)[1] >= seq)]
+                    and done.get((m, cid), 0) < seq]
         for b in blockers:
             edges.append(_edge(rank, b, r))
     return edges + _p2p_edges(infos)
@@ -539,7 +617,7 @@ def _headline(culprits, ranks, seq, focus, majority_call) -> str:
     if not culprits:
         return f"every rank is waiting in {describe_call(focus)} seq {seq}; no culprit found"
     parts, split = [], []
-    for c in culprits:
+    for c in culprits[:HEADLINE_CULPRITS]:
         e = ranks[str(c)]
         if e["state"] == "dead":
             parts.append(f"rank {c} is dead ({e['detail']})")
@@ -552,13 +630,17 @@ def _headline(culprits, ranks, seq, focus, majority_call) -> str:
             parts.append(f"rank {c} {e['detail']}")
         else:
             parts.append(f"rank {c} is waited for by the others")
+    if len(culprits) > HEADLINE_CULPRITS:       # the report's table has every one
+        more = sorted(culprits[HEADLINE_CULPRITS:])
+        parts.append(f"and {len(more)} more culprits: ranks {short_ranks(more)}")
     if split:       # no majority: ranks released before they called seq have no vote
         parts.append(f"no majority among the calls made, so any of ranks {split} may be the odd "
                      "one (ranks that never called it have no vote)")
     victims = sorted(int(r) for r, e in ranks.items()
                      if int(r) not in culprits and e["state"] != "completed")
     if victims and any(ranks[str(c)]["state"] in ("error", "dead") for c in culprits):
-        parts.append(f"rank(s) {victims} only waited for {'it' if len(culprits) == 1 else 'them'} "
+        shown = victims if len(victims) <= HEADLINE_CULPRITS * 2 else short_ranks(victims)
+        parts.append(f"rank(s) {shown} only waited for {'it' if len(culprits) == 1 else 'them'} "
                      "(victims, not causes)")
     return "; ".join(parts)
 

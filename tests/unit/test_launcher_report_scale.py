@@ -46,7 +46,7 @@ def test_a_big_communicator_gets_one_row_per_distinct_state():
                   for r in range(64) if r != 5}
     v["ranks"]["5"] = {"state": "not_entered", "seq": None, "op": None, "waiting_for": None,
                        "since": None, "detail": "alive, still in user code"}
-    v["other_ranks"] = {}
+    v["other_ranks"], v["culprits"] = {}, [5]
     rows = [l for l in format_report(v, now=1100.0).splitlines() if "ALLREDUCE(count=8" in l
             and "waiting" in l]
     assert len(rows) == 1 and rows[0].startswith("0-4, 6-63  waiting"), rows
