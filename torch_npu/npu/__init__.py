@@ -12,6 +12,7 @@ from .memory import (empty_cache, max_memory_allocated, max_memory_reserved, mem
                      memory_allocated, memory_reserved, memory_snapshot, memory_stats,
                      memory_summary, reset_max_memory_allocated, reset_peak_memory_stats,
                      set_per_process_memory_fraction)
+from .options import config, get_option, is_jit_compile_false, set_compile_mode, set_option
 from .streams import Event, Stream, current_stream, default_stream, set_stream, stream
 
 NPUSIM = True                  # runtime.torch.register tells npusim's module from a real one
@@ -140,10 +141,10 @@ def utilization(device=None) -> int:
 
 
 __all__ = [
-    "Event", "Stream", "amp", "current_device", "current_stream", "default_stream", "device",
-    "device_count", "empty_cache", "get_device_name", "get_rng_state", "initial_seed",
+    "Event", "Stream", "amp", "config", "current_device", "current_stream", "default_stream",
+    "device", "device_count", "empty_cache", "get_device_name", "get_rng_state", "initial_seed",
     "is_available", "manual_seed", "manual_seed_all", "max_memory_allocated",
     "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved",
     "memory_stats", "memory_summary", "reset_peak_memory_stats", "seed", "seed_all",
-    "set_device", "set_rng_state", "stream", "synchronize",
+    "set_compile_mode", "set_device", "set_option", "set_rng_state", "stream", "synchronize",
 ]
