@@ -76,8 +76,6 @@ go = os.path.join(out, "go")
 deadline = time.time() + 600
 while not os.path.exists(go) and time.time() < deadline:
     time.sleep(0.05)
-with open(os.path.join(out, f"h{{r}}"), "w") as f:     # CPU spent waiting for "go"
-    f.write(repr(_cpu() - marks[-1][1]))
 comm.destroy()
 """
 
@@ -167,7 +165,7 @@ def _children_cpu() -> float:
 
 
 def _phases(t0: float, recs: list, total_cpu: float, npurun_cpu: float,
-            server_cpu: float, hold: float) -> dict:
+            server_cpu: float) -> dict:
     """Wall seconds from launch to each phase's end (the latest rank) and CPU seconds spent in
     each phase (summed over the ranks; npurun's process and the fork server apart)."""
     marks = [r["marks"] for r in recs]
@@ -176,7 +174,6 @@ def _phases(t0: float, recs: list, total_cpu: float, npurun_cpu: float,
     cpu = {"fork": sum(m[0][1] for m in marks)}
     for i, n in enumerate(names[1:], 1):
         cpu[n] = sum(m[i][1] - m[i - 1][1] for m in marks)
-    cpu["hold"] = hold                          # waiting for this program's "go"
     cpu["npurun"], cpu["server"] = npurun_cpu, server_cpu
     cpu["exit"] = total_cpu - sum(cpu.values())    # destroy, exit, npurun after the pause
     cpu["total"] = total_cpu
@@ -220,14 +217,7 @@ def run(world: int, mode: str, timeout: float) -> dict:
         pause = time.time() - pause0
         p.communicate(timeout=timeout)
         loop = max(r["loop"] for r in recs)
-        hold = 0.0
-        for r in range(world):
-            try:
-                with open(os.path.join(out, f"h{r}")) as f:
-                    hold += float(f.read())
-            except (OSError, ValueError):
-                pass
-        res.update(_phases(t0, recs, _children_cpu() - cpu0, npurun_cpu, server_cpu, hold),
+        res.update(_phases(t0, recs, _children_cpu() - cpu0, npurun_cpu, server_cpu),
                    threads=threads, load_end=_load())
         res.update(first_s=max(r["first"] for r in recs) - t0,
                    exit_s=time.time() - t0 - pause - loop,

@@ -60,7 +60,6 @@ class ForkServer:
             self.close()
             raise
         self.preloaded = ready.get("preloaded", [])
-        self.serving = int(ready.get("serving", 1))     # processes that fork (one bye each)
         self.import_seconds = float(ready.get("seconds", 0.0))
 
     @property
@@ -176,8 +175,7 @@ class ForkServer:
     def close(self, timeout: float = 5.0) -> None:
         """Tell the server to end (it kills any child left) and reap it."""
         try:
-            for _ in range(getattr(self, "serving", 1)):   # each serving process takes one
-                send_message(self.sock, {"op": "bye"})
+            send_message(self.sock, {"op": "bye"})
         except OSError:
             pass
         try:

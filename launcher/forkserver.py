@@ -41,16 +41,11 @@ first (the zombie still pins the group id, as ``launcher.proc`` does for its own
 then reaps it and reports the status to npurun. npurun signals the ranks' groups directly and
 watches them with pidfds.
 
-Forking in parallel: after the preload the server forks ``serving_processes() - 1`` helpers (one
-per usable core, in all), which read the same channel, so each spawn request is taken by
-whichever serving process is free (a SEQPACKET message goes to one reader whole) and answered by
-it; each reaps and reports its own children; npurun sends one ``bye`` per serving process.
-
 Protocol (a SOCK_SEQPACKET socketpair, one JSON object per message, never pickle):
     npurun -> server: {"op": "spawn", "id", "argv", "env", "cwd", "core", "batch"}
                       + 2 fds (the rank's stdout, stderr)
                       {"op": "bye"}
-    server -> npurun: {"op": "ready", "pid", "preloaded", "seconds", "serving"}
+    server -> npurun: {"op": "ready", "pid", "preloaded", "seconds"}
                       {"op": "spawned", "id", "pid"} | {"op": "error", "id", "message"}
                       {"op": "exit", "pid", "status"}   (status as Popen's returncode)
 """
@@ -78,7 +73,6 @@ PRELOAD = ("numpy", "zmq", "runtime.array", "runtime.context", "runtime.memory",
            "hccl.collectives", "hccl.store", "hccl.transport", "hccl.diag", "hccl.flight",
            "launcher.worker")
 _MAX_MSG = 1 << 20
-MAX_SERVING = 4     # processes that fork ranks, at most (serving_processes)
 # the variable whose value pads the server's environment block, room for a rank's own variables
 ROOM_VAR = "NPUSIM_FORKSERVER_ROOM"
 _PR_SET_PDEATHSIG = 1
@@ -92,8 +86,8 @@ def send_message(sock: socket.socket, msg: dict, fds=()) -> None:
         sock.send(data)
 
 
-def recv_message(sock: socket.socket, flags: int = 0) -> tuple[dict | None, list[int]]:
-    data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MSG, 4, flags)
+def recv_message(sock: socket.socket) -> tuple[dict | None, list[int]]:
+    data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MSG, 4)
     if not data:
         for fd in fds:
             os.close(fd)
@@ -106,37 +100,9 @@ class _Server:
     def __init__(self, fd: int):
         self.sock = socket.socket(fileno=fd)
         self.children: set[int] = set()
-        self.helpers: set[int] = set()      # the other serving processes (the first one's)
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         os.set_blocking(self.wake_r, False)
-
-    def start_helpers(self, n: int) -> bool:
-        """Fork ``n`` more serving processes (after the preload: they share its pages); each
-        reads the same channel, so each request is taken by whichever is free. True in a
-        helper. A helper dies with this process (its parent-death signal), and this process
-        ends when a helper does (its children's exits would go unreported)."""
-        first = os.getpid()
-        for _ in range(n):
-            gc.freeze()
-            pid = os.fork()
-            if pid == 0:
-                self.helpers = set()
-                try:
-                    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL,
-                                                            0, 0, 0)
-                except (OSError, AttributeError):
-                    pass
-                if os.getppid() != first:
-                    os._exit(128 + signal.SIGKILL)
-                os.close(self.wake_r)       # its own SIGCHLD wake-ups, not the first one's
-                os.close(self.wake_w)
-                self.wake_r, self.wake_w = os.pipe()
-                os.set_blocking(self.wake_w, False)
-                os.set_blocking(self.wake_r, False)
-                return True
-            self.helpers.add(pid)
-        return False
 
     def preload(self, names) -> list[str]:
         done = []
@@ -165,10 +131,7 @@ class _Server:
                         pass
                     self.reap()
                     continue
-                try:    # another serving process may have taken it (start_helpers)
-                    msg, fds = recv_message(self.sock, socket.MSG_DONTWAIT)
-                except BlockingIOError:
-                    continue
+                msg, fds = recv_message(self.sock)
                 if msg is None or msg.get("op") == "bye":
                     self.finish()
                     return None
@@ -198,7 +161,7 @@ class _Server:
         return None
 
     def reap(self) -> None:
-        while self.children or self.helpers:
+        while self.children:
             try:
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
@@ -206,18 +169,6 @@ class _Server:
             if info is None:
                 return
             pid = info.si_pid
-            if pid in self.helpers:
-                _, status = os.waitpid(pid, 0)
-                self.helpers.discard(pid)
-                if status == 0:         # it took its bye (or saw npurun's end)
-                    continue
-                # it died: its ranks died with it (their parent-death signal), unreported; so
-                # this server ends too and npurun counts them killed (ForkServer.usable)
-                sys.stderr.write(f"npurun: fork server: serving process {pid} died "
-                                 f"({os.waitstatus_to_exitcode(status)}); the fork server "
-                                 "ends\n")
-                self.finish()
-                os._exit(1)
             try:
                 os.killpg(pid, signal.SIGKILL)   # its group, while the zombie still pins the id
             except (ProcessLookupError, PermissionError):
@@ -243,39 +194,6 @@ class _Server:
             except ChildProcessError:
                 pass
         self.children.clear()
-        for pid in list(self.helpers):  # each ends at its own bye (or npurun's end): wait
-            if not _reaped(pid, 5.0):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                except (ProcessLookupError, ChildProcessError):
-                    pass
-        self.helpers.clear()
-
-
-def _reaped(pid: int, timeout: float) -> bool:
-    """Reap child ``pid`` once it exits within ``timeout`` s; whether it did."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                return True
-        except ChildProcessError:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.01)
-
-
-def serving_processes() -> int:
-    """How many processes fork ranks: one per usable core (at most ``MAX_SERVING``). One alone
-    made a world's start a chain of N forks on one core (at world 256 on a loaded 2-core
-    machine, 15 s of npurun's start waited for it)."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        n = os.cpu_count() or 1
-    return max(1, min(n, MAX_SERVING))
 
 
 def _become_rank(server: _Server, msg: dict, fds: list[int]) -> list[str]:
@@ -433,11 +351,8 @@ def main(argv: list[str]) -> list[str]:
     t0 = time.perf_counter()
     from launcher.config import fork_server_preload  # noqa: PLC0415
     done = server.preload([*PRELOAD, *fork_server_preload()])
-    serving = serving_processes()
-    if not server.start_helpers(serving - 1):
-        send_message(server.sock, {"op": "ready", "pid": os.getpid(), "preloaded": done,
-                                   "seconds": round(time.perf_counter() - t0, 3),
-                                   "serving": serving})
+    send_message(server.sock, {"op": "ready", "pid": os.getpid(), "preloaded": done,
+                        "seconds": round(time.perf_counter() - t0, 3)})
     got = server.serve()
     if got is None:
         sys.exit(0)
