@@ -315,8 +315,8 @@ def figures(rows: list) -> None:
             text.append(f"| {r['world']} | {who} | {r['in_process_s']:.2f} | {r['wall_s']:.1f}"
                         f" | {r['runs']} | {r.get('load', '?')} |")
     write_section("scale", "Big worlds on one machine: start-up, exit and memory per world",
-                  "python -m benchmarks.scale --worlds 8,16,32,64,128,256 --modes fork,fresh "
-                  "--json F --figures; python -m benchmarks.scale --ddp 2,3 --json F --figures",
+                  "python -m benchmarks.scale --worlds 8,16,32,64,128,256 --modes fork "
+                  "--phases --json F; python -m benchmarks.scale --ddp 2,3 --json F --figures",
                   head, table, "\n".join(text))
 
 
