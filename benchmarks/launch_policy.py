@@ -21,6 +21,8 @@ are recorded per load. Policies (environment of npurun):
     watch off        NPUSIM_SCHED_WATCH=0: the same as nothing, set another way (the noise
                      gauge: on a busy machine default, nothing and watch off all run the ranks
                      alike, and their spread is the run's noise)
+    watch batch      NPUSIM_BIND=1: one core per rank pair always, the watcher moving only
+                     the class (SCHED_BATCH while the machine is quiet)
 
 ``--figures`` puts the table on docs/figures.md (section "launch-policy"). A benchmark, not a
 test: figures depend on the machine and on what else runs on it.
@@ -46,6 +48,7 @@ POLICIES = {
     "batch only": {"NPUSIM_BIND": "0", "NPUSIM_SCHED_BATCH": "1"},
     "batch+bind": {"NPUSIM_SCHED_BATCH": "1", "NPUSIM_BIND": "1"},
     "watch off": {"NPUSIM_SCHED_WATCH": "0"},
+    "watch batch": {"NPUSIM_BIND": "1"},
 }
 COLUMNS = tuple(POLICIES)
 SIZES = (1024, 65536)
