@@ -41,7 +41,8 @@ re-checks close, abort and liveness; a wake-up lost to a bug in this argument wo
 never a hang. The slice is ``SLICE`` (10 ms) while the bell moves, and doubles after every
 sleep that ends with the bell unmoved, up to ``SLICE_MAX``: a long wait wakes a few times a
 second, not a hundred (at world 256 on two cores, 255 ranks waking every 10 ms to find nothing
-used more CPU than the machine has: 13 ms of CPU per waiting rank per second, under 3 with this). The wake keeps the GIL: it never blocks. A full ring or a payload larger than a
+used more CPU than the machine has: 13 ms of CPU per waiting rank per second, under 3 with
+this). The wake keeps the GIL: it never blocks. A full ring or a payload larger than a
 slot is refused (``post`` returns False): the caller sends it another way, so a send never
 blocks.
 
