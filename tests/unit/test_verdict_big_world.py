@@ -8,7 +8,9 @@ The report must name rank 37, its group and its stack once, in at most 60 lines 
 failure summary, at world 128 and 256 (#39)."""
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 
 import pytest
 
@@ -26,16 +28,20 @@ TIMEOUT = {"kind": "timeout", "type": "HcclTimeoutError", "text": "timed out aft
 RELEASED = {"kind": "released", "type": "RemoteRankError", "text": "aborted: rank 2 timed out"}
 
 
-def layout(world: int, tp: int = 4, pp: int = 4) -> dict:
-    dp = world // (tp * pp)
+def _load_example():
+    """examples/parallel_groups.py as a module: its layout is the one the real jobs use."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "parallel_groups.py")
+    spec = importlib.util.spec_from_file_location("npusim_example_parallel_groups", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
-    def rank(p, d, t):
-        return p * dp * tp + d * tp + t
-    return {
-        "tp": [[rank(p, d, t) for t in range(tp)] for p in range(pp) for d in range(dp)],
-        "dp": [[rank(p, d, t) for d in range(dp)] for p in range(pp) for t in range(tp)],
-        "pp": [[rank(p, d, t) for p in range(pp)] for d in range(dp) for t in range(tp)],
-    }
+
+_EXAMPLE = _load_example()
+
+
+def layout(world: int, tp: int = 4, pp: int = 4) -> dict:
+    return _EXAMPLE.layout(world, tp, pp)
 
 
 def _comm(kind: str, i: int, ranks: list[int]) -> tuple[str, int]:
