@@ -29,11 +29,13 @@ import hccl, runtime
 from hccl import executor
 
 inside = []                                    # the class while a collective runs
-real_run = executor.Program.run
-def run(*args, **kwargs):
-    inside.append(os.sched_getscheduler(0))
-    return real_run(*args, **kwargs)
-executor.Program.run = run
+def spy(real):                                 # a small call may run whole in ``begin``
+    def step(*args, **kwargs):
+        inside.append(os.sched_getscheduler(0))
+        return real(*args, **kwargs)
+    return step
+executor.Program.run = spy(executor.Program.run)
+executor.Program.begin = spy(executor.Program.begin)
 
 hold, ready = threading.Event(), threading.Event()
 user_tid = []
