@@ -158,9 +158,7 @@ class Call(executor.Context):
         (it is complete: no task, the stream's worker is never woken), else the task that goes
         on from where it stopped; a failure is raised by that task, as when the task meets it
         (the stream's sticky error, with the same fields)."""
-        seq, rec = self._take(site)
-        rec.state, rec.t_started = "started", _time()
-        self.rec = rec
+        seq = self._next_seq()
         comm = self.comm
         timeout = comm.exec_timeout
         if timeout is None:
@@ -172,13 +170,22 @@ class Call(executor.Context):
                                        _perf() + INLINE_SPIN if self.inline else None)
         except executor.StepFailed as f:
             ahead = f
-        if ahead is None:
-            recorder.complete(rec)
+        if ahead is None:           # ran whole, here: nothing of it can hang, one record
+            self.rec = recorder.done(comm, seq, self.plan.names, stream=self.stream.name,
+                                     site=site, peer=self.peer, nbytes=self.nbytes)
             return None
+        # goes on in a task (or failed): the record a hang report finds, started now
+        rec = self._record(seq, site)
+        rec.state, rec.t_started = "started", rec.t_enqueued
+        self.rec = rec
         return functools.partial(self.run, seq, rec, objs, ahead)
 
     def _take(self, site: str) -> tuple:
         """The next sequence number of this call and its flight record."""
+        seq = self._next_seq()
+        return seq, self._record(seq, site)
+
+    def _next_seq(self) -> int:
         comm, peer = self.comm, self.peer
         if peer is not None:
             key = ("send" if self.op == OpType.SEND else "recv", peer)
@@ -188,10 +195,12 @@ class Call(executor.Context):
         else:
             with comm._lock:                # comm.take_seqs(1), inline: every eager call
                 comm._seq = seq = comm._seq + 1
-        rec = recorder.enqueue(comm, seq, self.plan.rec_fp, stream=self.stream.name, site=site,
-                               peer=peer, nbytes=self.nbytes,
-                               names=self.plan.names)
-        return seq, rec
+        return seq
+
+    def _record(self, seq: int, site: str):
+        return recorder.enqueue(self.comm, seq, self.plan.rec_fp, stream=self.stream.name,
+                                site=site, peer=self.peer, nbytes=self.nbytes,
+                                names=self.plan.names)
 
     def run(self, seq: int, rec, objs: tuple, ahead=None) -> None:
         """Execute the call as ``seq`` (the task): the user's error on failure. ``ahead``:

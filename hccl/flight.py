@@ -55,18 +55,34 @@ class FlightRecorder:
     def enqueue(self, comm, seq: int, fp, *, stream: str, site: str, peer=None, nbytes=0,
                 names: tuple | None = None) -> Record:
         """A new record, in state "enqueued"; ``names`` is ``names(fp)`` when already known."""
+        return self._add(comm, seq, names or self.names(fp), stream, site, peer, nbytes, False)
+
+    def done(self, comm, seq: int, names: tuple, *, stream: str, site: str, peer=None,
+             nbytes=0) -> Record:
+        """The record of a call that ran whole at its issue, in the calling thread, without
+        waiting (``hccl.call.Call.begin``): enqueued, started and completed at once, one lock
+        taken instead of three. Such a call can hang nowhere, so it needs no record while it
+        runs; its progress counts it enqueued and completed together."""
+        return self._add(comm, seq, names, stream, site, peer, nbytes, True)
+
+    def _add(self, comm, seq, names, stream, site, peer, nbytes, done) -> Record:
         r = Record()
         r.comm, r.comm_id, r.rank, r.seq = comm.name, comm.comm_id, comm.rank, seq
         r.members = comm.ranks          # the comm's own list: it never changes
-        r.op, r.count, r.dtype, r.redop, r.root = names or self.names(fp)
+        r.op, r.count, r.dtype, r.redop, r.root = names
         r.peer, r.stream, r.site, r.nbytes = peer, stream, site, nbytes
-        r.state, r.t_enqueued = "enqueued", time.time()
-        r.t_started = r.t_completed = r.waiting_for = r.waiting_since = r.error = None
-        r.error_type = r.wait_peer = None
+        r.t_enqueued = now = time.time()
+        if done:
+            r.state, r.t_started, r.t_completed = "completed", now, now
+        else:
+            r.state, r.t_started = "enqueued", None
+            r.t_completed = None
+        r.waiting_for = r.waiting_since = r.error = r.error_type = r.wait_peer = None
         r.wait_max, r.wait_send, r.wait_end, r.wait_to = 0.0, False, 0.0, None
         with self._lock:
             self._records.append(r)
-            self._inflight[id(r)] = r
+            if not done:
+                self._inflight[id(r)] = r
             if peer is None:
                 key, progress = (comm.comm_id, comm.rank), self.progress
                 p = progress.get(key)
@@ -77,6 +93,8 @@ class FlightRecorder:
                 else:
                     progress.move_to_end(key)
                 p[0] = seq
+                if done and seq > p[1]:
+                    p[1] = seq
         return r
 
     def start(self, r: Record) -> None:
