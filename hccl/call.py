@@ -158,8 +158,12 @@ class Call(executor.Context):
         (it is complete: no task, the stream's worker is never woken), else the task that goes
         on from where it stopped; a failure is raised by that task, as when the task meets it
         (the stream's sticky error, with the same fields)."""
-        seq = self._next_seq()
         comm = self.comm
+        if self.peer is None:
+            with comm._lock:                # self._next_seq(), inline: every small eager call
+                comm._seq = seq = comm._seq + 1
+        else:
+            seq = self._next_seq()
         timeout = comm.exec_timeout
         if timeout is None:
             timeout = comm._env_timeout
@@ -171,8 +175,8 @@ class Call(executor.Context):
         except executor.StepFailed as f:
             ahead = f
         if ahead is None:           # ran whole, here: nothing of it can hang, one record
-            self.rec = recorder.done(comm, seq, self.plan.names, stream=self.stream.name,
-                                     site=site, peer=self.peer, nbytes=self.nbytes)
+            self.rec = recorder.add(comm, seq, self.plan.names, self.stream.name, site,
+                                    self.peer, self.nbytes, True)
             return None
         # goes on in a task (or failed): the record a hang report finds, started now
         rec = self._record(seq, site)

@@ -55,17 +55,15 @@ class FlightRecorder:
     def enqueue(self, comm, seq: int, fp, *, stream: str, site: str, peer=None, nbytes=0,
                 names: tuple | None = None) -> Record:
         """A new record, in state "enqueued"; ``names`` is ``names(fp)`` when already known."""
-        return self._add(comm, seq, names or self.names(fp), stream, site, peer, nbytes, False)
+        return self.add(comm, seq, names or self.names(fp), stream, site, peer, nbytes, False)
 
-    def done(self, comm, seq: int, names: tuple, *, stream: str, site: str, peer=None,
-             nbytes=0) -> Record:
-        """The record of a call that ran whole at its issue, in the calling thread, without
-        waiting (``hccl.call.Call.begin``): enqueued, started and completed at once, one lock
-        taken instead of three. Such a call can hang nowhere, so it needs no record while it
-        runs; its progress counts it enqueued and completed together."""
-        return self._add(comm, seq, names, stream, site, peer, nbytes, True)
-
-    def _add(self, comm, seq, names, stream, site, peer, nbytes, done) -> Record:
+    def add(self, comm, seq: int, names: tuple, stream: str, site: str, peer, nbytes: int,
+            done: bool) -> Record:
+        """A new record (``names``: ``names(fp)``), enqueued, or with ``done`` that of a call
+        that ran whole at its issue, in the calling thread, without waiting
+        (``hccl.call.Call.begin``): enqueued, started and completed at once, one lock taken
+        instead of three. Such a call can hang nowhere, so it needs no record while it runs;
+        its communicator's progress counts it enqueued and completed together."""
         r = Record()
         r.comm, r.comm_id, r.rank, r.seq = comm.name, comm.comm_id, comm.rank, seq
         r.members = comm.ranks          # the comm's own list: it never changes

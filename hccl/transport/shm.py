@@ -334,9 +334,10 @@ class Channel:
             if tail == u64[h]:
                 return None
             off = seg.slot0[peer] + (tail % seg.slots) * seg.slot_bytes
-            k, n, c, s, st, value, *f = SLOT_HDR.unpack_from(seg.mm, off)
-            if k != kind or st != step or s != seq or c != comm_id or n > self.capacity \
-                    or tuple(f) != fp:
+            hdr = SLOT_HDR.unpack_from(seg.mm, off)     # kind, n, comm_id, seq, step, value, fp
+            n = hdr[1]
+            if hdr[4] != step or hdr[3] != seq or hdr[2] != comm_id or hdr[0] != kind \
+                    or n > self.capacity or hdr[6:] != fp:
                 return False
             start = off + SLOT_HDR_BYTES
             try:

@@ -88,3 +88,22 @@ def test_progress_keeps_the_most_recently_used_communicators():
     assert rec.last(0, 0) == (last_use, last_use)
     assert rec.last(flight.PROGRESS_BOUND + 99, 0) == (1, 1)
     assert rec.last(1, 0) == (0, 0)              # the oldest unused one was dropped
+
+
+def test_a_call_done_at_its_issue_leaves_the_record_a_completed_call_leaves():
+    fp = Fingerprint.make(OpType.ALLREDUCE, 256, DataType.FP32, ReduceOp.MAX)
+    full, once = FlightRecorder(10), FlightRecorder(10)
+    for seq in (1, 2):
+        r = full.enqueue(_Comm, seq, fp, stream="s", site="f.py:3 in g", nbytes=1024)
+        full.start(r)
+        full.complete(r)
+        once.add(_Comm, seq, FlightRecorder.names(fp), "s", "f.py:3 in g", None, 1024, True)
+    a, b = full.dump(), once.dump()
+    times = ("t_enqueued", "t_started", "t_completed")
+    for ra, rb in zip(a["records"], b["records"]):
+        assert rb["t_enqueued"] == rb["t_started"] == rb["t_completed"] is not None
+        assert {k: v for k, v in ra.items() if k not in times} == \
+            {k: v for k, v in rb.items() if k not in times}
+    assert len(b["records"]) == 2 and b["in_flight"] == [] == a["in_flight"]
+    assert b["progress"] == a["progress"] == [
+        {"comm": "world", "comm_id": 7, "rank": 1, "last_enqueued": 2, "last_completed": 2}]
