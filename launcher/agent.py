@@ -348,6 +348,11 @@ class Agent:
         server = self._fork_server()
         if self._signal:            # Ctrl-C while the fork server started: no rank to start
             return
+        if self._schedwatch is not None:    # crowded ranks start in the watcher's state
+            w = self._schedwatch
+            if w.first([server.pid] if server is not None else []) if self.attempt == 0 \
+                    else w.quiet:
+                batch, bind = batch or policy.watch_batch, bind or policy.watch_bind
         with sched.spawning(batch):   # Linux children inherit class and affinity (runtime/sched.py)
             # all forks first, then the interpreters start in parallel; with a fork server,
             # every rank is asked for before any answer is awaited (ForkServer.request)

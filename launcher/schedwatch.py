@@ -22,8 +22,14 @@ the older, shared-machine figures). No fixed choice wins both, so npurun watches
   Staying in SCHED_BATCH under load costs 10x, leaving it on an idle machine ~35 %: leaving is
   fast, coming back is slow. A sample across a change of the job's processes (a rank forked,
   restarted or gone) is not judged: a new process brings CPU time from before the sample.
-- ranks start in the default class, unbound (what a shared machine needs; the first decision
-  falls ``QUIET_SAMPLES * INTERVAL`` s after the ranks start, while they import and connect).
+- the ranks start in the state the machine calls for when they are forked: npurun measures
+  the other programs' use over its own start-up (at least ``FIRST_WINDOW`` s, its fork server
+  counted as the job's) and forks them in SCHED_BATCH on their cores when it is below half the
+  threshold, else in the default class, unbound (``Watcher.first``). A short job on a quiet
+  machine so runs quiet from its first call: with the first decision left to the samples, a
+  world-4 job spent its first 0.6-0.8 s in the default class (``QUIET_SAMPLES`` samples after
+  the one its ranks' start voids) (Broadcast of 64 KiB at world 4:
+  2.0x the time of 8d596b4, which started its ranks in SCHED_BATCH).
 - npurun moves only its ranks' threads (its children: Linux lets a process of the same user set
   both), every tid in /proc/PID/task, and only a thread in the state npurun gave it: a thread
   whose class or cores changed since (by the user's code) keeps them. At a switch every such
@@ -56,6 +62,7 @@ log = logging.getLogger("launcher")
 
 INTERVAL = 0.2          # s between two samples: a switch to the default class within ~0.2 s
 QUIET_SAMPLES = 3       # samples in a row below threshold / 2 before SCHED_BATCH comes back
+FIRST_WINDOW = 0.1      # s of npurun's start-up over which the ranks' first state is decided
 _OTHER = getattr(os, "SCHED_OTHER", 0)
 _BATCH = getattr(os, "SCHED_BATCH", None)
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -166,11 +173,13 @@ class CpuProbe:
                     break
         return total
 
-    def __call__(self, pids: tuple[int, ...]) -> float | None:
+    def __call__(self, pids: tuple[int, ...], born: tuple[int, ...] = ()) -> float | None:
+        """``born``: those of ``pids`` the caller started after the previous call (all their
+        run time falls inside this sample, so they count as the job's without voiding it)."""
         runs = {(pid, tid): ns for pid in pids for tid, ns in _runtimes(pid).items()}
         now = (time.monotonic(), self.idle(), pids, runs)
         last, self.last = self.last, now
-        if last is None or last[2] != pids:
+        if last is None or set(last[2]) | set(born) != set(pids):
             return None
         dt = now[0] - last[0]
         if dt <= 0:
@@ -210,7 +219,38 @@ class Watcher:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="npurun-schedwatch", daemon=True)
-        self._thread.start()
+        self._started_at = time.monotonic()
+        self.probe((os.getpid(),))                 # the first decision's baseline (``first``)
+
+    def first(self, helpers: Iterable[int] = ()) -> bool:
+        """The state the ranks start in, decided before any is forked: quiet when the other
+        programs used less than half the threshold since the watcher was made (at least
+        ``FIRST_WINDOW`` s, waited for here if npurun got here sooner), counting ``helpers``
+        (npurun's fork server, started since) as the job's. Then the watcher's thread starts.
+        A job on a quiet machine so runs quiet from its first call, not after
+        ``QUIET_SAMPLES`` samples; a busy machine keeps the default class from the start."""
+        helpers = tuple(helpers)
+        left = FIRST_WINDOW - (time.monotonic() - self._started_at)
+        if left > 0:
+            time.sleep(left)
+        load = self.probe(tuple(sorted({os.getpid(), *helpers})), helpers)
+        self.last_load = load
+        if load is not None and load < self.policy.threshold / 2:
+            self.quiet = True
+            self.switches += 1
+            log.info("npurun: other programs use %.2f cores: the ranks start in SCHED_BATCH / "
+                     "their cores", load)
+        with self._lock:
+            self._helpers = helpers
+        self._start()
+        return self.quiet
+
+    def _start(self) -> None:
+        if not self._thread.is_alive() and not self._stop.is_set():
+            try:
+                self._thread.start()
+            except RuntimeError:        # started by another caller meanwhile
+                pass
 
     def follow(self, ranks: Iterable[tuple[int, int]], helpers: Iterable[int] = ()) -> None:
         """Watch these ranks, ``(local_rank, pid)`` each (a new attempt's), counting ``helpers``
@@ -219,10 +259,12 @@ class Watcher:
             self._ranks = {pid: lr for lr, pid in ranks}
             self._helpers = tuple(helpers)
             self._seen = {}
+        self._start()
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(5.0)
+        if self._thread.is_alive():
+            self._thread.join(5.0)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

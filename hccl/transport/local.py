@@ -11,9 +11,15 @@ router (``process.ProcessTransport``), and the only shared-memory data path:
   ordinary message of the mailbox, tagged like the notice with ``zmq.ACK_STEP`` added to its
   step: the send's handle waits for it like a receive, so an abort, a close, a fingerprint
   mismatch or a dead peer ends that wait by the same rules (``base.Transport``);
-- anything else (a larger host or scratch buffer, a full ring) goes through the peer's
-  ``SocketPair``, so a send never blocks. Matching is by exact tag, so the two may interleave.
-  An acknowledgement that finds the ring full goes through the socket too.
+- a payload that finds the ring full waits up to ``ROOM_WAIT`` for the receiver to free a
+  slot (``shm.Channel.wait_room``), then goes through the socket. A rank that runs ahead of its
+  peer by a full ring (a Broadcast root issuing call after call) so waits for it, as an MPI
+  sender past the eager limit does, instead of paying a socket send (~200 us of its CPU per 64
+  KiB, more than the wait) for each message; the bound keeps two ranks whose rings are full
+  both ways from waiting on each other for more than ``ROOM_WAIT``;
+- anything else (a larger host or scratch buffer, a ring still full after ``ROOM_WAIT``) goes
+  through the peer's ``SocketPair``. Matching is by exact tag, so the two may interleave.
+  An acknowledgement that finds the ring full goes through the socket at once.
 
 There is no receiver thread on the ring: the thread that waits for this peer drains its ring
 into the mailboxes itself (``recv_into``: the awaited message goes from its slot straight into
@@ -40,6 +46,7 @@ log = logging.getLogger("hccl.transport")
 _DATA, _NOTICE, _ACK = int(wire.Kind.DATA), int(wire.Kind.SHM_DATA), int(wire.Kind.SHM_ACK)
 _TAKEN = object()          # recv_into's drain: the awaited message was consumed in its slot
 _perf = time.perf_counter
+ROOM_WAIT = 1e-3           # s a send waits for a free slot of a full ring before the socket
 
 
 class ShmError(TransportError):
@@ -102,7 +109,10 @@ class LocalPair(Pair):
         if n > self.capacity or n >= self.min_notice:
             where = ipc.export(np.frombuffer(mv, np.uint8))
         if where is None:
-            if n <= self.capacity and ch.post(self.peer, _DATA, comm_id, seq, step, fp, 0, mv):
+            if n <= self.capacity and (
+                    ch.post(self.peer, _DATA, comm_id, seq, step, fp, 0, mv) or (
+                    ch.wait_room(self.peer, _perf() + ROOM_WAIT) and
+                    ch.post(self.peer, _DATA, comm_id, seq, step, fp, 0, mv))):
                 t.ring_sends += 1
                 return DONE
         elif ch.post(self.peer, _NOTICE, comm_id, seq, step, fp, where[1],

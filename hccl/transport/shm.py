@@ -78,6 +78,7 @@ MAGIC = 0x4E50_5553_4849_4D31          # "NPUSHIM1"
 _CTRL = struct.Struct("=IIQIIII")       # bell, sleepers, magic, rank, rings, slots, slot_bytes
 CTRL_BYTES = 64
 RING_HDR = 128                          # head at +0, tail at +64 (separate cache lines)
+ROOM_NAP = 50e-6        # s a sender waiting for a free slot sleeps between two looks (wait_room)
 SLOT_HDR = struct.Struct("=IIQQQq5q")   # kind, nbytes, comm_id, seq, step, value, fp
 SLOT_HDR_BYTES = 96
 SLICE = 0.01                            # a sleep's bound while the bell moves (s): bounds a
@@ -344,6 +345,26 @@ class Channel:
                 consume(seg.buf[start:start + n])
             finally:
                 u64[h + 8] = tail + 1
+        return True
+
+    def wait_room(self, peer: int, until: float) -> bool:
+        """Wait until ``peer``'s ring from this rank has a free slot (True), or ``perf_counter()``
+        reaches ``until`` or the inbox is not mapped (False). Only the receiver frees a slot, and
+        rings no bell for it: the sender spins the channel's spin, yielding the core at every
+        turn, then naps ``ROOM_NAP`` at a time (the receiver may need this core to drain)."""
+        seg = self.peers.get(peer)
+        if seg is None:
+            return False
+        h, u64, slots = seg.heads[self.rank], seg.u64, seg.slots
+        spin_end = time.perf_counter() + self.spin
+        while u64[h] - u64[h + 8] >= slots:
+            now = time.perf_counter()
+            if now >= until:
+                return False
+            if now < spin_end:
+                os.sched_yield()
+            else:
+                time.sleep(min(ROOM_NAP, until - now))
         return True
 
     def watch(self, peer: int, until: float) -> bool:

@@ -409,3 +409,79 @@ def test_npurun_watcher_places_ranks_while_under_its_threshold(tmp_path, fork):
             out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-3000:]
     assert "while other programs use less than 1000 of these cores" in err, err
+
+
+def test_watcher_first_decides_the_state_ranks_start_in():
+    """``Watcher.first``: quiet when the other programs' use over npurun's start-up is below
+    half the threshold (the helpers it names counted as the job's), else the default state;
+    either way it waits at least FIRST_WINDOW and then starts the sampling thread."""
+    from launcher import schedwatch
+    mask = frozenset(os.sched_getaffinity(0))
+    pol = schedwatch.Policy(4, len(mask), watch_batch=True, watch_bind=True, threshold=0.3)
+    for load, quiet in ((0.1, True), (0.2, False), (None, False)):
+        calls = []
+
+        def probe(pids, born=()):
+            calls.append((pids, born))
+            return None if len(calls) == 1 else load
+        w = schedwatch.Watcher(pol, mask, probe=probe, interval=30)
+        try:
+            t0 = time.monotonic()
+            assert w.first([4242]) is quiet and w.quiet is quiet
+            assert time.monotonic() - t0 >= schedwatch.FIRST_WINDOW * 0.9
+            assert calls == [((os.getpid(),), ()),
+                             (tuple(sorted({os.getpid(), 4242})), (4242,))], calls
+            assert w.switches == int(quiet) and w._thread.is_alive()
+        finally:
+            w.close()
+
+
+def test_a_process_started_since_the_last_sample_counts_as_the_jobs():
+    """``CpuProbe``: a new pid voids the sample unless the caller says it started it since
+    the previous one (then all its run time is the job's)."""
+    from launcher.schedwatch import CpuProbe
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        me = os.getpid()
+        pids = tuple(sorted({me, child.pid}))
+        probe = CpuProbe(os.sched_getaffinity(0))
+        assert probe((me,)) is None                   # the baseline
+        assert probe(pids) is None                    # a process the probe did not see start
+        probe = CpuProbe(os.sched_getaffinity(0))
+        probe((me,))
+        assert probe(pids, (child.pid,)) is not None
+    finally:
+        child.stdin.close()
+        child.wait(30)
+
+
+FIRST = """
+import json, os
+with open(os.path.join({out!r}, f"first{os.environ['LOCAL_RANK']}"), "w") as f:
+    json.dump([os.sched_getscheduler(0), sorted(os.sched_getaffinity(0))], f)
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_crowded_ranks_on_a_quiet_machine_start_in_batch_on_their_cores(tmp_path, fork):
+    """Through npurun, with a threshold no machine reaches: 4 ranks on 2 cores are in
+    SCHED_BATCH on their core at their script's first line, forked or fresh interpreters
+    (npurun decided before forking them: ``Watcher.first``)."""
+    mask = sorted(os.sched_getaffinity(0))
+    if len(mask) >= 4:
+        pytest.skip("needs fewer than 4 cores (4 ranks must be crowded)")
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(FIRST.replace("{out!r}", repr(str(tmp_path)))))
+    with LeakCheck() as lc:
+        for k in ("NPUSIM_SCHED_BATCH", "NPUSIM_BIND", "NPUSIM_SCHED_WATCH"):
+            lc.env.pop(k, None)
+        lc.env["NPUSIM_SCHED_WATCH_CORES"] = "1000"
+        lc.env["NPUSIM_FORKSERVER"] = fork
+        res = run_npurun("--nproc-per-node", "4", str(script), env=lc.env, cwd=str(tmp_path),
+                         timeout=150)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for r in range(4):
+        seen = json.loads((tmp_path / f"first{r}").read_text())
+        assert seen == [os.SCHED_BATCH, [mask[r * len(mask) // 4]]], (r, seen)

@@ -97,6 +97,22 @@ def test_a_full_ring_overflows_to_the_socket_and_nothing_is_lost(pair):
         assert bytes(b.recv(0, 7, 5, i, FP, 5)) == _bytes(8, seed=i).tobytes()
 
 
+def test_a_send_that_finds_the_ring_full_waits_for_a_slot_the_receiver_frees(pair, monkeypatch):
+    from hccl.transport import local
+    monkeypatch.setattr(local, "ROOM_WAIT", 30.0)     # the receiver, not the bound, ends it
+    a, b = pair
+    for i in range(4):                                 # 4 slots, all taken
+        a.send(1, 7, 5, i, FP, _bytes(8, seed=i))
+    done = []
+    th = threading.Thread(target=lambda: done.append(a.send(1, 7, 5, 4, FP, _bytes(8, seed=4))))
+    th.start()
+    assert bytes(b.recv(0, 7, 5, 0, FP, 5)) == _bytes(8, seed=0).tobytes()   # frees a slot
+    th.join(20)
+    assert done == [DONE] and a.ring_sends == 5        # through the ring, not the socket
+    for i in range(1, 5):
+        assert bytes(b.recv(0, 7, 5, i, FP, 5)) == _bytes(8, seed=i).tobytes()
+
+
 def test_fingerprint_mismatch_is_detected(pair):
     a, b = pair
     a.send(1, 7, 6, 0, (2, 64, 4, 0, -1), b"x")
