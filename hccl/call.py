@@ -51,7 +51,8 @@ BOUND = 64          # Calls a communicator keeps (a step issues a handful; empti
 # exchange. The caller looks for a message at most INLINE_SPIN after the call began (spinning,
 # yielding the core, never sleeping: ``shm.Channel.watch``), then hands the rest to the worker,
 # so a call never holds its caller longer than that (a peer that waits for something this rank
-# does after the call is never deadlocked). 50 us covers the usual skew between two ranks'
+# does after the call is never deadlocked), or than a send's wait for a slot of a full ring
+# (``transport.local.ROOM_WAIT``, 1 ms). 50 us covers the usual skew between two ranks'
 # calls of a loop of small collectives here (measured: benchmarks.percall), and is short
 # beside the 200 us a waiting worker spins (hccl.transport.process.SPIN_US).
 INLINE_SPIN = 50e-6

@@ -43,7 +43,7 @@ TABLE = Table("hccl", [
         "hccl.init"),
     Var("NPUSIM_SHM_MIN_BYTES", "int", 512 << 10, "smallest payload read in place from the peer's "
         "device memory", "hccl.transport.process", shown="512 KiB", lo=1),
-    Var("NPUSIM_SHM_SLOTS", "int", 32, "slots of each intra-node ring (a full ring: the socket)",
+    Var("NPUSIM_SHM_SLOTS", "int", 32, "slots of each intra-node ring (a full ring: the sender waits up to 1 ms, then the socket)",
         "hccl.transport.process", lo=1),
     Var("NPUSIM_SHM_SLOT_BYTES", "int", (64 << 10) + 128, "bytes of one ring slot, header "
         "included (a multiple of 64)", "hccl.transport.process", shown="64 KiB + 128", lo=128,
