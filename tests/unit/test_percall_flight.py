@@ -107,3 +107,10 @@ def test_a_call_done_at_its_issue_leaves_the_record_a_completed_call_leaves():
     assert len(b["records"]) == 2 and b["in_flight"] == [] == a["in_flight"]
     assert b["progress"] == a["progress"] == [
         {"comm": "world", "comm_id": 7, "rank": 1, "last_enqueued": 2, "last_completed": 2}]
+
+
+def test_hccl_enums_hash_as_the_ints_they_equal():
+    from hccl.result import Result
+    for member in (OpType.ALLREDUCE, ReduceOp.MAX, DataType.FP32, Result.E_PARA):
+        assert hash(member) == hash(int(member))
+        assert {member: "m"}.get(int(member)) == "m" and {int(member): "i"}[member] == "i"
