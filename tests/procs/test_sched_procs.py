@@ -321,6 +321,15 @@ def _others(seconds: float) -> float:
     return worst
 
 
+def _watched(env: dict, cores: str, fork: str | None = None) -> None:
+    """npurun's environment for its watcher alone, with threshold ``cores``."""
+    for k in ("NPUSIM_SCHED_BATCH", "NPUSIM_BIND", "NPUSIM_SCHED_WATCH"):
+        env.pop(k, None)
+    env["NPUSIM_SCHED_WATCH_CORES"] = cores
+    if fork is not None:
+        env["NPUSIM_FORKSERVER"] = fork
+
+
 WAITING = """
 import os, time
 with open(os.path.join({out!r}, f"pid{os.environ['LOCAL_RANK']}"), "w") as f:
@@ -345,9 +354,7 @@ def test_npurun_watcher_follows_a_busy_loop(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(WAITING.replace("{out!r}", repr(str(tmp_path)))))
     with LeakCheck() as lc:
-        for k in ("NPUSIM_SCHED_BATCH", "NPUSIM_BIND", "NPUSIM_SCHED_WATCH"):
-            lc.env.pop(k, None)
-        lc.env["NPUSIM_SCHED_WATCH_CORES"] = "0.3"
+        _watched(lc.env, "0.3")
         proc = start_npurun("--nproc-per-node", "4", str(script), env=lc.env, cwd=str(tmp_path))
         hog = None
         try:
@@ -391,10 +398,7 @@ def test_npurun_watcher_places_ranks_while_under_its_threshold(tmp_path, fork):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(WAITING.replace("{out!r}", repr(str(tmp_path)))))
     with LeakCheck() as lc:
-        for k in ("NPUSIM_SCHED_BATCH", "NPUSIM_BIND", "NPUSIM_SCHED_WATCH"):
-            lc.env.pop(k, None)
-        lc.env["NPUSIM_SCHED_WATCH_CORES"] = "1000"
-        lc.env["NPUSIM_FORKSERVER"] = fork
+        _watched(lc.env, "1000", fork)
         proc = start_npurun("--nproc-per-node", "4", str(script), env=lc.env, cwd=str(tmp_path))
         try:
             files = [tmp_path / f"pid{r}" for r in range(4)]
@@ -475,10 +479,7 @@ def test_crowded_ranks_on_a_quiet_machine_start_in_batch_on_their_cores(tmp_path
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(FIRST.replace("{out!r}", repr(str(tmp_path)))))
     with LeakCheck() as lc:
-        for k in ("NPUSIM_SCHED_BATCH", "NPUSIM_BIND", "NPUSIM_SCHED_WATCH"):
-            lc.env.pop(k, None)
-        lc.env["NPUSIM_SCHED_WATCH_CORES"] = "1000"
-        lc.env["NPUSIM_FORKSERVER"] = fork
+        _watched(lc.env, "1000", fork)
         res = run_npurun("--nproc-per-node", "4", str(script), env=lc.env, cwd=str(tmp_path),
                          timeout=150)
     assert res.returncode == 0, res.stderr[-3000:]
