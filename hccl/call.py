@@ -159,12 +159,7 @@ class Call(executor.Context):
         (it is complete: no task, the stream's worker is never woken), else the task that goes
         on from where it stopped; a failure is raised by that task, as when the task meets it
         (the stream's sticky error, with the same fields)."""
-        comm = self.comm
-        if self.peer is None:
-            with comm._lock:                # self._next_seq(), inline: every small eager call
-                comm._seq = seq = comm._seq + 1
-        else:
-            seq = self._next_seq()
+        comm, seq = self.comm, self._next_seq()
         timeout = comm.exec_timeout
         if timeout is None:
             timeout = comm._env_timeout

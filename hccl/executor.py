@@ -81,15 +81,8 @@ class _Pending:
     def busy(self, lo: int, hi: int) -> bool:
         """Drop the sends delivered; whether one still pending reads any byte of [lo, hi)
         (``settle`` would wait for it). Never waits."""
-        keep = []
-        for item in self.items:
-            if not item[2].done():
-                keep.append(item)
-        self.items = keep
-        for item in keep:
-            if item[0] < hi and lo < item[1]:
-                return True
-        return False
+        self.items = keep = [item for item in self.items if not item[2].done()]
+        return any(item[0] < hi and lo < item[1] for item in keep)
 
     def drain(self) -> None:
         items, self.items = self.items, []

@@ -73,8 +73,7 @@ class FlightRecorder:
         if done:
             r.state, r.t_started, r.t_completed = "completed", now, now
         else:
-            r.state, r.t_started = "enqueued", None
-            r.t_completed = None
+            r.state, r.t_started, r.t_completed = "enqueued", None, None
         r.waiting_for = r.waiting_since = r.error = r.error_type = r.wait_peer = None
         r.wait_max, r.wait_send, r.wait_end, r.wait_to = 0.0, False, 0.0, None
         with self._lock:

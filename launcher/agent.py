@@ -349,9 +349,10 @@ class Agent:
         if self._signal:            # Ctrl-C while the fork server started: no rank to start
             return
         if self._schedwatch is not None:    # crowded ranks start in the watcher's state
-            w = self._schedwatch
-            if w.first([server.pid] if server is not None else []) if self.attempt == 0 \
-                    else w.quiet:
+            watcher = self._schedwatch
+            quiet = watcher.first([server.pid] if server is not None else []) \
+                if self.attempt == 0 else watcher.quiet
+            if quiet:
                 batch, bind = batch or policy.watch_batch, bind or policy.watch_bind
         with sched.spawning(batch):   # Linux children inherit class and affinity (runtime/sched.py)
             # all forks first, then the interpreters start in parallel; with a fork server,

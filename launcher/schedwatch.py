@@ -27,9 +27,9 @@ the older, shared-machine figures). No fixed choice wins both, so npurun watches
   counted as the job's) and forks them in SCHED_BATCH on their cores when it is below half the
   threshold, else in the default class, unbound (``Watcher.first``). A short job on a quiet
   machine so runs quiet from its first call: with the first decision left to the samples, a
-  world-4 job spent its first 0.6-0.8 s in the default class (``QUIET_SAMPLES`` samples after
-  the one its ranks' start voids) (Broadcast of 64 KiB at world 4:
-  2.0x the time of 8d596b4, which started its ranks in SCHED_BATCH).
+  world-4 job spent its first 0.6-0.8 s in the default class: ``QUIET_SAMPLES`` samples after
+  the one its ranks' start voids. Broadcast of 64 KiB at world 4 then took 2.0x the time of
+  8d596b4, which started its ranks in SCHED_BATCH.
 - npurun moves only its ranks' threads (its children: Linux lets a process of the same user set
   both), every tid in /proc/PID/task, and only a thread in the state npurun gave it: a thread
   whose class or cores changed since (by the user's code) keeps them. At a switch every such
@@ -246,11 +246,9 @@ class Watcher:
         return self.quiet
 
     def _start(self) -> None:
-        if not self._thread.is_alive() and not self._stop.is_set():
-            try:
-                self._thread.start()
-            except RuntimeError:        # started by another caller meanwhile
-                pass
+        """Start the sampling thread, once (``first`` or, on a later attempt, ``follow``)."""
+        if self._thread.ident is None and not self._stop.is_set():
+            self._thread.start()
 
     def follow(self, ranks: Iterable[tuple[int, int]], helpers: Iterable[int] = ()) -> None:
         """Watch these ranks, ``(local_rank, pid)`` each (a new attempt's), counting ``helpers``

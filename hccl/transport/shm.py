@@ -43,8 +43,8 @@ sleep that ends with the bell unmoved, up to ``SLICE_MAX``: a long wait wakes a 
 second, not a hundred (at world 256 on two cores, 255 ranks waking every 10 ms to find nothing
 used more CPU than the machine has: 13 ms of CPU per waiting rank per second, under 3 with
 this). The wake keeps the GIL: it never blocks. A full ring or a payload larger than a
-slot is refused (``post`` returns False): the caller sends it another way, so a send never
-blocks.
+slot is refused (``post`` returns False): the caller decides (``local.LocalPair`` waits a
+bounded time for a slot, ``wait_room``, then sends it another way).
 
 A waiter reads the bell, looks for what it waits for, and if it is not there spins on the bell
 for ``spin`` seconds, yielding the core at every turn (``sched_yield``, ~1 us here when nothing
