@@ -54,6 +54,7 @@ MAX_MESSAGE = 256 << 20   # > HCCL_BUFFSIZE's default 200 MB; libzmq drops large
 ACK_STEP = 1 << 31        # an acknowledgement's step: the notice's | ACK_STEP (wire: u32)
 _RANK_TAG = b"R"
 _MAX_REASON = 4000
+_RELEASE_AFTER_CLOSE = 5.0   # s: a closed transport's dropped sends are released within this
 
 
 class _TrackedHandle(SendHandle):
@@ -69,8 +70,18 @@ class _TrackedHandle(SendHandle):
     def wait(self, timeout: float | None = None) -> None:
         if not self._tracker.done:
             tracker = self._tracker
-            self._t.wait_for(lambda: True if tracker.done else None, self._comm, self._peer,
-                             timeout, sleep=self._sleep)
+            try:
+                self._t.wait_for(lambda: True if tracker.done else None, self._comm, self._peer,
+                                 timeout, sleep=self._sleep)
+            except TransportClosed:
+                # Closing drops what a peer never took: libzmq frees the buffer as the context
+                # ends, and pyzmq marks the tracker done a moment later on its own thread. The
+                # buffer is then free; only a tracker still busy after that says otherwise.
+                try:
+                    tracker.wait(_RELEASE_AFTER_CLOSE if timeout is None else timeout)
+                except zmq.NotDone:
+                    raise TransportClosed(f"rank {self._t.rank}: transport closed while "
+                                          f"libzmq still held a send to rank {self._peer}") from None
 
     def _sleep(self, seen: int, seconds: float) -> None:
         try:
