@@ -77,7 +77,7 @@ class Call(executor.Context):
 
     __slots__ = ("comm", "op", "stream", "plan", "cid", "fp", "wire_fp", "count", "dtype",
                  "redop", "root", "peer", "inplace", "knobs", "name", "names", "marks", "refs",
-                 "program", "timeout_by_comm", "rec", "on_wait", "nbytes", "inline", "begins",
+                 "program", "timeout_by_comm", "rec", "proto", "on_wait", "nbytes", "inline", "begins",
                  "__weakref__")
 
     def __init__(self, comm, op: OpType, bufs: dict, count: int, dtype, redop, root, peer,
@@ -96,7 +96,7 @@ class Call(executor.Context):
         self.marks = allocation_marks(objs)
         self.refs = tuple(None if type(b) is DevicePtr else weakref.ref(b) for b in objs)
         self.timeout_by_comm = False
-        self.rec = None
+        self.rec = self.proto = None        # proto: its records' shared fields, at first need
         self.on_wait = self._waiting
         self.program = self._bind(objs)
         # whether an idle stream's issue begins at the call: a small call runs there as far as
@@ -171,8 +171,11 @@ class Call(executor.Context):
         except executor.StepFailed as f:
             ahead = f
         if ahead is None:           # ran whole, here: nothing of it can hang, one record
-            self.rec = recorder.add(comm, seq, self.plan.names, self.stream.name, site,
-                                    self.peer, self.nbytes, True)
+            proto = self.proto
+            if proto is None:
+                proto = self.proto = recorder.proto(comm, self.plan.names, self.stream.name,
+                                                    self.peer, self.nbytes)
+            self.rec = recorder.done(proto, seq, site)
             return None
         # goes on in a task (or failed): the record a hang report finds, started now
         rec = self._record(seq, site)

@@ -28,7 +28,48 @@ class Record:
                  "wait_max", "wait_send", "wait_end", "wait_to")
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__slots__}
+        return {k: getattr(self, k) for k in _FIELDS}
+
+
+_FIELDS = Record.__slots__
+
+
+class Proto:
+    """The fields a Call's records share (communicator, operation, stream, peer, size): made
+    once per Call (``FlightRecorder.proto``) for the records of its calls that run whole at
+    their issue (``FlightRecorder.done``)."""
+
+    __slots__ = ("comm", "comm_id", "rank", "members", "op", "count", "dtype", "redop", "root",
+                 "peer", "stream", "nbytes", "key")
+
+
+class Done:
+    """The record of a call that ran whole at its issue, in the calling thread, without waiting
+    (``hccl.call.Call.begin``): enqueued, started and completed at once. It holds what differs
+    from call to call (seq, site, time) and reads the rest from its ``Proto``; nothing updates
+    it (such a call never waits, fails or runs on), and it reads like a ``Record``."""
+
+    __slots__ = ("proto", "seq", "site", "t_enqueued")
+    state = "completed"
+    waiting_for = waiting_since = error = error_type = wait_peer = wait_to = None
+    wait_max = wait_end = 0.0
+    wait_send = False
+
+    def __init__(self, proto: Proto, seq: int, site: str, now: float):
+        self.proto, self.seq, self.site, self.t_enqueued = proto, seq, site, now
+
+    @property
+    def t_started(self) -> float:
+        return self.t_enqueued
+
+    t_completed = t_started
+
+    def __getattr__(self, name: str):
+        if name == "proto":         # unpickled or half made: no proto to read from
+            raise AttributeError(name)
+        return getattr(self.proto, name)
+
+    to_dict = Record.to_dict
 
 
 class FlightRecorder:
@@ -57,29 +98,58 @@ class FlightRecorder:
         """A new record, in state "enqueued"; ``names`` is ``names(fp)`` when already known."""
         return self.add(comm, seq, names or self.names(fp), stream, site, peer, nbytes, False)
 
+    @staticmethod
+    def proto(comm, names: tuple, stream: str, peer, nbytes: int) -> Proto:
+        """The fields the records of one Call share (``names``: ``names(fp)``), for ``done``."""
+        p = Proto()
+        p.comm, p.comm_id, p.rank, p.members = comm.name, comm.comm_id, comm.rank, comm.ranks
+        p.op, p.count, p.dtype, p.redop, p.root = names
+        p.peer, p.stream, p.nbytes = peer, stream, nbytes
+        p.key = (comm.comm_id, comm.rank)
+        return p
+
+    def done(self, proto: Proto, seq: int, site: str) -> Done:
+        """The record of a call that ran whole at its issue (``Done``): one object of four
+        fields and one lock, where a Record has 27 fields and its updates take three."""
+        r = Done(proto, seq, site, time.time())
+        with self._lock:
+            self._records.append(r)
+            if proto.peer is None:
+                progress = self.progress
+                p = progress.get(proto.key)
+                if p is None:
+                    if len(progress) >= PROGRESS_BOUND:
+                        progress.popitem(last=False)
+                    p = progress[proto.key] = [seq, seq, proto.comm]
+                else:
+                    progress.move_to_end(proto.key)
+                    p[0] = seq
+                    if seq > p[1]:
+                        p[1] = seq
+        return r
+
     def add(self, comm, seq: int, names: tuple, stream: str, site: str, peer, nbytes: int,
-            done: bool) -> Record:
+            done: bool) -> Record | Done:
         """A new record (``names``: ``names(fp)``), enqueued, or with ``done`` that of a call
         that ran whole at its issue, in the calling thread, without waiting
-        (``hccl.call.Call.begin``): enqueued, started and completed at once, one lock taken
-        instead of three. Such a call can hang nowhere, so it needs no record while it runs;
-        its communicator's progress counts it enqueued and completed together."""
+        (``hccl.call.Call.begin``): enqueued, started and completed at once (``done``; a
+        Call that issues many keeps its ``proto`` and calls ``done`` itself). Such a call can
+        hang nowhere, so it needs no record while it runs; its communicator's progress counts
+        it enqueued and completed together."""
+        if done:
+            return self.done(self.proto(comm, names, stream, peer, nbytes), seq, site)
         r = Record()
         r.comm, r.comm_id, r.rank, r.seq = comm.name, comm.comm_id, comm.rank, seq
         r.members = comm.ranks          # the comm's own list: it never changes
         r.op, r.count, r.dtype, r.redop, r.root = names
         r.peer, r.stream, r.site, r.nbytes = peer, stream, site, nbytes
-        r.t_enqueued = now = time.time()
-        if done:
-            r.state, r.t_started, r.t_completed = "completed", now, now
-        else:
-            r.state, r.t_started, r.t_completed = "enqueued", None, None
+        r.t_enqueued = time.time()
+        r.state, r.t_started, r.t_completed = "enqueued", None, None
         r.waiting_for = r.waiting_since = r.error = r.error_type = r.wait_peer = None
         r.wait_max, r.wait_send, r.wait_end, r.wait_to = 0.0, False, 0.0, None
         with self._lock:
             self._records.append(r)
-            if not done:
-                self._inflight[id(r)] = r
+            self._inflight[id(r)] = r
             if peer is None:
                 key, progress = (comm.comm_id, comm.rank), self.progress
                 p = progress.get(key)
@@ -90,8 +160,6 @@ class FlightRecorder:
                 else:
                     progress.move_to_end(key)
                 p[0] = seq
-                if done and seq > p[1]:
-                    p[1] = seq
         return r
 
     def start(self, r: Record) -> None:
