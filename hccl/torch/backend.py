@@ -122,6 +122,15 @@ class HcclProcessGroup(dist.ProcessGroup):
     def setGroupDesc(self, desc: str) -> None:
         self._group_desc = desc
 
+    # torch >= 2.14's batch_isend_irecv asks every ProcessGroup, subclasses included, for its
+    # backend on the tensors' device, and a group that is its own backend has none registered
+    # (torch 2.13 asked only the base class). This group serves cpu and npu itself.
+    def _get_backend(self, device):
+        kind = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
+        if kind in ("cpu", "npu"):
+            return self
+        raise RuntimeError(f"No backend type associated with device type {kind}")
+
     def __repr__(self):
         return f"<HcclProcessGroup {self.comm.name} rank {self.rank()}/{self.size()}>"
 

@@ -9,8 +9,8 @@ of npusim device memory (ops.py), and the kernels that own storage or cross devi
 Needs torch's Python route to a PrivateUse1 backend (``torch._C._acc``,
 ``torch.utils.backend_registration._setup_privateuseone_for_python_backend``) and DLPack's
 kDLExtDev mapping to it; ``register`` checks for the route and raises ImportError naming the
-installed version without it. Tested on torch 2.13.0 only (what CI pins); older releases that
-have the route are not verified.
+installed version without it. The route appeared in torch 2.10.0; the torch tests pass on
+2.10.0, 2.13.0 (what CI pins) and 2.14.1 (docs/torch.md, "Which torch").
 """
 from __future__ import annotations
 
@@ -28,13 +28,13 @@ def register(module=None) -> None:
         return
     import torch
     from torch.utils import backend_registration as br
-    try:            # torch's Python route to a PrivateUse1 backend (torch 2.13's private names)
+    try:            # torch's Python route to a PrivateUse1 backend (torch >= 2.10's private names)
         torch._C._acc, br._setup_privateuseone_for_python_backend  # noqa: B018
     except AttributeError:
         raise ImportError(
             "npusim's npu device needs torch's Python route to a PrivateUse1 backend "
-            f"(torch._C._acc), which torch {torch.__version__} lacks; it is tested on torch "
-            "2.13: pip install 'torch==2.13.0' --index-url https://download.pytorch.org/whl/cpu") from None
+            f"(torch._C._acc), which torch {torch.__version__} lacks (it came in torch 2.10; CI "
+            "tests 2.13): pip install 'torch==2.13.0' --index-url https://download.pytorch.org/whl/cpu") from None
     name = torch._C._get_privateuse1_backend_name()
     if name not in ("privateuseone", "npu"):
         raise RuntimeError(f"torch's PrivateUse1 backend is already '{name}': npusim's npu device "

@@ -162,6 +162,13 @@ def pin_memory(self, device=None):
     return self.clone(memory_format=torch.contiguous_format)
 
 
+def _cuda_device_present() -> bool:
+    """True when this torch is a CUDA build and sees a GPU. PyPI's default x86_64 wheel is a
+    CUDA build: on a machine without a GPU its pinned-memory kernel cannot serve the npu
+    device either, so npusim's kernels above take its place there as on the CPU build."""
+    return torch.backends.cuda.is_built() and torch._C._cuda_getDeviceCount() > 0
+
+
 def register() -> None:
     """Register the fallback and the kernels above for the PrivateUse1 key (once)."""
     global _lib, _aten
@@ -198,7 +205,7 @@ def register() -> None:
         if isinstance(op, torch._ops.OpOverloadPacket):
             op = op.default
         _aten.impl(name, functools.partial(fallback, op), "PrivateUse1")
-    if not torch.backends.cuda.is_built():     # a CUDA build keeps its own pinned memory
+    if not _cuda_device_present():     # with a GPU, torch's CUDA pinned memory stays
         _aten.impl("is_pinned", is_pinned, "CPU")
         _aten.impl("_pin_memory", pin_memory, "CPU")
     from . import attention, autocast, serialization

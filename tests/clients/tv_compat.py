@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 _SCHEMAS = ("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
             "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
@@ -40,6 +41,15 @@ def prepare() -> str | None:
         return "ops"
     except (OSError, RuntimeError):
         pass
+    # a CUDA build of torchvision beside a CUDA torch (PyPI's default on x86_64) loads its _C.so
+    # only from its own import, which finds the libraries it links: defining the schemas first
+    # would make that load abort the process on a duplicate definition
+    try:
+        import torchvision  # noqa: F401
+        return "ops"
+    except Exception:  # noqa: BLE001 - the schemas below are the remedy for any failure here
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
     lib = torch.library.Library("torchvision", "DEF")
     for schema in _SCHEMAS:
         lib.define(schema)
