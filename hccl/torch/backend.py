@@ -122,9 +122,17 @@ class HcclProcessGroup(dist.ProcessGroup):
     def setGroupDesc(self, desc: str) -> None:
         self._group_desc = desc
 
-    # torch >= 2.14's batch_isend_irecv asks every ProcessGroup, subclasses included, for its
-    # backend on the tensors' device, and a group that is its own backend has none registered
-    # (torch 2.13 asked only the base class). This group serves cpu and npu itself.
+    # The group is its own backend for cpu and npu: torch asks a group for its backend on a
+    # device (``_get_backend``) and reads the backend's capabilities, in batch_isend_irecv
+    # (torch >= 2.14 asks subclasses too), in init_process_group(device_id=...) and new_group
+    # (splitting), and for FSDP2's buffers. This group splits, coalesces, estimates and
+    # allocates nothing itself: torch then takes its plain paths.
+    supports_splitting = supports_coalescing = supports_time_estimate = False
+    supports_shrinking = False
+
+    def supports_tensor_alloc(self, device) -> bool:
+        return False
+
     def _get_backend(self, device):
         kind = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
         if kind in ("cpu", "npu"):

@@ -61,3 +61,13 @@ def test_repeated_calls_bind_once_and_allocate_nothing(two_ranks):
         assert r["mixed"] == (f"InvalidArgumentError: allgather: tensors are on ['npu:{rank}', "
                               "'npu:7']; one collective takes tensors of one device (move them "
                               "with .to())")
+
+
+@pytest.mark.timeout(180)
+def test_device_id_subgroups_and_batched_p2p():
+    with LeakCheck() as lc:
+        results = launcher.spawn(torch_npu_cases.device_id_and_batched_p2p, 2,
+                                 env={MARKER: lc.tag}, timeout=150)
+    for rank, r in enumerate(results):
+        assert r["all_reduce"] == [3.0] * 3 and r["subgroup"] == [6.0] * 3
+        assert r["batch_p2p_npu"] == r["batch_p2p_cpu"] == [10.0 * (1 - rank)] * 2

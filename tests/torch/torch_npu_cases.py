@@ -118,3 +118,35 @@ def npu_collectives(rank: int) -> dict:
     dist.barrier()
     dist.destroy_process_group()
     return out
+
+
+def device_id_and_batched_p2p(rank: int) -> dict:
+    """init_process_group(device_id=npu:N), as torch_npu scripts write it for eager init, then
+    a subgroup and batch_isend_irecv on npu and CPU tensors (torch asks the group for its
+    backend on the device in each: hccl/torch/backend.py, ``_get_backend``)."""
+    import torch
+    import torch.distributed as dist
+    import torch_npu  # noqa: F401
+
+    import hccl.torch_backend  # noqa: F401
+
+    torch.npu.set_device(rank)
+    dist.init_process_group("hccl", device_id=torch.device(f"npu:{rank}"))
+    world = dist.get_world_size()
+    out: dict = {}
+    x = torch.full((3,), float(rank + 1), device="npu")
+    dist.all_reduce(x)
+    out["all_reduce"] = x.tolist()
+    sub = dist.new_group(list(range(world)))
+    dist.all_reduce(x, group=sub)
+    out["subgroup"] = x.tolist()
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    for dev in ("npu", "cpu"):
+        got = torch.zeros(2, device=dev)
+        ops = [dist.P2POp(dist.irecv, got, prv),
+               dist.P2POp(dist.isend, torch.full((2,), 10.0 * rank, device=dev), nxt)]
+        for r in dist.batch_isend_irecv(ops):
+            r.wait()
+        out[f"batch_p2p_{dev}"] = got.tolist()
+    dist.destroy_process_group()
+    return out
