@@ -429,6 +429,12 @@ class Stream:
         src, value = point
         if src is self:
             return  # already ordered by the stream itself
+        if src._done >= value and src._error is None:
+            # reached, with nothing pending to pass on (``_block_until``): the wait would be a
+            # no-op task, and would keep an idle stream from running its next call at once
+            if sanitizer.on:
+                sanitizer.stream_waits_event(self, event)
+            return
         self.enqueue(lambda: src._block_until(value), name="wait_event", category="event",
                       site=callsite(2))
         if sanitizer.on:

@@ -78,6 +78,41 @@ def test_never_recorded_event_is_complete(device):
     s.synchronize(timeout=1)
 
 
+def test_a_wait_on_a_reached_event_enqueues_nothing(device):
+    """As on an NPU, waiting for work that has finished costs the waiter nothing: no task, so
+    an idle stream stays idle (and its next collective may run at its issue)."""
+    a, b = runtime.Stream(), runtime.Stream()
+    runtime.launch(lambda: None, stream=a)
+    ev = a.record_event()
+    ev.synchronize()
+    before = b.issued
+    b.wait_event(ev)
+    assert b.issued == before and b.query()
+    gate = threading.Event()            # not reached yet: the wait is a task again
+    runtime.launch(gate.wait, 5, stream=a)
+    b.wait_event(a.record_event())
+    assert b.issued == before + 1
+    gate.set()
+    b.synchronize()
+
+
+def test_a_wait_on_a_reached_event_of_a_failed_stream_still_fails(device):
+    """Reached, but with a failure no synchronize has raised: the waiter's later work depends
+    on it, so the wait stays a task and fails it (the failure is passed on, not skipped)."""
+    comm, compute = runtime.Stream(), runtime.Stream()
+    runtime.launch(lambda: 1 / 0, stream=comm, name="reduce")
+    ev = comm.record_event()
+    _wait_for(comm.query, "the failing task to finish")
+    ran = []
+    compute.wait_event(ev)
+    runtime.launch(ran.append, 1, stream=compute)
+    with pytest.raises(errors.TaskError, match="wait_event") as ei:
+        compute.synchronize()
+    assert isinstance(ei.value.__cause__, ZeroDivisionError) and ran == []
+    with pytest.raises(errors.TaskError, match="reduce"):
+        comm.synchronize()
+
+
 def test_task_error_is_sticky_skips_and_raises_once(device):
     s = runtime.Stream()
     ran = []
