@@ -299,8 +299,9 @@ def test_modelzoo_shufflenetv2_torch_npu_script(tmp_path):
 def test_modelzoo_shufflenetv2_world_3(tmp_path):
     """At world 3 the npu run is bitwise the same file on CPU tensors with npusim's hccl (under
     npurun); gloo's ring adds three ranks' gradients in another order than hccl's
-    (x0 + x1) + x2 (docs/torch.md), so vs CPU + gloo the losses agree bitwise until the
-    second step's all-reduce reaches them (steps 1 and 2 of 3)."""
+    (x0 + x1) + x2 (docs/torch.md), so vs CPU + gloo the first loss (before any all-reduce)
+    agrees bitwise and the second, after one all-reduce of the gradients, to the last bits
+    (equal in one environment, 1 ulp apart in another: tests/clients/SOURCES.md)."""
     _needs("shufflenetv2-npu")
     runs = {}
     with LeakCheck() as lc:
@@ -315,5 +316,6 @@ def test_modelzoo_shufflenetv2_world_3(tmp_path):
     assert not diffs, "npu run differs from CPU + hccl:\n" + "\n".join(diffs[:30])
     for r, g in zip(records, runs["ref"].records[0]):
         assert g["where"]["backend"] == "gloo"
-        for a, b in zip(r["losses"][:2], g["losses"][:2]):
-            assert run_clients._bits(a) == run_clients._bits(b)
+        assert run_clients._bits(r["losses"][0]) == run_clients._bits(g["losses"][0])
+        assert math.isclose(r["losses"][1], g["losses"][1], rel_tol=1e-6), \
+            (r["losses"][1], g["losses"][1])
