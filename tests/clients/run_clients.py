@@ -266,13 +266,32 @@ def run(name: str, mode: str, world: int, work: str, env: dict | None = None,
                            timeout=timeout)
         seconds.append(time.perf_counter() - t0)
         outputs.append((p.stdout, p.stderr))
-        if p.returncode != 0:
+        if p.returncode != 0 and not gloo_exit_abort(mode, p.stderr, out, world):
             raise RuntimeError(f"{name} ({mode}, world {world}, run {i}: {' '.join(args)}) "
                                f"exited {p.returncode}\n--- stdout\n{p.stdout[-4000:]}\n"
                                f"--- stderr\n{p.stderr[-6000:]}")
         records.append([torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False)
                         for r in range(world)])
     return ClientRun(name, mode, world, records, seconds, outputs)
+
+
+GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
+def gloo_exit_abort(mode: str, stderr: str, out: str, world: int) -> bool:
+    """Whether a failed run is torch's gloo aborting a rank at interpreter exit after the
+    script finished: torch 2.13's gloo does so now and then (SIGABRT, "terminate called
+    without an active exception", after ``destroy_process_group``; 2 of about 13 reference
+    runs of ddp-example on 2026-12-04). The reference run is torch's code, not npusim's, so
+    such a run counts when every rank wrote its record (client_runner writes it after the
+    script returned), with a warning; an npu or ref-hccl run never does."""
+    if mode != "ref" or GLOO_EXIT_ABORT not in stderr or \
+            not all(os.path.exists(os.path.join(out, f"rank{r}.pt")) for r in range(world)):
+        return False
+    print(f"run_clients: the CPU + gloo reference aborted at exit after every rank's record "
+          f"was written ({GLOO_EXIT_ABORT!r}, torch's gloo): its records are used",
+          file=sys.stderr)
+    return True
 
 
 def _bits(t) -> bytes:

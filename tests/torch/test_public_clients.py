@@ -115,6 +115,18 @@ def test_npu_variant_differs_by_the_one_line(name):
     assert edited[i + 2:] == original[i + 1:]
 
 
+def test_only_a_finished_gloo_reference_passes_a_gloo_exit_abort(tmp_path, capsys):
+    abort = "...\nterminate called without an active exception\n"
+    for r in range(2):
+        (tmp_path / f"rank{r}.pt").write_bytes(b"")
+    assert run_clients.gloo_exit_abort("ref", abort, str(tmp_path), 2)
+    assert "aborted at exit" in capsys.readouterr().err
+    assert not run_clients.gloo_exit_abort("npu", abort, str(tmp_path), 2)
+    assert not run_clients.gloo_exit_abort("ref-hccl", abort, str(tmp_path), 2)
+    assert not run_clients.gloo_exit_abort("ref", "Traceback ...", str(tmp_path), 2)
+    assert not run_clients.gloo_exit_abort("ref", abort, str(tmp_path), 3)    # rank 2 missing
+
+
 def test_npu_variant_needs_an_import_torch_line():
     with pytest.raises(ValueError, match="no 'import torch' line"):
         run_clients.npu_variant("import numpy\n")
