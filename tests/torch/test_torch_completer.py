@@ -1,0 +1,92 @@
+"""The hccl torch backend's Completer (hccl/torch/work.py): a Work whose end event is reached
+at its submit completes at once, in the submitting thread; one submitted behind a Work still
+queued waits its turn, so Works complete in call order; an error sticks to the later Works."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+pytest.importorskip("torch.distributed", reason="torch is not installed: pip install torch "
+                    "--index-url https://download.pytorch.org/whl/cpu (docs/torch.md)")
+
+from hccl.torch.work import Completer  # noqa: E402
+
+
+class _Event:
+    """An end event the test reaches by hand (``reach``), or that fails at its wait."""
+
+    def __init__(self, reached=True, error=None):
+        self._reached = threading.Event()
+        if reached:
+            self._reached.set()
+        self.error = error
+
+    def reach(self):
+        self._reached.set()
+
+    def query(self):
+        return self._reached.is_set()
+
+    def synchronize(self):
+        assert self._reached.wait(10), "the test never reached this event"
+        if self.error is not None:
+            raise self.error
+
+
+class _Work:
+    def __init__(self, name, log):
+        self.name, self.log, self.error = name, log, "pending"
+        self.thread = None
+        self.done = threading.Event()
+
+    def complete(self, error):
+        self.error, self.thread = error, threading.current_thread()
+        self.log.append(self.name)
+        self.done.set()
+
+
+@pytest.mark.timeout(30)
+def test_a_reached_work_completes_at_its_submit_in_the_caller():
+    c, log, cleaned = Completer("t"), [], []
+    try:
+        w = _Work("a", log)
+        c.submit(w, _Event(), lambda: log.append("finish a"), lambda: cleaned.append("a"))
+        assert log == ["finish a", "a"] and cleaned == ["a"]
+        assert w.error is None and w.thread is threading.current_thread()
+    finally:
+        c.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_reached_work_behind_a_queued_one_completes_after_it_on_the_thread():
+    c, log = Completer("t"), []
+    try:
+        first, second = _Work("first", log), _Work("second", log)
+        gate = _Event(reached=False)
+        c.submit(first, gate, lambda: None, lambda: None)          # queued: not reached
+        c.submit(second, _Event(), lambda: None, lambda: None)      # reached, but behind it
+        assert log == [] and not second.done.is_set()
+        gate.reach()
+        assert second.done.wait(10)
+        assert log == ["first", "second"]
+        assert first.thread is second.thread is not threading.current_thread()
+        third = _Work("third", log)                                 # the queue emptied
+        c.submit(third, _Event(), lambda: None, lambda: None)
+        assert log[-1] == "third" and third.thread is threading.current_thread()
+    finally:
+        c.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_failure_at_the_submit_sticks_to_the_later_works():
+    c, log = Completer("t"), []
+    try:
+        boom = RuntimeError("stream failed")
+        a, b = _Work("a", log), _Work("b", log)
+        c.submit(a, _Event(error=boom), lambda: log.append("finish a"), lambda: None)
+        c.submit(b, _Event(), lambda: log.append("finish b"), lambda: None)
+        assert a.error is boom and b.error is boom        # b's results are not reported
+        assert log == ["a", "b"]                          # and nothing was copied back
+    finally:
+        c.close()
