@@ -429,14 +429,11 @@ class Stream:
         src, value = point
         if src is self:
             return  # already ordered by the stream itself
-        if src._done >= value and src._error is None:
-            # reached, with nothing pending to pass on (``_block_until``): the wait would be a
-            # no-op task, and would keep an idle stream from running its next call at once
-            if sanitizer.on:
-                sanitizer.stream_waits_event(self, event)
-            return
-        self.enqueue(lambda: src._block_until(value), name="wait_event", category="event",
-                      site=callsite(2))
+        # an event reached with no failure to pass on (``_block_until``) needs no task: it would
+        # be a no-op, and would keep an idle stream from running its next call at once
+        if src._done < value or src._error is not None:
+            self.enqueue(lambda: src._block_until(value), name="wait_event", category="event",
+                         site=callsite(2))
         if sanitizer.on:
             sanitizer.stream_waits_event(self, event)
 

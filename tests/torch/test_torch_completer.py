@@ -46,47 +46,45 @@ class _Work:
         self.done.set()
 
 
-@pytest.mark.timeout(30)
-def test_a_reached_work_completes_at_its_submit_in_the_caller():
-    c, log, cleaned = Completer("t"), [], []
-    try:
-        w = _Work("a", log)
-        c.submit(w, _Event(), lambda: log.append("finish a"), lambda: cleaned.append("a"))
-        assert log == ["finish a", "a"] and cleaned == ["a"]
-        assert w.error is None and w.thread is threading.current_thread()
-    finally:
-        c.close()
+@pytest.fixture
+def c():
+    completer = Completer("t")
+    yield completer
+    completer.close()
 
 
 @pytest.mark.timeout(30)
-def test_a_reached_work_behind_a_queued_one_completes_after_it_on_the_thread():
-    c, log = Completer("t"), []
-    try:
-        first, second = _Work("first", log), _Work("second", log)
-        gate = _Event(reached=False)
-        c.submit(first, gate, lambda: None, lambda: None)          # queued: not reached
-        c.submit(second, _Event(), lambda: None, lambda: None)      # reached, but behind it
-        assert log == [] and not second.done.is_set()
-        gate.reach()
-        assert second.done.wait(10)
-        assert log == ["first", "second"]
-        assert first.thread is second.thread is not threading.current_thread()
-        third = _Work("third", log)                                 # the queue emptied
-        c.submit(third, _Event(), lambda: None, lambda: None)
-        assert log[-1] == "third" and third.thread is threading.current_thread()
-    finally:
-        c.close()
+def test_a_reached_work_completes_at_its_submit_in_the_caller(c):
+    log, cleaned = [], []
+    w = _Work("a", log)
+    c.submit(w, _Event(), lambda: log.append("finish a"), lambda: cleaned.append("a"))
+    assert log == ["finish a", "a"] and cleaned == ["a"]
+    assert w.error is None and w.thread is threading.current_thread()
 
 
 @pytest.mark.timeout(30)
-def test_a_failure_at_the_submit_sticks_to_the_later_works():
-    c, log = Completer("t"), []
-    try:
-        boom = RuntimeError("stream failed")
-        a, b = _Work("a", log), _Work("b", log)
-        c.submit(a, _Event(error=boom), lambda: log.append("finish a"), lambda: None)
-        c.submit(b, _Event(), lambda: log.append("finish b"), lambda: None)
-        assert a.error is boom and b.error is boom        # b's results are not reported
-        assert log == ["a", "b"]                          # and nothing was copied back
-    finally:
-        c.close()
+def test_a_reached_work_behind_a_queued_one_completes_after_it_on_the_thread(c):
+    log = []
+    first, second = _Work("first", log), _Work("second", log)
+    gate = _Event(reached=False)
+    c.submit(first, gate, lambda: None, lambda: None)          # queued: not reached
+    c.submit(second, _Event(), lambda: None, lambda: None)      # reached, but behind it
+    assert log == [] and not second.done.is_set()
+    gate.reach()
+    assert second.done.wait(10)
+    assert log == ["first", "second"]
+    assert first.thread is second.thread is not threading.current_thread()
+    third = _Work("third", log)                                 # the queue emptied
+    c.submit(third, _Event(), lambda: None, lambda: None)
+    assert log[-1] == "third" and third.thread is threading.current_thread()
+
+
+@pytest.mark.timeout(30)
+def test_a_failure_at_the_submit_sticks_to_the_later_works(c):
+    log = []
+    boom = RuntimeError("stream failed")
+    a, b = _Work("a", log), _Work("b", log)
+    c.submit(a, _Event(error=boom), lambda: log.append("finish a"), lambda: None)
+    c.submit(b, _Event(), lambda: log.append("finish b"), lambda: None)
+    assert a.error is boom and b.error is boom        # b's results are not reported
+    assert log == ["a", "b"]                          # and nothing was copied back
