@@ -112,7 +112,9 @@ class FlightRecorder:
         """The record of a call that ran whole at its issue (``Done``): one object of four
         fields and one lock, where a Record has 27 fields and its updates take three."""
         r = Done(proto, seq, site, time.time())
-        with self._lock:
+        lock = self._lock
+        lock.acquire()              # not ``with``: half the cost in CPython 3.11, every call
+        try:
             self._records.append(r)
             if proto.peer is None:
                 progress = self.progress
@@ -126,6 +128,8 @@ class FlightRecorder:
                     p[0] = seq
                     if seq > p[1]:
                         p[1] = seq
+        finally:
+            lock.release()
         return r
 
     def add(self, comm, seq: int, names: tuple, stream: str, site: str, peer, nbytes: int,

@@ -223,6 +223,10 @@ class Channel:
         self.peers: dict[int, _Segment] = {}
         self._send_locks = {p: threading.Lock() for p in range(size)}
         self._recv_locks = {p: threading.Lock() for p in range(size)}
+        self._out: dict[int, tuple] = {}        # peer -> its inbox's fields for post (attach)
+        inbox = self.inbox                      # peer -> this inbox's fields for take
+        self._in = {p: (inbox.heads[p], inbox.slot0[p], self._recv_locks[p])
+                    for p in range(size)}
         self._waiters_lock = threading.Lock()
 
     # -- set-up ----------------------------------------------------------------------------
@@ -253,6 +257,9 @@ class Channel:
             del seg
             raise ChannelError(f"rank {self.rank}: {path} does not hold rank {peer}'s rings")
         self.peers[peer] = seg
+        # what ``post`` reads per message, in one lookup: that ring's head index, its slot 0
+        self._out[peer] = (seg, seg.heads[self.rank], seg.slot0[self.rank], seg.slots,
+                           seg.slot_bytes, self._send_locks[peer])
 
     def unlink(self) -> None:
         """Remove this rank's segment name (every peer has mapped it; mappings stay valid)."""
@@ -268,24 +275,30 @@ class Channel:
              payload) -> bool:
         """Put one message into ``peer``'s inbox; False (nothing sent) if it does not fit a
         slot, the ring is full or the inbox is not mapped (``attach`` failed: the peer is gone)."""
-        seg = self.peers.get(peer)
-        n = len(payload)
-        if seg is None or n > seg.slot_bytes - SLOT_HDR_BYTES:
+        out = self._out.get(peer)
+        if out is None:
             return False
-        h = seg.heads[self.rank]
-        with self._send_locks[peer]:
-            head = seg.u64[h]
-            if head - seg.u64[h + 8] >= seg.slots:
+        seg, h, slot0, slots, slot_bytes, lock = out
+        n = len(payload)
+        if n > slot_bytes - SLOT_HDR_BYTES:
+            return False
+        u64 = seg.u64
+        lock.acquire()              # not ``with``: half the cost in CPython 3.11, every message
+        try:
+            head = u64[h]
+            if head - u64[h + 8] >= slots:
                 return False
-            off = seg.slot0[self.rank] + (head % seg.slots) * seg.slot_bytes
+            off = slot0 + (head % slots) * slot_bytes
             SLOT_HDR.pack_into(seg.mm, off, kind, n, comm_id, seq, step, value, *fp)
             if n:
                 seg.buf[off + SLOT_HDR_BYTES:off + SLOT_HDR_BYTES + n] = payload
-            seg.u64[h] = head + 1
+            u64[h] = head + 1
+        finally:
+            lock.release()
         u32 = seg.u32                           # seg.ring(), inline: every message
         u32[0] = (u32[0] + 1) & 0xFFFFFFFF
-        with _FENCE:                            # barrier 2: the bell before the sleeper count
-            pass
+        _FENCE.acquire()                        # barrier 2: the bell before the sleeper count
+        _FENCE.release()
         if u32[1]:
             _futex_wake(seg.bell_addr)
         return True
@@ -326,15 +339,16 @@ class Channel:
         return None if it is empty, False if another message comes first. ``consume`` may
         raise: the message is consumed anyway."""
         seg = self.inbox
-        h = seg.heads[peer]
+        h, slot0, lock = self._in[peer]
         u64 = seg.u64
         if u64[h] == u64[h + 8]:
             return None
-        with self._recv_locks[peer]:
+        lock.acquire()              # not ``with``: half the cost in CPython 3.11, every message
+        try:
             tail = u64[h + 8]
             if tail == u64[h]:
                 return None
-            off = seg.slot0[peer] + (tail % seg.slots) * seg.slot_bytes
+            off = slot0 + (tail % seg.slots) * seg.slot_bytes
             hdr = SLOT_HDR.unpack_from(seg.mm, off)     # kind, n, comm_id, seq, step, value, fp
             n = hdr[1]
             if hdr[4] != step or hdr[3] != seq or hdr[2] != comm_id or hdr[0] != kind \
@@ -345,6 +359,8 @@ class Channel:
                 consume(seg.buf[start:start + n])
             finally:
                 u64[h + 8] = tail + 1
+        finally:
+            lock.release()
         return True
 
     def wait_room(self, peer: int, until: float) -> bool:
