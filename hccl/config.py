@@ -49,7 +49,7 @@ TABLE = Table("hccl", [
         "included (a multiple of 64)", "hccl.transport.process", shown="64 KiB + 128", lo=128,
         check=_slot_bytes),
     Var("NPUSIM_SHM_SPIN_US", "number", None, "microseconds a waiter spins before it sleeps",
-        "hccl.transport.process", shown="200; 0 when ranks outnumber cores", lo=0, hi=1e6),
+        "hccl.transport.process", shown="200; 50 when ranks outnumber cores up to 3 to 1; 0 above", lo=0, hi=1e6),
     Var("HCCL_ALGO", "text", None, "unset: chosen by size and world (allreduce: from 3 ranks star "
         "through rank 0 up to 4 MiB then mesh, at 2 one-shot then ring; allgather from 3 ranks "
         "star up to 64 KiB gathered then mesh; tree broadcast, docs/algorithms.md); `ring`, "
@@ -193,8 +193,9 @@ def shm_slot_bytes() -> int:
 
 
 def shm_spin_us() -> float | None:
-    """NPUSIM_SHM_SPIN_US: microseconds a waiter spins before it sleeps (None: the default, 200,
-    or 0 when the node runs more ranks than this process may use cores)."""
+    """NPUSIM_SHM_SPIN_US: microseconds a waiter spins before it sleeps (None: the default, 200
+    when the node's ranks fit the cores this process may use, 50 when they outnumber them up
+    to 3 to 1, 0 above: hccl.transport.process)."""
     return get("NPUSIM_SHM_SPIN_US")
 
 

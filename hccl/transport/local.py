@@ -138,7 +138,7 @@ class LocalPair(Pair):
         the ring and nothing is held for its call (``base.Transport.expects``); else False
         (``recv_into`` decides by the mailbox rules; see ``base.Pair``). With ``spin`` it
         watches the ring that long for a message (``shm.Channel.watch``: the channel's own
-        spin caps it, 0 on a node with more ranks than cores), never sleeping in the kernel.
+        spin caps it: hccl.transport.process), never sleeping in the kernel.
 
         ``consume`` then runs under this peer's ring lock: it must not wait (the executor
         settles its pending sends before a Recv, so its consumer never does)."""

@@ -62,6 +62,15 @@ from runtime import ipc, sched
 log = logging.getLogger("hccl.transport")
 
 SPIN_US = 200.0           # a waiter's spin when the node's ranks fit its cores
+# ... and when they outnumber the cores at most CROWDED_RANKS_PER_CORE to one. A waiter's spin
+# yields the core at every turn (shm.Channel.wait), so the rank that shares it runs at once;
+# a futex sleep instead costs each hand-off a wake-up, and a small call its trip through the
+# stream's worker (hccl/call.py, INLINE_SPIN is capped by this spin). Measured, 1 KiB
+# all_reduce per call (npurun's default launch policy, idle machine, 2 cores), 0 -> 50 us:
+# world 3 104 -> 36 us, 4 98 -> 44, 5 175 -> 90, 6 185 -> 130; but 7 251 -> 300 and 8
+# 256 -> 308, where each yield goes to one of three or more waiting ranks: 0 there.
+CROWDED_SPIN_US = 50.0
+CROWDED_RANKS_PER_CORE = 3
 
 
 class ProcessTransport(Transport):
@@ -140,14 +149,17 @@ class ProcessTransport(Transport):
             self._segments.setdefault(p, segments[p])
         self._local |= local
         self.sockets.acks_from = self.sockets.acks_from | frozenset(local)
-        crowded = len(self._local) + 1 > sched.cores()
+        ranks, cores = len(self._local) + 1, sched.cores()
         if self.channel is not None:
             spin = config.shm_spin_us()
-            if spin is None:  # more ranks than cores here: a spinning waiter starves its peer
-                # else spin longer than the usual skew between two ranks (100-300 us of Python
-                # per call): a futex sleep costs the sleeper a 50-100 us wake-up (1 KiB, 2
-                # ranks, median: 460-540 us with 20 us of spin, 325-405 us with 100-300 us)
-                spin = 0.0 if crowded else SPIN_US
+            if spin is None:
+                # ranks fit cores: spin longer than the usual skew between two ranks (100-300
+                # us of Python per call): a futex sleep costs the sleeper a 50-100 us wake-up
+                # (1 KiB, 2 ranks, median: 460-540 us with 20 us of spin, 325-405 us with
+                # 100-300 us); a few more ranks than cores: CROWDED_SPIN_US; many more: none,
+                # a spinning waiter would hold back the very ranks it waits for
+                spin = SPIN_US if ranks <= cores else CROWDED_SPIN_US \
+                    if ranks <= CROWDED_RANKS_PER_CORE * cores else 0.0
             self.channel.spin = spin * 1e-6
 
     @property

@@ -51,8 +51,8 @@ for ``spin`` seconds, yielding the core at every turn (``sched_yield``, ~1 us he
 else wants the core): the scheduler sometimes starts both ranks of a pair on one core and leaves
 them there, and a spin that does not yield then holds the core its peer needs (1 KiB all_reduce
 at world 2: 570-600 us instead of 270-305 us, both ranks forced onto one core). With more ranks
-on the node than cores the spin is 0 (it would starve the very rank it waits for; the waiter
-yields once), then it sleeps in FUTEX_WAIT on the bell's old value: any
+on the node than cores the spin is shorter, and 0 with more than three ranks per core (it would
+hold back the ranks it waits for; the waiter yields once; hccl.transport.process), then it sleeps in FUTEX_WAIT on the bell's old value: any
 post or ``ring`` after the read changes the bell, so the kernel refuses to sleep or wakes it.
 
 Nothing in a slot is executable or unpickled: fixed-size integers and raw bytes. A segment is

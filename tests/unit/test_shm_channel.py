@@ -223,14 +223,17 @@ def test_attach_checks_the_name_and_the_segment():
     assert _segments() == []
 
 
-@pytest.mark.parametrize("cores", [1, 64])
-def test_ranks_that_outnumber_cores_sleep_at_once(monkeypatch, cores):
-    # (the scheduling class is npurun's launch policy: runtime.sched, tested in tests/procs)
+@pytest.mark.parametrize("cores, per_core, spin_us", [(64, 3, 200.0), (1, 3, 50.0), (1, 1, 0.0)])
+def test_a_waiters_spin_follows_the_ranks_per_core(monkeypatch, cores, per_core, spin_us):
+    # two ranks: the node's ranks fit its cores (200 us), outnumber them up to per_core to one
+    # (50 us), or more (no spin: the waiter sleeps at once). (The scheduling class is npurun's
+    # launch policy: runtime.sched, tested in tests/procs.)
     monkeypatch.setattr("runtime.sched.cores", lambda: cores)
+    monkeypatch.setattr("hccl.transport.process.CROWDED_RANKS_PER_CORE", per_core)
     monkeypatch.delenv("NPUSIM_SHM_SPIN_US", raising=False)
     a, b = _pair()
     try:
-        assert (a.channel.spin == 0) == (cores == 1) and (b.channel.spin == 0) == (cores == 1)
+        assert a.channel.spin == b.channel.spin == pytest.approx(spin_us * 1e-6)
     finally:
         a.close()
         b.close()
