@@ -40,40 +40,53 @@ def _plain() -> None:
         pass
 
 
-def _rank(r: int, path: str, nbytes: int, swaps: int, out) -> None:
-    _plain()
-    fd = os.open(path, os.O_RDWR)
-    try:
-        mm = mmap.mmap(fd, _FLAGS + 2 * nbytes)
-    finally:
-        os.close(fd)
-    n = max(1, nbytes // 4)
-    flags = np.ndarray((2,), np.int64, mm, 0)
-    halves = [np.ndarray((n,), np.float32, mm, _FLAGS + i * nbytes) for i in range(2)]
-    mine, theirs, peer = halves[r], halves[1 - r], 1 - r
-    own = np.ones(n, np.float32)
-    acc = np.empty(n, np.float32)
-    times, seq = [], 0
-    for _ in range(swaps):
-        seq += 1
-        t0 = time.perf_counter()
-        mine[:] = own
-        flags[r] = seq
-        while flags[peer] < seq:
-            pass
-        np.add(own, theirs, out=acc)
-        times.append(time.perf_counter() - t0)
-        seq += 1                    # the second round: the peer has read my half
-        flags[r] = seq
-        while flags[peer] < seq:
-            pass
-    out.put((r, statistics.median(times[len(times) // 10:]) * 1e6))
-    del flags, halves, mine, theirs
-    mm.close()
+class Swaps:
+    """One rank's side of the swap-and-add through the segment at ``path`` (made by
+    ``create``), in blocks: ``block(n)`` times ``n`` swaps and returns their microseconds. The
+    peer runs as many swaps; the sequence numbers go on across blocks, so a job may interleave
+    blocks with other work (``benchmarks.percall`` does, with its own calls)."""
+
+    def __init__(self, r: int, path: str, nbytes: int):
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self._mm = mmap.mmap(fd, _FLAGS + 2 * nbytes)
+        finally:
+            os.close(fd)
+        n = max(1, nbytes // 4)
+        self._flags = np.ndarray((2,), np.int64, self._mm, 0)
+        halves = [np.ndarray((n,), np.float32, self._mm, _FLAGS + i * nbytes) for i in range(2)]
+        self._mine, self._theirs = halves[r], halves[1 - r]
+        self._r, self._peer, self._seq = r, 1 - r, 0
+        self._own = np.ones(n, np.float32)
+        self._acc = np.empty(n, np.float32)
+
+    def block(self, swaps: int) -> list[float]:
+        flags, r, peer, seq = self._flags, self._r, self._peer, self._seq
+        mine, theirs, own, acc = self._mine, self._theirs, self._own, self._acc
+        perf, times = time.perf_counter, []
+        for _ in range(swaps):
+            seq += 1
+            t0 = perf()
+            mine[:] = own
+            flags[r] = seq
+            while flags[peer] < seq:
+                pass
+            np.add(own, theirs, out=acc)
+            times.append((perf() - t0) * 1e6)
+            seq += 1                    # the second round: the peer has read my half
+            flags[r] = seq
+            while flags[peer] < seq:
+                pass
+        self._seq = seq
+        return times
+
+    def close(self) -> None:
+        del self._flags, self._mine, self._theirs
+        self._mm.close()
 
 
-def measure(nbytes: int = 1024, swaps: int = 20000) -> float:
-    """The slower rank's median microseconds per swap-and-add of ``nbytes``."""
+def create(nbytes: int) -> str:
+    """A fresh segment for two ``Swaps`` of ``nbytes`` each (the caller unlinks it)."""
     if platform.machine() != "x86_64":
         raise SystemExit("benchmarks.floor: its flags rely on x86-64's store order (see the "
                          f"module note); this is {platform.machine()}")
@@ -81,7 +94,23 @@ def measure(nbytes: int = 1024, swaps: int = 20000) -> float:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.ftruncate(fd, _FLAGS + 2 * max(4, nbytes))
+    finally:
         os.close(fd)
+    return path
+
+
+def _rank(r: int, path: str, nbytes: int, swaps: int, out) -> None:
+    _plain()
+    sw = Swaps(r, path, nbytes)
+    times = sw.block(swaps)
+    out.put((r, statistics.median(times[len(times) // 10:])))
+    sw.close()
+
+
+def measure(nbytes: int = 1024, swaps: int = 20000) -> float:
+    """The slower rank's median microseconds per swap-and-add of ``nbytes``."""
+    path = create(nbytes)
+    try:
         ctx = mp.get_context("spawn")
         out = ctx.Queue()
         procs = [ctx.Process(target=_rank, args=(r, path, max(4, nbytes), swaps, out))

@@ -13,7 +13,10 @@ into what a user's call pays:
   and the two wake-ups, one rank, no peer;
 - ``replay``: a task graph of that one AllReduce replayed + synchronize: the stream plus the
   exchange with the peers, without the per-call host work;
-- ``eager``: ``comm.all_reduce`` + ``synchronize``, the whole;
+- ``eager``: ``comm.all_reduce`` + ``synchronize``, the whole, timed in ``BLOCKS`` blocks that
+  alternate with blocks of the floor's swap-and-add (``benchmarks.floor.Swaps``) run by ranks 0
+  and 1 of this very job where the ranks fit the cores (``floor_job``: the same processes,
+  cores and moments, so the machine's drift moves both alike);
 - ``exchange`` = replay - stream: the messages, the peers' wake-ups and the reduction;
 - ``cpu``: the CPU time of the whole process per eager call (``time.process_time``, every
   thread, spinning waits included): steadier than the medians on a shared machine, since time
@@ -34,9 +37,9 @@ run on the caller's thread or the stream's worker):
   the flight recorder's ring (NPUSIM_TRACE_BUFFER records) is full: 0 when nothing accumulates.
 
 Rank 0 prints one line per figure and, with ``--json``, writes them. With ``--floor`` rank 0
-first measures ``benchmarks.floor`` (the other ranks wait in a barrier) and prints the eager
-call's ratio to it; ``--worlds`` measures the floor and runs npurun once per world, alternately, and prints the
-table: with ``--base DIR`` another checkout (e.g. ``git -C REPO archive main | tar -x -C DIR``)
+first measures ``benchmarks.floor`` apart (two plain processes; the other ranks wait in a
+barrier) and prints the eager call's ratio to it; ``--worlds`` measures that floor and runs
+npurun once per world, alternately, and prints the table (both floors and both ratios): with ``--base DIR`` another checkout (e.g. ``git -C REPO archive main | tar -x -C DIR``)
 runs just before this one at each world, as *before* (this file measures both: its path
 runs with the other checkout first on PYTHONPATH); ``--rounds N`` repeats it all and prints medians; ``--figures`` puts the table on
 docs/figures.md (``benchmarks.figures.write_section("percall", ...)``).
@@ -87,9 +90,12 @@ def measure(comm, nbytes: int, calls: int, warmup: int) -> dict:
         g.replay(s)
         s.synchronize()
 
+    eager_ts, floor_ts = _interleaved(comm, s, eager, nbytes, calls, warmup)
     out = {"stream_us": graph_step.median_us(stream, calls, warmup),
-           "eager_us": graph_step.median_us(eager, calls, warmup),
+           "eager_us": statistics.median(eager_ts),
            "replay_us": graph_step.median_us(replay, calls, warmup)}
+    if floor_ts:
+        out["floor_job_us"] = statistics.median(floor_ts)
     out["exchange_us"] = out["replay_us"] - out["stream_us"]
     c0 = time.process_time()                # cpu: every thread of the rank, waits included
     done = 0
@@ -115,6 +121,67 @@ def measure(comm, nbytes: int, calls: int, warmup: int) -> dict:
     step = graph_step.measure(comm, s, 8, nbytes, max(50, calls // 4), 10)
     out.update({f"step8_{k}": v for k, v in step.items()})
     return out
+
+
+BLOCKS = 10            # eager calls and the in-job floor alternate in this many blocks each
+
+
+def _floor_module():
+    """benchmarks/floor.py beside this file (with ``--base`` the other checkout's
+    ``benchmarks`` package comes first on the path, and may predate ``floor.Swaps``)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "npusim_percall_floor", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                             "floor.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _interleaved(comm, s, eager, nbytes: int, calls: int, warmup: int) -> tuple[list, list]:
+    """The microseconds of ``calls`` eager calls, and of as many of the floor's swaps run by
+    ranks 0 and 1 of this very job, in ``BLOCKS`` alternating blocks of each: the same
+    processes, cores and moments, so a machine whose speed drifts (this one's does, by tens
+    of percent from second to second) moves both alike. Without the floor (one rank, or more
+    ranks than cores: ranks share a core, and the floor's spin, which never yields, would wait
+    for the scheduler's tick) the floor's list is empty."""
+    for _ in range(warmup):
+        eager()
+    floor_mod = None
+    if 2 <= comm.size <= (os.cpu_count() or 1) and len(os.sched_getaffinity(0)) >= 2:
+        floor_mod = _floor_module()
+    sw = None
+    if floor_mod is not None:           # rank 0 makes the segment, the others learn its name
+        path = floor_mod.create(nbytes) if comm.rank == 0 else None
+        name = runtime.to_device(np.zeros(2, np.int64))
+        if path is not None:
+            pid, token = path.rsplit("-", 2)[1:]
+            name.copy_from_host(np.array([int(pid), int(token, 16)], np.int64))
+        comm.broadcast(name, root=0, stream=s)
+        pid, token = (int(v) for v in name.to_host(stream=s))
+        if comm.rank < 2:
+            sw = floor_mod.Swaps(comm.rank, path or f"/dev/shm/npusim-floor-{pid}-{token:08x}",
+                                 max(4, nbytes))
+        comm.barrier(stream=s)
+        s.synchronize()
+        if path is not None:
+            os.unlink(path)             # both ranks mapped it
+    eager_ts, floor_ts = [], []
+    per = max(1, calls // BLOCKS)
+    try:
+        for _ in range(BLOCKS):
+            if sw is not None:
+                floor_ts += sw.block(per)
+            comm.barrier(stream=s)
+            s.synchronize()
+            for _ in range(per):
+                t0 = time.perf_counter()
+                eager()
+                eager_ts.append((time.perf_counter() - t0) * 1e6)
+    finally:
+        if sw is not None:
+            sw.close()
+    return eager_ts, floor_ts
 
 
 def count(comm, x, op, calls: int) -> dict:
@@ -182,7 +249,7 @@ def _run(side: str | None, world: int, nbytes: int, calls: int) -> dict:
 
 
 FIGURES = ("frames", "allocs", "eager_us", "cpu_us", "issue_us", "stream_us", "exchange_us",
-           "at_call")
+           "at_call", "floor_job_us")
 
 
 def table(worlds: list[int], nbytes: int, calls: int, base: str | None = None,
@@ -202,16 +269,19 @@ def table(worlds: list[int], nbytes: int, calls: int, base: str | None = None,
                 for k in FIGURES:
                     cell[k].append(r.get(k, 0.0))
                 cell["floor_us"].append(floor_us)
-    head = ["world", "side", "frames / call", "blocks / call", "eager us", "floor us",
-            "eager / floor", "cpu us", "issue us", "stream us", "exchange us", "at call"]
+    head = ["world", "side", "frames / call", "blocks / call", "eager us", "floor in job us",
+            "eager / floor in job", "floor apart us", "eager / floor apart", "cpu us",
+            "issue us", "stream us", "exchange us", "at call"]
     rows = []
     for w in worlds:
         for name, _ in sides:
             m = {k: statistics.median(v) for k, v in got[(w, name)].items()}
+            job = m["floor_job_us"]
             rows.append([w, name, f"{m['frames']:.0f}", f"{m['allocs']:.1f}",
-                         f"{m['eager_us']:.1f}", f"{m['floor_us']:.2f}",
-                         f"{m['eager_us'] / m['floor_us']:.1f}x", f"{m['cpu_us']:.1f}",
-                         f"{m['issue_us']:.1f}",
+                         f"{m['eager_us']:.1f}", f"{job:.2f}" if job else "—",
+                         f"{m['eager_us'] / job:.1f}x" if job else "—",
+                         f"{m['floor_us']:.2f}", f"{m['eager_us'] / m['floor_us']:.1f}x",
+                         f"{m['cpu_us']:.1f}", f"{m['issue_us']:.1f}",
                          f"{m['stream_us']:.1f}", f"{m['exchange_us']:.1f}",
                          f"{m['at_call']:.0%}"])
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
@@ -222,11 +292,15 @@ def table(worlds: list[int], nbytes: int, calls: int, base: str | None = None,
         cmd = (f"python -m benchmarks.percall --worlds {','.join(map(str, worlds))} --rounds "
                f"{rounds} --figures" + (" --base BEFORE" if base else ""))
         text = (f"An eager {nbytes} B AllReduce + synchronize, medians of {rounds} round(s) of "
-                f"{calls} calls (rank 0). The floor is benchmarks.floor (two processes swapping "
-                f"the bytes through shared memory), measured between the runs of each round: "
-                f"compare ratios of the same run, not microseconds across runs of a shared "
-                f"machine." + (" *before*: the checkout BEFORE, run alternately with *after*."
-                               if base else ""))
+                f"{calls} calls (rank 0). The floor is benchmarks.floor's swap-and-add of the "
+                f"same bytes through shared memory: *in job*, run by ranks 0 and 1 of the "
+                f"benchmark's own job in {BLOCKS} blocks alternating with blocks of the eager "
+                f"calls (same processes, cores and moments; only where the ranks fit the cores: "
+                f"the floor's spin never yields); *apart*, two plain processes between the runs "
+                f"of each round. This machine's speed drifts by tens of percent from second to "
+                f"second: compare ratios of the same run, the in-job one first, not "
+                f"microseconds across runs." + (" *before*: the checkout BEFORE, run "
+                                                "alternately with *after*." if base else ""))
         page.write_section("percall", "Per-call cost of an eager small AllReduce", cmd, head,
                            rows, text)
     return 0
@@ -269,6 +343,10 @@ def main(argv=None) -> int:
               f"{r['at_call']:.0%}")
         print(f"world {comm.size}, per eager call: {r['frames']:.0f} Python frames, "
               f"{r['allocs']:.1f} blocks allocated, {r['growth']:.1f} bytes held after")
+        if "floor_job_us" in r:
+            print(f"world {comm.size}: floor in this job (benchmarks.floor, interleaved) "
+                  f"{r['floor_job_us']:.2f} us; eager {r['eager_us'] / r['floor_job_us']:.1f}x "
+                  "the floor")
         if floor_us is not None:
             r["floor_us"] = floor_us
             print(f"world {comm.size}: floor (benchmarks.floor) {floor_us:.2f} us; eager "
