@@ -7,6 +7,7 @@ from typing import Mapping
 
 from launcher import config
 from launcher.proc import LogFiles
+from runtime import sched
 
 # the directory that holds the launcher, hccl and runtime packages: workers must import them
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,6 +80,9 @@ def worker_env(base: Mapping[str, str], job: JobInfo, local_rank: int, restart_c
         "NPUSIM_DIAG": "1",      # ranks publish their collective state for the job verdict
         "NPUSIM_FLIGHT_FILE": os.path.join(files.dir, "flight_recorder.json"),
         "NPUSIM_LAUNCHER_PID": str(launcher_pid or os.getpid()),
+        # the cores the node's ranks share, which a rank bound to one of them cannot see
+        # (runtime.sched.node_cores: hccl's waiters spin by ranks per core)
+        "NPUSIM_NODE_CORES": str(sched.cores()),
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": _python_path(base),
     })

@@ -244,6 +244,10 @@ TABLE = Table("runtime", [
                                               and not any(c.isspace() for c in v)) else
         f"a node name ({len(v)} characters): npurun sets it to '<job id>/<node rank>' "
         "(printable, no whitespace, at most 200 characters); unset it outside npurun"),
+    Var("NPUSIM_NODE_CORES", "int", None, "cores the ranks of this node share (set by npurun: "
+        "the cores it may use; a rank it binds to one core still sees them all); unset: the "
+        "process's own affinity", "runtime.sched.node_cores (hccl.transport.process: a "
+        "waiter's spin)", lo=1),
 ])
 
 JOB_VARS = ("NPUSIM_JOB_ID", "TORCHELASTIC_RESTART_COUNT", "RANK", "LOCAL_RANK", "WORLD_SIZE",
@@ -253,6 +257,11 @@ JOB_VARS = ("NPUSIM_JOB_ID", "TORCHELASTIC_RESTART_COUNT", "RANK", "LOCAL_RANK",
 def node() -> str | None:
     """NPUSIM_NODE: the node npurun started this process on, or None without npurun."""
     return TABLE.get("NPUSIM_NODE")
+
+
+def node_cores() -> int | None:
+    """NPUSIM_NODE_CORES: the cores this node's ranks share (set by npurun), or None."""
+    return TABLE.get("NPUSIM_NODE_CORES")
 
 
 def device_count() -> int:

@@ -58,6 +58,14 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+def node_cores() -> int:
+    """The cores the ranks of this node share: what npurun says (NPUSIM_NODE_CORES, the cores
+    it may use: a rank it bound to one core still shares them all with the others), else
+    ``cores()``."""
+    n = config.node_cores()
+    return cores() if n is None else n
+
+
 def wanted(ranks_here: int) -> bool:
     """Whether a launcher starts ``ranks_here`` ranks of this node in SCHED_BATCH: only when
     NPUSIM_SCHED_BATCH=1 (see the design note: it loses 8x as soon as another program keeps a

@@ -149,7 +149,7 @@ class ProcessTransport(Transport):
             self._segments.setdefault(p, segments[p])
         self._local |= local
         self.sockets.acks_from = self.sockets.acks_from | frozenset(local)
-        ranks, cores = len(self._local) + 1, sched.cores()
+        ranks, cores = len(self._local) + 1, sched.node_cores()
         if self.channel is not None:
             spin = config.shm_spin_us()
             if spin is None:

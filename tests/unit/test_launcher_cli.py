@@ -2,6 +2,8 @@
 worker environment and command built from them."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from launcher import cli
@@ -98,7 +100,8 @@ def test_worker_env_of_a_rank_on_node_one(tmp_path):
               "NPUSIM_JOB_ID": "abc123", "NPUSIM_JOB_SECRET": "ab" * 32,
               "NPUSIM_NODE_COUNT": "2", "NPUSIM_LAUNCHER_PID": "42", "PYTHONUNBUFFERED": "1",
               "TORCHELASTIC_ERROR_FILE": files.error_file,
-              "NPUSIM_STACK_FILE": files.stack_file, "PATH": "/bin", "OMP_NUM_THREADS": "1"}
+              "NPUSIM_STACK_FILE": files.stack_file, "PATH": "/bin", "OMP_NUM_THREADS": "1",
+              "NPUSIM_NODE_CORES": str(len(os.sched_getaffinity(0)))}
     assert {k: env[k] for k in expect} == expect
 
 

@@ -231,6 +231,7 @@ def test_a_waiters_spin_follows_the_ranks_per_core(monkeypatch, cores, per_core,
     monkeypatch.setattr("runtime.sched.cores", lambda: cores)
     monkeypatch.setattr("hccl.transport.process.CROWDED_RANKS_PER_CORE", per_core)
     monkeypatch.delenv("NPUSIM_SHM_SPIN_US", raising=False)
+    monkeypatch.delenv("NPUSIM_NODE_CORES", raising=False)
     a, b = _pair()
     try:
         assert a.channel.spin == b.channel.spin == pytest.approx(spin_us * 1e-6)
@@ -259,3 +260,20 @@ def test_a_spinning_waiter_yields_its_core_to_the_peer(pair, monkeypatch):
     monkeypatch.setattr(shm.os, "sched_yield", peer_runs)
     ch.wait(seen, 5.0)
     assert len(yields) == 3 and ch.value() != seen
+
+
+def test_a_rank_bound_to_one_core_spins_by_the_cores_its_node_shares(monkeypatch):
+    # npurun binds crowded ranks one core per pair and says how many cores they share: the
+    # spin follows the ranks per core of the node, not the rank's own affinity of one core
+    monkeypatch.setattr("runtime.sched.cores", lambda: 1)
+    monkeypatch.delenv("NPUSIM_SHM_SPIN_US", raising=False)
+    monkeypatch.setenv("NPUSIM_NODE_CORES", "64")
+    a, b = _pair()
+    try:
+        assert a.channel.spin == b.channel.spin == pytest.approx(200e-6)
+    finally:
+        a.close()
+        b.close()
+    monkeypatch.setenv("NPUSIM_NODE_CORES", "0")
+    with pytest.raises(Exception, match="NPUSIM_NODE_CORES"):
+        _pair()
