@@ -13,6 +13,7 @@ from hccl.transport import shm
 from hccl.transport.base import DONE
 from hccl.transport.local import ShmError
 from hccl.transport.process import ProcessTransport
+from runtime import sched
 
 pytestmark = [pytest.mark.timeout(60),
               pytest.mark.skipif(not shm.available(), reason="no futex / no /dev/shm")]
@@ -276,4 +277,4 @@ def test_a_rank_bound_to_one_core_spins_by_the_cores_its_node_shares(monkeypatch
         b.close()
     monkeypatch.setenv("NPUSIM_NODE_CORES", "0")
     with pytest.raises(Exception, match="NPUSIM_NODE_CORES"):
-        _pair()
+        sched.node_cores()
