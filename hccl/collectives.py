@@ -26,7 +26,7 @@ from runtime.array import DeviceArray
 from runtime.callsite import callsite
 from runtime.context import current_stream, resolve_stream
 from runtime.errors import NpuError, describe
-from runtime.memory import DevicePtr, same_allocations
+from runtime.memory import DevicePtr
 from runtime.stream import Stream
 
 from . import config
@@ -216,12 +216,8 @@ def _repeat(comm, op: OpType, send, recv, redop, root, stream):
         objs = (send, recv)
     else:
         return None
-    call = comm._calls._d.get(key)      # Calls.find, inline: every repeated call
+    call = comm._calls.find(key, objs)
     if call is None:
-        return key
-    refs = call.refs                    # DeviceArrays: weak references, send's then recv's
-    if refs[0]() is not send or (recv is not None and refs[-1]() is not recv) or \
-            not same_allocations(call.marks, objs):
         return key
     call.issue(objs, callsite(3))
     return True

@@ -52,8 +52,9 @@ else wants the core): the scheduler sometimes starts both ranks of a pair on one
 them there, and a spin that does not yield then holds the core its peer needs (1 KiB all_reduce
 at world 2: 570-600 us instead of 270-305 us, both ranks forced onto one core). With more ranks
 on the node than cores the spin is shorter, and 0 with more than three ranks per core (it would
-hold back the ranks it waits for; the waiter yields once; hccl.transport.process), then it sleeps in FUTEX_WAIT on the bell's old value: any
-post or ``ring`` after the read changes the bell, so the kernel refuses to sleep or wakes it.
+hold back the ranks it waits for; the waiter yields once; hccl.transport.process), then it
+sleeps in FUTEX_WAIT on the bell's old value: any post or ``ring`` after the read changes the
+bell, so the kernel refuses to sleep or wakes it.
 
 Nothing in a slot is executable or unpickled: fixed-size integers and raw bytes. A segment is
 opened only by the name the store gave (checked against the job's naming), must belong to this
