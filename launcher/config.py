@@ -38,12 +38,12 @@ _ROWS = [
      "fresh interpreter", "launcher.agent", {}),
     ("NPUSIM_SCHED_WATCH", "switch", True, "1: with more ranks than cores, npurun runs its "
      "ranks in SCHED_BATCH, one core per rank pair, while no other program uses the cores, and "
-     "in the default class on every core as soon as one does (a watcher thread; said on its "
-     "first line); 0: npurun changes nothing NPUSIM_SCHED_BATCH / NPUSIM_BIND do not ask for",
+     "in the default class on the cores the others leave free as soon as one does (a watcher "
+     "thread; said on its first line); 0: npurun changes nothing NPUSIM_SCHED_BATCH / NPUSIM_BIND do not ask for",
      "launcher.schedwatch", {}),
     ("NPUSIM_SCHED_WATCH_CORES", "number", 0.3, "the other programs' CPU use, in cores, above "
-     "which npurun's watcher takes the ranks out of SCHED_BATCH and off their cores (back "
-     "after 0.6 s below half of it)", "launcher.schedwatch", {"lo": 0, "hi": 4096}),
+     "which npurun's watcher takes the ranks out of SCHED_BATCH to the cores the others leave "
+     "free (back after 0.6 s below half of it)", "launcher.schedwatch", {"lo": 0, "hi": 4096}),
     ("NPUSIM_FORKSERVER_PRELOAD", "text", None, "more modules the fork server imports before it "
      "forks the ranks (comma-separated, e.g. torch)", "launcher.forkserver", {}),
     ("XDG_RUNTIME_DIR", "path", None, "the per-user directory for the loopback multi-node "

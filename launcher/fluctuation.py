@@ -8,7 +8,8 @@ what costs little out: ``floor = max(ABS_FLOOR_US, STEP_SHARE * the median step 
   deviation; 1.4826 * MAD estimates the standard deviation of normal noise; REL_FLOOR keeps an
   operator with near-constant times from flagging small excursions: a flagged call takes at
   least 2.5 times its median) and by at least the floor.
-- **A rank** is flagged for an operator that every rank calls equally often (the same work) when
+- **A rank** is flagged for an operator (not a collective, below) that every rank calls equally
+  often (the same work) when
   its median time is at least (1 + RANK_REL) times the median of the other ranks' medians, and
   that much beyond the rank's own *factor* (the median of this ratio over all the operators the
   ranks share: a rank that is slower at everything runs on a slower or busier core, which the
@@ -31,11 +32,15 @@ rank's CPU times must pass the rank rule (its wall time must still lose the floo
 thereby never blamed on an operator; a kernel that sleeps is not flagged either (it does no
 work).
 
-Collectives are left out of the call rule: the transfer time of one call is set by when the OS
+Collectives are left out of both rules: the transfer time of one call is set by when the OS
 runs every member process, and its CPU time holds spinning waits, so neither tells a slow call
 from a descheduled peer (measured: healthy runs on an idle machine had single AllReduces at 6-10
-times their median). A collective slow call after call is the fail-slow detector's "slow inside
-the collective" (docs/hangs.md); the rank rule compares collectives' transfer times.
+times their median), nor a slow rank from one whose peer ran later: in healthy world-2 runs of
+examples/train_ddp.py on 2 cores (a compute worker, a comm worker and a main thread per rank),
+one rank's median HcclAllReduce took 1.26-3.36 times the other's, and the rank rule flagged it
+in 5 of 22 runs. Nor does a collective enter a rank's factor. A collective slow call after
+call is the fail-slow detector's "slow inside the collective" (docs/hangs.md); a rank that
+makes its peers wait is the summary's slowest rank (its busy time, peer waits left out).
 
 Pure: arrays in, findings out; unit-tested in tests/unit/test_profsummary.py.
 """
@@ -142,7 +147,8 @@ def _ratios(per_rank: list[OpCalls]) -> np.ndarray:
 def rank_factors(ops: list[list[OpCalls]]) -> dict[int, float]:
     """rank -> the median, over the operators every rank calls equally often (each a list of
     OpCalls, one per rank, in the same rank order), of its time over the others' (>= 1 each)."""
-    ratios = [_ratios(per_rank) for per_rank in ops if _comparable(per_rank)]
+    ratios = [_ratios(per_rank) for per_rank in ops
+              if _comparable(per_rank) and per_rank[0].kind != "collective"]
     if not ratios:
         return {}
     med = np.median(np.asarray(ratios), axis=0)
@@ -153,7 +159,7 @@ def slow_ranks(per_rank: list[OpCalls], steps: int, floor_us: float = ABS_FLOOR_
                factors: dict | None = None) -> list[Flag]:
     """Ranks markedly slower than the others at one operator they all call equally often
     (``factors``: ``rank_factors`` of the job, each rank's general slowness)."""
-    if steps <= 0 or not _comparable(per_rank):
+    if steps <= 0 or not _comparable(per_rank) or per_rank[0].kind == "collective":
         return []
     measure = _measure(per_rank)
     med = np.asarray([np.median(v) for v in measure])

@@ -212,7 +212,8 @@ TABLE = Table("runtime", [
             ("warn", ("warn",)))),
     Var("NPUSIM_BIND", "switch", None, "1: npurun binds each rank to one core (consecutive local "
         "ranks share one) and says so on its first line; 0: never; unset: npurun's watcher binds "
-        "crowded ranks only while no other program uses the cores (NPUSIM_SCHED_WATCH)",
+        "crowded ranks one core per pair while no other program uses the cores, to the cores "
+        "the others leave free while one does (NPUSIM_SCHED_WATCH)",
         "runtime.sched, launcher.schedwatch (npurun's launch policy)",
         shown="unset: the watcher"),
     Var("NPUSIM_SCHED_BATCH", "switch", None, "1: npurun starts its ranks in Linux's SCHED_BATCH "

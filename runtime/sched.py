@@ -23,8 +23,8 @@ medians, policies interleaved; this 2-core machine shared with 7 other jobs, loa
 (the full table: the commit that made it). No fixed class or binding is ever the fast choice
 once other programs run, so npurun fixes none by default: its watcher (launcher/schedwatch.py)
 runs crowded ranks in SCHED_BATCH, one core per rank pair, only while other programs leave the
-cores idle, and moves them back to the default class on every core within ~0.2 s of one using
-them (docs/figures.md, section launch-policy, has the policies side by side). What this module
+cores idle, and moves them to the default class on the cores the others leave free within
+~0.2 s of one using them (docs/figures.md, section launch-policy, has the policies side by side). What this module
 does is what the knobs fix, announced on npurun's first line:
 
 - NPUSIM_SCHED_BATCH=1: npurun starts its ranks in SCHED_BATCH (``spawning``: the launcher's own

@@ -209,9 +209,9 @@ def _state(pid: int) -> set:
 @pytest.mark.timeout(120)
 def test_watcher_leaves_batch_while_a_busy_loop_runs():
     """4 idle "ranks" (children of this test, two threads each) go to SCHED_BATCH and their core
-    while nothing runs, to the default class and every core within a bounded time after a busy
-    loop starts, and back after it stops; a thread that chose its own class and cores keeps
-    them throughout. The probe is the busy loop's own CPU use (the machine is shared: its other
+    while nothing runs, to the default class on the cores the busy loop leaves free
+    (``free_cores`` of its use) within a bounded time after a busy loop starts, and back after
+    it stops; a thread that chose its own class and cores keeps them throughout. The probe is the busy loop's own CPU use (the machine is shared: its other
     programs would decide for it); ``CpuProbe``, the default, is tested through npurun below."""
     from launcher import schedwatch
     mask = frozenset(os.sched_getaffinity(0))
@@ -245,9 +245,11 @@ def test_watcher_leaves_batch_while_a_busy_loop_runs():
         watcher.follow([(r, p.pid) for r, p in enumerate(ranks)])
 
         def placed(quiet):
+            if quiet != watcher.quiet:
+                return False
             for r, p in enumerate(ranks):
                 want = ((os.SCHED_BATCH, frozenset({cores[r * len(cores) // 4]})) if quiet
-                        else (os.SCHED_OTHER, mask))
+                        else (os.SCHED_OTHER, watcher.cores))
                 if _state(p.pid) - {(os.SCHED_IDLE, frozenset({cores[-1]}))} != {want}:
                     return False
             return True
@@ -257,13 +259,17 @@ def test_watcher_leaves_batch_while_a_busy_loop_runs():
         quiet_after = time.monotonic() - t0
         hogs.append(_hog())
         t0 = time.monotonic()
-        wait_for(lambda: placed(False), 20, what="the ranks back in SCHED_OTHER on every core")
+        wait_for(lambda: placed(False), 20, what="the ranks back in SCHED_OTHER on free cores")
         left_after = time.monotonic() - t0
+        # the busy loop's use leaves this many cores (no idle shares from this probe: the
+        # watcher takes the last ones of the mask)
+        k = schedwatch.free_cores(len(cores), 4, watcher.last_load)
+        assert watcher.cores == frozenset(cores[len(cores) - k:]), (watcher.cores, k)
         _kill(hogs.pop())
         t0 = time.monotonic()
         wait_for(lambda: placed(True), 20, what="the ranks in SCHED_BATCH again")
         back_after = time.monotonic() - t0
-        assert watcher.switches == 3, watcher.switches
+        assert watcher.switches >= 3, watcher.switches
         # rank 0's own thread kept the class and the core it chose
         assert os.sched_getscheduler(own) == os.SCHED_IDLE
         assert os.sched_getaffinity(own) == {cores[-1]}

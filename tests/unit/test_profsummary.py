@@ -268,3 +268,21 @@ def test_collectives_are_not_judged_call_by_call():
     t[4] = 20000.0
     c = fluctuation.OpCalls(0, "HcclAllReduce", "collective", t, t, np.arange(20), [None] * 20)
     assert fluctuation.slow_calls(c) == []
+
+
+def test_collectives_are_not_judged_rank_by_rank():
+    """A healthy world-2 run on 2 cores had one rank's HcclAllReduce at 1.3-3.4x the other's:
+    a collective's transfer time says when the OS ran both ranks, not what one rank does. The
+    same ratio on a kernel is flagged; the collective leaves the kernel's factor alone."""
+    steps = np.arange(12)
+
+    def calls(kind, name, slow):
+        return [fluctuation.OpCalls(r, name, kind, np.full(12, 5000.0 * (slow if r else 1)),
+                                    np.full(12, 5000.0 * (slow if r else 1)), steps,
+                                    [None] * 12) for r in range(2)]
+    coll = calls("collective", "HcclAllReduce", 2.6)
+    kern = calls("kernel", "backward_fc", 2.6)
+    assert fluctuation.slow_ranks(coll, 12) == []
+    assert [(f.rank, f.op) for f in fluctuation.slow_ranks(kern, 12)] == [(1, "backward_fc")]
+    even = calls("kernel", "forward_fc", 1.0)
+    assert fluctuation.rank_factors([coll, even]) == {0: 1.0, 1: 1.0}
