@@ -13,14 +13,14 @@ the other programs' CPU use before the load's runs (in cores, as npurun's watche
 are recorded per load. Policies (environment of npurun):
 
     default          nothing set: npurun's watcher (launcher/schedwatch.py): SCHED_BATCH and
-                     one core per rank pair while other programs use < 0.3 cores, else neither
+                     one core per rank pair while other programs use < 0.3 cores, else the
+                     default class on the cores they leave free
     nothing          NPUSIM_BIND=0 NPUSIM_SCHED_BATCH=0 (npurun's default between #37's steps)
     bind only        NPUSIM_BIND=1 NPUSIM_SCHED_BATCH=0
     batch only       NPUSIM_BIND=0 NPUSIM_SCHED_BATCH=1
     batch+bind       NPUSIM_SCHED_BATCH=1 NPUSIM_BIND=1 (npurun's default before #37)
     watch off        NPUSIM_SCHED_WATCH=0: the same as nothing, set another way (the noise
-                     gauge: on a busy machine default, nothing and watch off all run the ranks
-                     alike, and their spread is the run's noise)
+                     gauge: their spread is the run's noise)
     watch batch      NPUSIM_BIND=1: one core per rank pair always, the watcher moving only
                      the class (SCHED_BATCH while the machine is quiet)
 
@@ -199,13 +199,13 @@ def main(argv=None) -> int:
         figures.write_section(
             "launch-policy", "npurun's launch policy (#37): " + title, command, head, rows,
             "default: npurun's watcher (launcher/schedwatch.py): SCHED_BATCH and one core per "
-            "rank pair while other programs use < 0.3 cores, the default class on every core "
-            "above; nothing: NPUSIM_BIND=0 NPUSIM_SCHED_BATCH=0; batch+bind: npurun's default "
-            "before #37; watch off: NPUSIM_SCHED_WATCH=0, the same as nothing set another way "
-            "(where others > 0.3, default, nothing and watch off run the ranks alike: their "
-            "spread is the run's noise). 'others' is the other programs' CPU use (cores) "
-            "measured before the load's runs, the busy loops included; 'vs best' is the "
-            "default's 1 KiB / 64 KiB time over the best policy's of the same row (same run).")
+            "rank pair while other programs use < 0.3 cores, above the default class on the "
+            "cores they leave free; nothing: NPUSIM_BIND=0 NPUSIM_SCHED_BATCH=0; batch+bind: "
+            "npurun's default before #37; watch off: NPUSIM_SCHED_WATCH=0, the same as nothing "
+            "set another way (their spread is the run's noise). 'others' is the other programs' "
+            "CPU use (cores) measured before the load's runs, the busy loops included; 'vs "
+            "best' is the default's 1 KiB / 64 KiB time over the best policy's of the same row "
+            "(same run).")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({f"{k[0]}|{k[1]}": v for k, v in runs.items()}, f, indent=1)
