@@ -395,13 +395,20 @@ class Watcher:
 
     def _move(self, tid: int, frm: tuple[bool, frozenset], to: tuple[bool, frozenset]) -> bool:
         """Move thread ``tid`` from state ``frm`` to ``to`` (quiet, cores) in the halves the
-        watcher keeps; False when it is not in ``frm`` (the user changed it) or cannot be
+        watcher keeps; True when it is in ``to`` already (a thread made since, by a thread in
+        it) or was moved, False when it is in neither (the user changed it) or cannot be
         moved."""
         watch_batch, watch_bind = self.policy.watch_batch, self.policy.watch_bind
         try:
-            if watch_batch and os.sched_getscheduler(tid) != (_BATCH if frm[0] else _OTHER):
-                return False
-            if watch_bind and os.sched_getaffinity(tid) != frm[1]:
+            cls = os.sched_getscheduler(tid) if watch_batch else None
+            cores = os.sched_getaffinity(tid) if watch_bind else None
+
+            def within(state):
+                return ((not watch_batch or cls == (_BATCH if state[0] else _OTHER))
+                        and (not watch_bind or cores == state[1]))
+            if within(to):
+                return True
+            if not within(frm):
                 return False
             if watch_batch and frm[0] != to[0]:
                 os.sched_setscheduler(tid, _BATCH if to[0] else _OTHER, os.sched_param(0))

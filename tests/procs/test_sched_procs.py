@@ -492,3 +492,45 @@ def test_crowded_ranks_on_a_quiet_machine_start_in_batch_on_their_cores(tmp_path
     for r in range(4):
         seen = json.loads((tmp_path / f"first{r}").read_text())
         assert seen == [os.SCHED_BATCH, [mask[r * len(mask) // 4]]], (r, seen)
+
+
+LATE = """
+import sys, threading
+sys.stdin.readline()                      # the test says when: after the ranks are placed
+threading.Thread(target=lambda: (print(threading.get_native_id(), flush=True),
+                                 sys.stdin.read()), daemon=True).start()
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_thread_a_rank_makes_later_moves_with_it():
+    """A thread a rank starts after the watcher placed it (a stream worker made at first use)
+    inherits the rank's state, is the watcher's, and moves at the next switch with the rest."""
+    from launcher import schedwatch
+    mask = frozenset(os.sched_getaffinity(0))
+    if os.sched_getscheduler(0) != os.SCHED_OTHER:
+        pytest.skip("this test runs outside the default class")
+    load = {"now": 0.0}
+    pol = schedwatch.Policy(4, len(mask), watch_batch=True, watch_bind=True, threshold=0.3)
+    rank = subprocess.Popen([sys.executable, "-c", LATE], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    watcher = schedwatch.Watcher(pol, mask, probe=lambda pids: load["now"], interval=0.05)
+    try:
+        watcher.follow([(3, rank.pid)])
+        quiet = (os.SCHED_BATCH, frozenset({max(mask)}))
+        wait_for(lambda: _state(rank.pid) == {quiet}, 20, what="the rank quiet on its core")
+        rank.stdin.write("go\n")
+        rank.stdin.flush()
+        late = int(rank.stdout.readline())
+        wait_for(lambda: late in watcher._seen.get(rank.pid, ()), 20, what="the late thread seen")
+        assert late not in watcher._users[rank.pid]
+        load["now"] = 1.0 * len(mask)                  # every core busy: one left to the ranks
+        wait_for(lambda: not watcher.quiet, 20, what="the busy state")
+        busy = (os.SCHED_OTHER, watcher.cores)
+        wait_for(lambda: _state(rank.pid) == {busy}, 20, what="every thread, the late one too")
+    finally:
+        watcher.close()
+        rank.stdin.close()
+        rank.wait(30)
+        rank.stdout.close()
