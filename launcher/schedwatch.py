@@ -369,12 +369,11 @@ class Watcher:
 
     def _mask(self, state: tuple[bool, frozenset], local_rank: int) -> frozenset:
         """The cores of local rank ``local_rank`` in ``state`` (quiet, busy cores): one per rank
-        pair when quiet (as runtime.sched.core_of, on the cores npurun may use)."""
+        pair when quiet (``runtime.sched.core_of`` on the cores npurun may use)."""
         quiet, cores = state
         if not quiet:
             return cores
-        mine = sorted(self.mask)
-        return frozenset({mine[local_rank * len(mine) // max(1, self.policy.ranks)]})
+        return frozenset({sched.core_of(local_rank, self.policy.ranks, self.mask)})
 
     def _place(self, pid: int, local_rank: int, everyone: bool) -> None:
         """Move pid's threads to the current state: all of them at a switch, else the new ones

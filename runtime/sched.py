@@ -100,14 +100,16 @@ def binds(ranks_here: int) -> bool:
     return config.bind() is True
 
 
-def core_of(local_rank: int, ranks_here: int) -> int | None:
-    """The core local rank ``local_rank`` of ``ranks_here`` is bound to: the cores this process
-    may use, in order, each taking consecutive ranks (4 ranks on 2 cores: 0, 0, 1, 1); None
-    where affinity is unknown."""
-    try:
-        mask = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return None
+def core_of(local_rank: int, ranks_here: int, mask=None) -> int | None:
+    """The core local rank ``local_rank`` of ``ranks_here`` is bound to: the cores of ``mask``
+    (default: those this process may use), in order, each taking consecutive ranks (4 ranks on
+    2 cores: 0, 0, 1, 1); None where affinity is unknown."""
+    if mask is None:
+        try:
+            mask = os.sched_getaffinity(0)
+        except (AttributeError, OSError):
+            return None
+    mask = sorted(mask)
     return mask[local_rank * len(mask) // max(1, ranks_here)]
 
 
