@@ -33,11 +33,10 @@ from __future__ import annotations
 
 import functools
 import time
-import weakref
 
 import runtime
 from runtime import graph, profiler, sanitizer
-from runtime.memory import DevicePtr, allocation_marks, same_allocations
+from runtime.memory import allocation_marks, same_allocations
 
 from hccl import diag, executor, fusion, plan
 from hccl.flight import recorder
@@ -73,10 +72,11 @@ API_NAMES = {OpType.ALLREDUCE: "AllReduce", OpType.ALLGATHER: "AllGather",
 class Call(executor.Context):
     """One validated collective call (see the module note). ``bufs``: ``{"send": ..., "recv":
     ...}`` as checked (None where a rank has no such buffer); ``knobs``: (algorithm, slice
-    bytes) for ``plan.collective``. Raises what the plan and ``runtime.host_view`` raise."""
+    bytes, solo bytes) for ``plan.collective``. Raises what the plan and
+    ``runtime.host_view`` raise."""
 
     __slots__ = ("comm", "op", "stream", "plan", "cid", "fp", "wire_fp", "count", "dtype",
-                 "redop", "root", "peer", "inplace", "knobs", "name", "names", "marks", "refs",
+                 "redop", "root", "peer", "inplace", "knobs", "name", "names", "marks",
                  "program", "timeout_by_comm", "rec", "proto", "on_wait", "nbytes", "inline", "begins",
                  "__weakref__")
 
@@ -93,8 +93,7 @@ class Call(executor.Context):
         self.name = f"Hccl{API_NAMES[op]}"
         self.names = tuple(k for k, b in bufs.items() if b is not None)
         objs = [bufs[k] for k in self.names]
-        self.marks = allocation_marks(objs)
-        self.refs = tuple(None if type(b) is DevicePtr else weakref.ref(b) for b in objs)
+        self.marks = allocation_marks(objs)         # and the buffers, weakly
         self.timeout_by_comm = False
         self.rec = self.proto = None        # proto: its records' shared fields, at first need
         self.on_wait = self._waiting
@@ -258,9 +257,6 @@ class Call(executor.Context):
     def holds(self, objs: tuple) -> bool:
         """Whether ``objs`` are the very buffers this Call was made for, in the same live
         allocations."""
-        for ref, b in zip(self.refs, objs):
-            if ref is not None and ref() is not b:
-                return False
         return same_allocations(self.marks, objs)
 
 
@@ -295,7 +291,4 @@ class Calls:
             return None
         if call is None:
             return None
-        for ref, b in zip(call.refs, objs):
-            if ref is not None and ref() is not b:
-                return None
         return call if same_allocations(call.marks, objs) else None

@@ -236,7 +236,7 @@ def _new_call(comm, op: OpType, api: str, bufs: dict, stream, site: str, key, *,
                 f"{api}: {name} is on device {_device_of(b)} but the stream is on device {s.device_id}")
     send, recv = bufs.get("send"), bufs.get("recv")
     inplace = send is not None and _same(send, recv)
-    knobs = comm._knobs or _read_knobs()
+    knobs = comm._knobs or _read_knobs(comm)
     call = Call(comm, op, bufs, count, dtype, redop, root, peer, s, knobs, inplace)
     comm._knobs = knobs     # kept once a call was planned with them (a bad one is not kept)
     if key is not None:
@@ -244,12 +244,12 @@ def _new_call(comm, op: OpType, api: str, bufs: dict, stream, site: str, key, *,
     call.issue(tuple(bufs[k] for k in call.names), site)
 
 
-def _read_knobs() -> tuple:
-    """(HCCL_ALGO, slice bytes) for ``plan.collective``. A communicator keeps them from its first
-    planned collective on; a bad value fails each call until it is fixed, as when read at every
-    call."""
+def _read_knobs(comm) -> tuple:
+    """(HCCL_ALGO, slice bytes, the transport's ``solo_bytes``) for ``plan.collective``. A
+    communicator keeps them from its first planned collective on; a bad value fails each call
+    until it is fixed, as when read at every call."""
     algo = config.algo() if config.algo_set() else "auto"   # auto: schedule.choose by size
-    return algo, config.slice_bytes()
+    return algo, config.slice_bytes(), comm.world.transport.solo_bytes
 
 
 def _device_of(b) -> int:

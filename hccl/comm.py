@@ -81,7 +81,7 @@ class Comm(Collectives):
         self.comm_id = comm_id
         self.name = name
         self.exec_timeout: float | None = None
-        self._knobs: tuple | None = None        # (algorithm, slice bytes): _read_knobs
+        self._knobs: tuple | None = None    # (algorithm, slice bytes, solo bytes): _read_knobs
         self._env_timeout: float | None = None  # HCCL_EXEC_TIMEOUT, read at the first use
         self._seq = 0
         self._p2p: dict[tuple[str, int], int] = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import itertools
 import json
+import operator
 import os
 import threading
 import time
@@ -43,31 +44,31 @@ class Proto:
                  "peer", "stream", "nbytes", "key")
 
 
-class Done:
+class Done(tuple):
     """The record of a call that ran whole at its issue, in the calling thread, without waiting
     (``hccl.call.Call.begin``): enqueued, started and completed at once. It holds what differs
-    from call to call (seq, site, time) and reads the rest from its ``Proto``; nothing updates
-    it (such a call never waits, fails or runs on), and it reads like a ``Record``."""
+    from call to call, ``(proto, seq, site, t_enqueued)``, and reads the rest from its
+    ``Proto``; nothing updates it (such a call never waits, fails or runs on), and it reads like
+    a ``Record``. A tuple, so that making one runs no Python code (one per such call); it
+    compares and hashes by identity, as a Record does."""
 
-    __slots__ = ("proto", "seq", "site", "t_enqueued")
+    __slots__ = ()
+    proto = property(operator.itemgetter(0))
+    seq = property(operator.itemgetter(1))
+    site = property(operator.itemgetter(2))
+    t_enqueued = t_started = t_completed = property(operator.itemgetter(3))
+    count = property(lambda self: self[0].count)        # not tuple.count
     state = "completed"
     waiting_for = waiting_since = error = error_type = wait_peer = wait_to = None
     wait_max = wait_end = 0.0
     wait_send = False
-
-    def __init__(self, proto: Proto, seq: int, site: str, now: float):
-        self.proto, self.seq, self.site, self.t_enqueued = proto, seq, site, now
-
-    @property
-    def t_started(self) -> float:
-        return self.t_enqueued
-
-    t_completed = t_started
+    __eq__, __ne__, __hash__ = object.__eq__, object.__ne__, object.__hash__
 
     def __getattr__(self, name: str):
-        if name == "proto":         # unpickled or half made: no proto to read from
-            raise AttributeError(name)
-        return getattr(self.proto, name)
+        return getattr(self[0], name)
+
+    def __repr__(self):
+        return f"<Done {self.op} seq {self.seq} of {self.comm}>"
 
     to_dict = Record.to_dict
 
@@ -109,9 +110,9 @@ class FlightRecorder:
         return p
 
     def done(self, proto: Proto, seq: int, site: str) -> Done:
-        """The record of a call that ran whole at its issue (``Done``): one object of four
-        fields and one lock, where a Record has 27 fields and its updates take three."""
-        r = Done(proto, seq, site, time.time())
+        """The record of a call that ran whole at its issue (``Done``): a tuple of four
+        and one lock, where a Record has 27 fields and its updates take three."""
+        r = Done((proto, seq, site, time.time()))
         lock = self._lock
         lock.acquire()              # not ``with``: half the cost in CPython 3.11, every call
         try:

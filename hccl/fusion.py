@@ -54,7 +54,7 @@ def fusable(call, objs: tuple, site: str) -> Fusable | None:
     """The ``Fusable`` of a captured AllReduce ``call`` (issued with ``objs``), or None when it
     runs on its own."""
     comm, dtype = call.comm, call.dtype
-    algo, slice_bytes = call.knobs
+    algo, slice_bytes = call.knobs[:2]
     nbytes = call.count * dtype.itemsize
     if algo != "auto" or comm.size < 2 or call.count == 0:
         return None

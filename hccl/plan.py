@@ -3,10 +3,11 @@
 Design note.
 
 A collective call repeats work that depends only on its shape (op, rank, size, count, dtype,
-reduce op, root, peer, in place, algorithm, slice bytes): building the schedule, the bytes each
-buffer needs, the wire fingerprint, the flight recorder's names. Each message repeats work that
-depends only on its secret (the keyed HMAC) or its fingerprint (normalizing it to 5 ints). At
-64 KiB and below that work costs as much as the copy, so it is done once and looked up.
+reduce op, root, peer, in place, algorithm, slice bytes, the transport's solo bytes): building
+the schedule, the bytes each buffer needs, the wire fingerprint, the flight recorder's names.
+Each message repeats work that depends only on its secret (the keyed HMAC) or its fingerprint
+(normalizing it to 5 ints). At 64 KiB and below that work costs as much as the copy, so it is
+done once and looked up.
 
 The plans are a ``functools.lru_cache`` of 512 shapes (its hit path is C: a Python-level lookup
 measured 0.2-0.3 us more per call); the fingerprints a ``Memo``: a dict bounded by a size,
@@ -101,11 +102,11 @@ class Plan:
 
 @functools.lru_cache(maxsize=512)
 def collective(op: OpType, rank: int, size: int, count: int, dtype: DataType, redop, root, peer,
-               inplace: bool, algo: str, slice_bytes: int) -> Plan:
+               inplace: bool, algo: str, slice_bytes: int, solo_bytes: int = 0) -> Plan:
     """The Plan of a call of this shape (built on first use); raises what ``schedule.build``
     raises for bad arguments (nothing is cached then)."""
     steps = schedule.build(op, rank, size, count, dtype.itemsize, slice_bytes, root=root,
-                           peer=peer, inplace=inplace, algo=algo)
+                           peer=peer, inplace=inplace, algo=algo, solo_bytes=solo_bytes)
     nbytes = {name: steps.extents.get(name, 0) for name in ("send", "recv")}
     if inplace:
         nbytes["send"] = nbytes["recv"] = max(nbytes.values())

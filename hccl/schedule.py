@@ -28,9 +28,10 @@ zero-copy Send still reads it: the executor waits that send first (write-after-s
 schedules may reuse memory (ReduceScatter's two scratch slots, Reduce's two slice slots).
 
 In place. ``inplace=True`` means recv is the same memory as send. AllReduce's reduce then reads
-and writes the same bytes; one-shot AllReduce and AllToAll stage send in scratch (its pairwise exchange overwrites chunks not yet sent). The
-other schedules are correct for aliased buffers as they are (the executor skips self-copies and
-tracks hazards by address, not by buffer name).
+and writes the same bytes; one-shot AllReduce (but on 2 ranks whose sends complete alone:
+``one_shot_all_reduce``) and AllToAll stage send in scratch (its pairwise exchange overwrites
+chunks not yet sent). The other schedules are correct for aliased buffers as they are (the
+executor skips self-copies and tracks hazards by address, not by buffer name).
 """
 from __future__ import annotations
 
@@ -61,19 +62,27 @@ ONE_SHOT_BYTES = 64 << 10
 
 
 def one_shot_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
-                        inplace=False) -> list:
+                        inplace=False, solo_bytes=0) -> list:
     """Every rank sends its whole buffer to every other rank, then reduces all n contributions
     in rank order 0, 1, ..., n-1: one message latency instead of 2(n-1) dependent ring steps,
     for (n-1) x S bytes sent per rank, so it only pays for small S. The reduction order is the
-    same on every rank, so results are still bitwise identical. Own data is staged in scratch
-    first, so in place is safe. Buffers larger than ``slice_bytes`` fall back to the ring.
+    same on every rank, so results are still bitwise identical. Buffers larger than
+    ``slice_bytes`` fall back to the ring.
+
+    In place, own data is staged in scratch first: from 3 ranks on, a receive overwrites recv
+    before the rank's own turn in the order; on 2, the one receive reduces element by element
+    into the buffer the send reads, which is safe once the send completed (the executor waits
+    for it), but a send that completes only when the peer receives it would wait for a peer
+    doing the same. So 2 ranks skip the staging copy when the transport completes a send of
+    S bytes alone (``solo_bytes``: ``Transport.solo_bytes``, 0 when unknown).
     """
     check_args(rank, size, count, itemsize, slice_bytes)
     nb = count * itemsize
     if size == 1 or nb == 0 or nb > slice_bytes:
         return ring_all_reduce(rank, size, count, itemsize, slice_bytes, inplace=inplace)
-    own = SCRATCH if inplace else SEND          # in place, recv is overwritten before use
-    steps: list = [Copy(SEND, 0, SCRATCH, 0, nb)] if inplace else []
+    stage = inplace and (size > 2 or nb > solo_bytes)
+    own = SCRATCH if stage else SEND
+    steps: list = [Copy(SEND, 0, SCRATCH, 0, nb)] if stage else []
     for k in range(1, size):                     # stagger the peers so no rank is hit first by all
         steps.append(Send((rank + k) % size, own, 0, nb, 0))
     for p in range(size):                        # recv = r0 op r1 op ... in rank order
@@ -481,20 +490,24 @@ class Schedule:
 
 def build(op, rank: int, size: int, count: int, itemsize: int, slice_bytes: int, *,
           root: int | None = None, peer: int | None = None, inplace: bool = False,
-          algo: str = "ring") -> Schedule:
+          algo: str = "ring", solo_bytes: int = 0) -> Schedule:
     """The schedule of collective ``op`` (an OpType or its name) for ``rank`` of ``size``.
 
     ``count`` is the HCCL call's per-rank count (recv_count for ReduceScatter, send_count for
     AllGather, per-peer count for AllToAll). ``root`` is required for Broadcast/Reduce and
-    ``peer`` (comm rank) for Send/Recv. ``algo="auto"`` picks by size (``choose``). Not cached
+    ``peer`` (comm rank) for Send/Recv. ``algo="auto"`` picks by size (``choose``).
+    ``solo_bytes``: the largest send the transport completes without its peer receiving it
+    (``Transport.solo_bytes``; one-shot AllReduce uses it). Not cached
     here: ``hccl.plan`` keeps the plans of the calls made. Raises InvalidArgumentError for bad
     arguments.
     """
     op = OpType.of(op)
     if algo == "auto":
         algo = choose(op, count * itemsize, size)
-    return Schedule.of(algorithms(algo)[op](rank, size, count, itemsize, slice_bytes, root=root,
-                                            peer=peer, inplace=bool(inplace)))
+    builder = algorithms(algo)[op]
+    opts = {"solo_bytes": solo_bytes} if builder is one_shot_all_reduce else {}
+    return Schedule.of(builder(rank, size, count, itemsize, slice_bytes, root=root, peer=peer,
+                               inplace=bool(inplace), **opts))
 
 
 def reduces(steps) -> bool:

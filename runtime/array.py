@@ -44,13 +44,14 @@ def _shape(shape) -> tuple:
 
 
 class DeviceArray(DeviceBuffer):
-    """An array in simulated device memory: ``shape``, ``dtype``, ``nbytes``, ``ptr``.
+    """An array in simulated device memory: ``shape``, ``dtype``, ``nbytes``, ``ptr``, and
+    ``freed``, True once ``free()`` was called (or the array was collected).
 
     Zero-size arrays are legal and take no device memory (``ptr`` is None). The memory goes back
     to the pool on ``free()`` or when the array is garbage-collected.
     """
 
-    __slots__ = ("shape", "dtype", "nbytes", "ptr", "_freed", "_site", "_owner", "_base", "__weakref__")
+    __slots__ = ("shape", "dtype", "nbytes", "ptr", "freed", "_site", "_owner", "_base", "__weakref__")
 
     def __init__(self, ptr: DevicePtr | None, shape, dtype, *, _owner: bool = False, _site: str = ""):
         self.shape = _shape(shape)
@@ -59,7 +60,7 @@ class DeviceArray(DeviceBuffer):
         self.ptr = ptr
         self._owner = _owner
         self._base = None
-        self._freed = False
+        self.freed = False
         self._site = _site
         if ptr is not None and self.nbytes:
             host_view(ptr, self.nbytes, name="ptr")  # validates liveness and size
@@ -68,15 +69,10 @@ class DeviceArray(DeviceBuffer):
         """The pointer to the first byte (None when empty); MemoryAccessError once freed."""
         if self.nbytes == 0:
             return None
-        if self._freed:
+        if self.freed:
             raise MemoryAccessError(f"{name}: use after free: {self!r} was freed (allocated at "
                                     f"{self._site})")
         return self.ptr
-
-    @property
-    def freed(self) -> bool:
-        """True once ``free()`` was called (or the array was collected)."""
-        return self._freed
 
     @property
     def size(self) -> int:
@@ -120,7 +116,7 @@ class DeviceArray(DeviceBuffer):
         return self._view(ptr, (stop - start,) + self.shape[1:], self.dtype)
 
     def _view(self, ptr, shape, dtype) -> "DeviceArray":
-        if self._freed:
+        if self.freed:
             raise MemoryAccessError(f"use after free: {self!r} was freed (allocated at {self._site})")
         v = DeviceArray(ptr if math.prod(shape) else None, shape, dtype, _site=self._site)
         v._base = self          # keeps the owner (and its memory) alive while the view lives
@@ -164,22 +160,22 @@ class DeviceArray(DeviceBuffer):
 
     def free(self) -> None:
         """Return the memory to the pool now. Freeing twice raises MemoryAccessError."""
-        if self._freed:
+        if self.freed:
             raise MemoryAccessError(f"double free of {self!r} (allocated at {self._site})")
         if self.ptr is not None and self._owner:
             free(self.ptr)      # first: a free the stream check refuses leaves the array usable
-        self._freed = True
+        self.freed = True
 
     def __del__(self):
-        if self._owner and not self._freed and self.ptr is not None:
-            self._freed = True
+        if self._owner and not self.freed and self.ptr is not None:
+            self.freed = True
             try:
                 free_from_gc(self.ptr)
             except Exception:  # device reset or interpreter shutdown: nothing left to free
                 pass
 
     def __repr__(self):
-        where = "freed" if self._freed else (f"0x{self.ptr.addr:x}" if self.ptr is not None else "empty")
+        where = "freed" if self.freed else (f"0x{self.ptr.addr:x}" if self.ptr is not None else "empty")
         return f"DeviceArray(shape={self.shape}, dtype={self.dtype}, device={self._device()}, {where})"
 
     def _device(self):

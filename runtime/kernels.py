@@ -76,7 +76,7 @@ def launch(kernel, *args, stream=None, name: str | None = None, reads=(), writes
         if type(a) is ReadOnly:
             dev, a = True, a.buf
         if isinstance(a, DeviceArray):
-            if a._freed:
+            if a.freed:
                 raise InvalidParamError(f"launch: argument {i} is a freed DeviceArray (allocated at {a._site})")
             dev = True
             a = a.ptr

@@ -13,6 +13,7 @@ after free. The check costs nothing on live memory: it runs once a generation sa
 from __future__ import annotations
 
 import enum
+import weakref
 from functools import partial
 
 import numpy as np
@@ -236,28 +237,35 @@ def buffer_nbytes(buf) -> int:
 
 
 def allocation_marks(bufs) -> tuple:
-    """What ``same_allocations`` compares later, one mark per buffer of ``bufs`` (DevicePtr /
-    DeviceBuffer, validated live by the caller; None for None or an empty array): the allocation
-    it lies in now. A free, a new allocation at the same address or a reset of the device
-    changes it, so a caller that validated buffers once can skip the checks while none did."""
+    """What ``same_allocations`` compares later, one mark per buffer of ``bufs`` (None, or a
+    DevicePtr / DeviceBuffer validated live by the caller): the object itself, held by a weak
+    reference that never keeps it alive (a DevicePtr by value: none), and the allocation it lies
+    in now (none for None or an empty array). A free, a new allocation at the same address or a
+    reset of the device changes it, so a caller that validated buffers once can skip the checks
+    while none did."""
     marks = []
     for b in bufs:
-        p = b if b is None or type(b) is DevicePtr else b.device_ptr("buf")
-        marks.append(None if p is None else (p._block, p._gen, p._ctx))
+        ref = None if b is None or type(b) is DevicePtr else weakref.ref(b)
+        p = b if ref is None else b.device_ptr("buf")
+        marks.append((ref, None, 0, None) if p is None else (ref, p._block, p._gen, p._ctx))
     return tuple(marks)
 
 
 def same_allocations(marks: tuple, bufs) -> bool:
-    """True while each of ``bufs`` lies in the allocation ``allocation_marks(bufs)`` saw, that
-    allocation is live, and no DeviceBuffer among them was freed."""
+    """True while each of ``bufs`` is the very object ``allocation_marks`` saw (a DevicePtr:
+    one equal to it), lies in the allocation it saw, that allocation is live, and no
+    DeviceBuffer among them was freed."""
     prev = None
-    for m, b in zip(marks, bufs):
-        if m is not None and b is not prev:     # an in-place call passes (x, x): x once
-            prev = b
-            block, gen, ctx = m
-            if block.gen != gen or contexts_by_device.get(ctx.device_id) is not ctx or \
-                    (type(b) is not DevicePtr and b.freed):
-                return False
+    for (ref, block, gen, ctx), b in zip(marks, bufs):
+        if b is prev:           # an in-place call passes (x, x): x once
+            continue
+        prev = b
+        if ref is not None and ref() is not b:
+            return False
+        if block is not None and (block.gen != gen or
+                                  contexts_by_device.get(ctx.device_id) is not ctx or
+                                  (ref is not None and b.freed)):
+            return False
     return True
 
 

@@ -178,6 +178,12 @@ class Transport:
     sleep (default ``CondBell``); any object with ``value()``, ``ring()`` and ``wait(seen, s)``.
     """
 
+    # The largest payload whose send completes without the peer receiving it (copied into a
+    # ring slot, a mailbox or the OS): a schedule may write the buffer of such a send at its
+    # next step (the executor waits for the completion), and two ranks that both do so never
+    # wait for each other (hccl.schedule.one_shot_all_reduce). 0: none is assumed to.
+    solo_bytes = 0
+
     def __init__(self, rank: int, size: int, bell=None):
         if not (isinstance(size, int) and size >= 1 and isinstance(rank, int)
                 and 0 <= rank < size):

@@ -99,6 +99,11 @@ class ProcessTransport(Transport):
         self.segment = f"{channel.name}:{os.getpid()}:{self._segment_fd}" \
             if channel is not None else ""
         self.max_message = int(max_message)
+        # a send to a peer of this node completes alone when it is copied into the ring (below
+        # NPUSIM_SHM_MIN_BYTES and within a slot; a full ring overflows to the socket, which
+        # copies or hands the payload to the OS); a socket's, whatever its size
+        self.solo_bytes = self.max_message if channel is None else \
+            min(channel.capacity, config.shm_min_bytes() - 1)
         self.node = ipc.node_id()
         self.peer_memory = ipc.PeerMemories()
         self.ring_sends = self.shm_sends = self.shm_recvs = 0

@@ -34,7 +34,7 @@ def test_knobs_are_read_once_per_communicator(monkeypatch):
     want = np.arange(1000, dtype=np.float32) * 3 * 2 ** (calls - 1)
     for out, knobs in outs:
         np.testing.assert_array_equal(out, want)
-        assert knobs == ("ring", 64)
+        assert knobs == ("ring", 64, 1 << 62)         # inproc: every send is a copy
     # one read of each per communicator (2 ranks), not one per call (10)
     assert sorted(reads) == sorted(["algo_set", "slice_bytes", "exec_timeout"] * 2), reads
 

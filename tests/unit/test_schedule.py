@@ -48,12 +48,13 @@ def _addr(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
-def simulate(progs, bufs, op=ReduceOp.SUM, dtype=np.int32):
+def simulate(progs, bufs, op=ReduceOp.SUM, dtype=np.int32, solo=0):
     """Run all ranks' schedules round-robin over an in-memory mailbox, with zero-copy semantics.
 
     A rank blocks on a Recv whose message is not there, and on any write over bytes that one of
-    its sends not yet received still reads (the strictest transport). Fails on deadlock, on a
-    tag used twice, on a size mismatch and on messages left over.
+    its sends not yet received still reads (the strictest transport), but for sends of at most
+    ``solo`` bytes (``Transport.solo_bytes``: complete at once). Fails on deadlock, on a tag
+    used twice, on a size mismatch and on messages left over.
     """
     n = len(progs)
     views = []
@@ -89,7 +90,8 @@ def simulate(progs, bufs, op=ReduceOp.SUM, dtype=np.int32):
                     mail[key] = bytes(v[st.buf][st.offset:st.offset + st.nbytes])
                     assert len(mail[key]) == st.nbytes
                     lo = _addr(v[st.buf]) + st.offset
-                    pending[r].append((lo, lo + st.nbytes, key))
+                    if st.nbytes > solo:
+                        pending[r].append((lo, lo + st.nbytes, key))
                 elif isinstance(st, Recv):
                     key = (st.peer, r, st.step)
                     if key not in mail or blocked(r, st.buf, st.offset, st.nbytes):
@@ -385,6 +387,36 @@ def test_one_shot_all_reduce_structure_and_fallback():
     ring = sch.one_shot_all_reduce(1, n, count, 4, 256)           # 400 B > 256 B slices: ring
     assert not any(isinstance(s, sch.LocalReduce) for s in ring)
     assert sch.algorithms("oneshot")[OpType.ALLREDUCE] is sch.one_shot_all_reduce
+
+
+@pytest.mark.parametrize("count", [1, 7, 1000])
+def test_two_ranks_in_place_one_shot_skips_the_staging_copy_when_sends_complete_alone(count):
+    """In place on 2 ranks, sends the transport completes alone need no scratch: the one
+    receive reduces into the buffer the send read. Larger sends still stage (without, the two
+    ranks would wait for each other: the simulation's zero-copy sends deadlock)."""
+    nb = 4 * count
+    for solo, staged in ((nb, False), (1 << 30, False), (nb - 1, True), (0, True)):
+        progs = [sch.build(OpType.ALLREDUCE, r, 2, count, 4, BIG, inplace=True, algo="oneshot",
+                           solo_bytes=solo) for r in range(2)]
+        assert [any(isinstance(s, Copy) for s in p) for p in progs] == [staged, staged]
+        assert [sch.buffer_extents(p).get(SCRATCH, 0) for p in progs] == [nb * staged] * 2
+        bufs, expect = make_case(OpType.ALLREDUCE, 2, count, np.float32, True, 0,
+                                 np.random.default_rng(count), ReduceOp.SUM)
+        simulate(progs, bufs, ReduceOp.SUM, np.float32, solo=solo)
+        for r in range(2):
+            np.testing.assert_array_equal(bufs[r]["recv"].view(np.uint32),
+                                          bufs[0]["recv"].view(np.uint32))
+            np.testing.assert_allclose(bufs[r]["recv"], expect[r], rtol=1e-6)
+    unstaged = [sch.build(OpType.ALLREDUCE, r, 2, count, 4, BIG, inplace=True, algo="oneshot",
+                          solo_bytes=nb) for r in range(2)]
+    bufs, _ = make_case(OpType.ALLREDUCE, 2, count, np.int32, True, 0,
+                        np.random.default_rng(1))
+    with pytest.raises(AssertionError, match="deadlock"):
+        simulate(unstaged, bufs, solo=0)      # what staging avoids where sends wait
+    for n in (3, 4):                          # from 3 ranks on, a receive overwrites own data
+        assert all(isinstance(sch.build(OpType.ALLREDUCE, r, n, count, 4, BIG, inplace=True,
+                                        algo="oneshot", solo_bytes=1 << 30)[0], Copy)
+                   for r in range(n))
 
 
 def test_star_all_reduce_goes_through_rank_0_in_rank_order():
