@@ -1,5 +1,6 @@
 """The intra-node channel over real processes: same bytes as the network path, other nodes over
-the network, and no shared-memory segment outliving a job (even one whose rank is SIGKILLed)."""
+the network, no shared-memory segment outliving a job (even one whose rank is SIGKILLed), and
+2 ranks' in-place AllReduce staged exactly where a send waits for the peer."""
 import hashlib
 import multiprocessing as mp
 import os
@@ -24,6 +25,7 @@ def _rank_main(rank, size, root_info, cases, env, fake_nodes, q):
         os.environ["NPUSIM_HBM_BYTES"] = str(1 << 30)
         import collective_cases as cc
         import runtime
+        from hccl import executor
         from runtime import ipc
         if fake_nodes:                       # ranks of "another node" get another node id
             ipc._node_id = f"{ipc.node_id()}/fake{fake_nodes[rank]}"
@@ -42,7 +44,9 @@ def _rank_main(rank, size, root_info, cases, env, fake_nodes, q):
                 failures.append(f"{case}: {str(e)[:300]}")
         info = {"digests": digests, "failures": failures, "left": left,
                 "local": t.local_peers, "ring": t.ring_sends,
-                "shm": t.channel is not None}
+                "shm": t.channel is not None, "solo": t.solo_bytes,
+                "staged": [c.program.ops[0][0] == executor._COPY
+                           for c in comm._calls._d.values()]}
         comm.destroy()
         runtime.reset_device()
         q.put((rank, info))
@@ -97,6 +101,24 @@ def test_channel_and_network_paths_give_identical_bytes():
         assert shm[r]["local"] == [p for p in range(size) if p != r]
         assert shm[r]["ring"] > len(cases)          # the channel carried the traffic
         assert shm[r]["left"] == []                 # its own name gone once init returned
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("env,solo", [({}, (64 << 10) + 32),            # a slot, less its header
+                                      ({"NPUSIM_SHM_SLOT_BYTES": "4224"}, 4128),
+                                      ({"NPUSIM_SHM": "0"}, 256 << 20)])   # zmq.MAX_MESSAGE
+def test_two_ranks_in_place_all_reduce_stages_only_sends_that_wait_for_the_peer(env, solo):
+    """In place on 2 ranks, the one-shot AllReduce skips its staging copy up to the transport's
+    ``solo_bytes`` (a copy into a ring slot; sockets: any size) and stages above, where a send
+    completes only once the peer has read it: exact results both ways, no wait on each other."""
+    nbytes = [1024, 4096, 8192, 64 << 10]
+    cases = [{"op": "all_reduce", "dtype": dt, "redop": redop, "count": nb // 4, "inplace": True}
+             for nb in nbytes for dt, redop in (("float32", "SUM"), ("int32", "MAX"))]
+    got = run_procs(2, cases, {"NPUSIM_SLICE_BYTES": str(1 << 20), **env})
+    for r in range(2):
+        assert got[r]["solo"] == solo
+        # the Calls in the order made: one per case (a fresh buffer each time), staged above solo
+        assert got[r]["staged"] == [nb > solo for nb in nbytes for _ in range(2)], (r, env)
 
 
 @pytest.mark.timeout(300)
