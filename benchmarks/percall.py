@@ -234,6 +234,13 @@ def count(comm, x, op, calls: int) -> dict:
     return out
 
 
+def _commit(checkout: str) -> str:
+    """The short commit of a git checkout (a worktree or clone), "?" for a plain directory."""
+    p = subprocess.run(["git", "-C", checkout, "rev-parse", "--short", "HEAD"],
+                       capture_output=True, text=True)
+    return p.stdout.strip() if p.returncode == 0 else "?"
+
+
 def _run(side: str | None, world: int, nbytes: int, calls: int) -> dict:
     """One npurun of this benchmark at ``world``; ``side``: another checkout whose runtime
     and hccl it measures (this very file runs, by its path), None for this one."""
@@ -299,8 +306,9 @@ def table(worlds: list[int], nbytes: int, calls: int, base: str | None = None,
                 f"the floor's spin never yields); *apart*, two plain processes between the runs "
                 f"of each round. This machine's speed drifts by tens of percent from second to "
                 f"second: compare ratios of the same run, the in-job one first, not "
-                f"microseconds across runs." + (" *before*: the checkout BEFORE, run "
-                                                "alternately with *after*." if base else ""))
+                f"microseconds across runs." + (f" *before*: the checkout BEFORE (commit "
+                                                f"`{_commit(base)}`), run alternately with "
+                                                "*after*." if base else ""))
         page.write_section("percall", "Per-call cost of an eager small AllReduce", cmd, head,
                            rows, text)
     return 0
