@@ -7,7 +7,14 @@ what costs little out: ``floor = max(ABS_FLOOR_US, STEP_SHARE * the median step 
   exceeds ``median + K * max(1.4826 * MAD, REL_FLOOR * median)`` (MAD: the median absolute
   deviation; 1.4826 * MAD estimates the standard deviation of normal noise; REL_FLOOR keeps an
   operator with near-constant times from flagging small excursions: a flagged call takes at
-  least 2.5 times its median) and by at least the floor.
+  least 2.5 times its median) and by at least the floor. Each call is judged at the speed its
+  rank ran at that moment (``local_factors``): its time divided by how much slower than their
+  own medians the calls of *other* operators just before it, or just after it, ran. A
+  core that runs slower for a while slows every operator then: measured here, in a healthy
+  world-2 run of examples/train_ddp.py, every kernel of one rank ran 2-3 times its median in
+  *user* CPU time for ~30 ms, with no page fault and no context switch (another VM, or the
+  other rank on the core's hyperthread sibling), and the call rule flagged the kernels that
+  crossed 2.5x. An operator slow on its own is slow beside normal neighbours.
 - **A rank** is flagged for an operator (not a collective, below) that every rank calls equally
   often (the same work) when
   its median time is at least (1 + RANK_REL) times the median of the other ranks' medians, and
@@ -59,6 +66,7 @@ STEP_SHARE = 0.02       # ... nor one below 2 % of the median step time
 RANK_REL = 0.15         # a rank's median at least this much above the others'
 RANK_SHARE = 0.75       # ... in at least this share of its calls
 MAD_SIGMA = 1.4826
+NEIGHBOURS = 2          # calls of other operators on each side that tell a rank's speed then
 
 
 @dataclass(frozen=True)
@@ -92,6 +100,7 @@ class OpCalls:
     cpu: np.ndarray           # microseconds, NaN where not recorded
     step: np.ndarray
     site: list
+    t0: np.ndarray | None = None    # start times (us), for ``local_factors``; None: unknown
 
 
 def _spread(v: np.ndarray) -> tuple[float, float]:
@@ -113,16 +122,63 @@ def _has_cpu(c: OpCalls) -> bool:
     return len(c.cpu) > 0 and not np.isnan(c.cpu).any()
 
 
-def slow_calls(c: OpCalls, floor_us: float = ABS_FLOOR_US) -> list[Flag]:
-    """The calls of ``c`` far above its usual time (the call rule of the design note)."""
-    if len(c.time) < MIN_CALLS or c.kind == "collective":
+def _judged(c: OpCalls) -> bool:
+    return len(c.time) >= MIN_CALLS and c.kind != "collective"
+
+
+def local_factors(calls: list[OpCalls]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The (wall, CPU) factors of each of ``calls`` (one rank's operators, in that order), one
+    per call: how much slower than usual the rank ran around each call. Each side of the call
+    says it by the median, over the NEIGHBOURS calls of other judged operators started just
+    before it (or just after), of their time over their operator's median; the factor is the
+    larger side's, at least 1 (a side with fewer such calls says nothing; no start times: 1).
+    A call at either edge of a slow stretch has one slow side."""
+    judged = [c for c in calls if _judged(c) and c.t0 is not None and len(c.t0) == len(c.time)]
+    out = {id(c): (np.ones(len(c.time)), np.ones(len(c.time))) for c in calls}
+    if len(judged) < 2:
+        return [out[id(c)] for c in calls]
+    t0 = np.concatenate([c.t0 for c in judged])
+    wall = np.concatenate([c.time / max(float(np.median(c.time)), 1e-9) for c in judged])
+    cpu = np.concatenate([c.cpu / max(float(np.median(c.cpu)), 1e-9) if _has_cpu(c)
+                          else np.full(len(c.time), np.nan) for c in judged])
+    op = np.concatenate([np.full(len(c.time), k) for k, c in enumerate(judged)])
+    order = np.argsort(t0, kind="stable")
+    wall, cpu, op = wall[order], cpu[order], op[order]
+    pos = np.empty(len(order), np.int64)       # a call's place in start-time order
+    pos[order] = np.arange(len(order))
+    at = 0
+    for k, c in enumerate(judged):
+        mine = pos[at:at + len(c.time)]
+        at += len(c.time)
+        others = np.flatnonzero(op != k)        # the calls of other operators, in time order
+        i = np.searchsorted(others, mine)       # others[i - 1] starts before, others[i] after
+        fw, fc = np.ones(len(mine)), np.ones(len(mine))
+        before, after = np.arange(-NEIGHBOURS, 0), np.arange(NEIGHBOURS)
+        for side in (i[:, None] + before, i[:, None] + after):
+            ok = (side >= 0).all(axis=1) & (side < len(others)).all(axis=1)
+            near = others[np.clip(side, 0, max(len(others) - 1, 0))]
+            w = np.where(ok, np.median(wall[near], axis=1), 1.0)
+            u = np.median(cpu[near], axis=1)
+            fw = np.maximum(fw, w)
+            fc = np.maximum(fc, np.where(ok & ~np.isnan(u), u, 1.0))
+        out[id(c)] = (fw, fc)
+    return [out[id(c)] for c in calls]
+
+
+def slow_calls(c: OpCalls, floor_us: float = ABS_FLOOR_US,
+               factors: tuple | None = None) -> list[Flag]:
+    """The calls of ``c`` far above its usual time (the call rule of the design note), each
+    judged at its rank's speed then (``factors``: its ``local_factors``; None: 1)."""
+    if not _judged(c):
         return []
-    out, m = _outliers(c.time, floor_us)
+    fw, fc = factors if factors is not None else (1.0, 1.0)
+    out, m = _outliers(c.time / fw, floor_us)
     if out.any() and _has_cpu(c):
         # the floor in the operator's CPU time: a loaded machine stretches wall time (and the
         # step time the floor comes from), not CPU time
         scale = min(1.0, float(np.median(c.cpu)) / m) if m > 0 else 1.0
-        out &= _outliers(c.cpu, floor_us * scale)[0]
+        out &= _outliers(c.cpu / fc, floor_us * scale)[0]
+    m = float(np.median(c.time))
     return [Flag("call", c.rank, c.op, c.kind, int(c.step[i]), (int(c.step[i]),), c.site[i],
                  float(c.time[i]), m, len(c.time)) for i in np.flatnonzero(out)]
 

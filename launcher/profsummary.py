@@ -59,7 +59,7 @@ def _op_calls(rt: RankTrace, upto: int) -> dict:
     for (kind, name), idx in _groups(rt, mask).items():
         out[(kind, name)] = fluctuation.OpCalls(
             rt.rank, name, kind, (rt.t1[idx] - rt.t0[idx]) - rt.wait[idx], rt.cpu[idx],
-            rt.step[idx], [rt.site[i] for i in idx])
+            rt.step[idx], [rt.site[i] for i in idx], rt.t0[idx])
     return out
 
 
@@ -179,8 +179,9 @@ def _slowest(traces, busy: dict, calls: dict, common: int) -> dict | None:
 def _fluctuations(calls: dict, common: int, floor: float) -> list[dict]:
     flags = []
     for per_op in calls.values():
-        for c in per_op.values():
-            flags += fluctuation.slow_calls(c, floor)
+        ops = list(per_op.values())
+        for c, f in zip(ops, fluctuation.local_factors(ops)):
+            flags += fluctuation.slow_calls(c, floor, f)
     keys = {k for per_op in calls.values() for k in per_op}
     shared = [[calls[r][key] for r in sorted(calls)] for key in sorted(keys)
               if all(key in calls[r] for r in calls)]

@@ -17,15 +17,16 @@ KERNELS = (("forward", 8000.0), ("matmul", 10000.0), ("backward", 9000.0), ("upd
 # name, wall us (CPU time: 90 %)
 
 
-def job(tmp_path, world=3, steps=20, *, slow=None, slow_rank=None, late=None, transfer=3000.0,
-        host=2000.0, marks=True, noise=0.03, seed=0):
+def job(tmp_path, world=3, steps=20, *, slow=None, slow_rank=None, slow_core=None, late=None,
+        transfer=3000.0, host=2000.0, marks=True, noise=0.03, seed=0):
     """Per-rank trace files of a synthetic data-parallel job, and what each rank did per step.
 
     Every iteration: the KERNELS one after the other on stream 1, then an AllReduce on stream 2
     that starts when the rank's kernels end and ends ``transfer`` us after the last rank started
     it; then ``host`` us with nothing running, in the middle of which the host marks the step.
     ``slow=(rank, step, factor)`` makes matmul that much slower in that one step (wall and CPU);
-    ``slow_rank=(rank, factor)`` on every step; ``late=(rank, us)``: the rank's host code runs
+    ``slow_rank=(rank, factor)`` on every step; ``slow_core=(rank, step, factor)``: every kernel
+    of that rank in that step (a core that ran slower then); ``late=(rank, us)``: the rank's host code runs
     ``us`` longer before its kernels at every step. Returns (paths, truth): truth[rank][step] =
     {"compute", "transfer", "peer_wait", "host", "step"} in us.
     """
@@ -45,6 +46,8 @@ def job(tmp_path, world=3, steps=20, *, slow=None, slow_rank=None, late=None, tr
                     d *= slow[2]
                 if name == "matmul" and slow_rank and slow_rank[0] == r:
                     d *= slow_rank[1]
+                if slow_core and slow_core[0] == r and slow_core[1] == it:
+                    d *= slow_core[2]
                 issued[r][1] += 1
                 events[r].append({"name": name, "cat": "kernel", "ph": "X", "pid": r, "tid": 1,
                                   "ts": s, "dur": d, "args": {"site": SITE, "task": issued[r][1],
@@ -141,6 +144,44 @@ def test_a_healthy_job_flags_nothing(tmp_path):
     for seed in range(5):
         paths, _ = job(tmp_path, noise=0.1, seed=seed)
         assert profsummary.summarize(paths)["fluctuations"] == [], seed
+
+
+@pytest.mark.parametrize("factor", [2.6, 3.0])
+def test_a_core_slower_for_a_step_flags_no_operator_but_an_operator_slow_alone_is_flagged(
+        tmp_path, factor):
+    # every kernel of rank 1 runs factor x slower in step 7, wall and CPU time: the core, not
+    # an operator; the same factor on matmul alone, beside normal neighbours, is flagged
+    paths, _ = job(tmp_path, slow_core=(1, 7, factor))
+    assert profsummary.summarize(paths)["fluctuations"] == []
+    paths, _ = job(tmp_path, slow=(1, 7, factor))
+    (f,) = profsummary.summarize(paths)["fluctuations"]
+    assert (f["what"], f["rank"], f["name"], f["step"]) == ("call", 1, "matmul", 7)
+    assert f["ratio"] == pytest.approx(factor, rel=0.1)
+    # judged without the neighbours, the slow core's step is flagged: what the factors fix
+    paths, _ = job(tmp_path, slow_core=(1, 7, factor))
+    doc = profsummary.summarize(paths)
+    traces = [profparts.load(p) for p in paths]
+    profparts.analyze(traces)
+    calls = profsummary._op_calls(traces[1], 20)
+    plain = [f for c in calls.values() for f in fluctuation.slow_calls(c)]
+    assert {f.op for f in plain} >= {"matmul", "forward", "backward"} and doc["fluctuations"] == []
+
+
+def test_local_factors_are_the_neighbours_median_of_other_operators():
+    t0 = np.arange(40, dtype=float) * 10.0
+    a = fluctuation.OpCalls(0, "a", "kernel", np.full(20, 100.0), np.full(20, 90.0),
+                            np.arange(20), [None] * 20, t0[0::2])
+    b = fluctuation.OpCalls(0, "b", "kernel", np.full(20, 200.0), np.full(20, 180.0),
+                            np.arange(20), [None] * 20, t0[1::2])
+    b.time[8:12] *= 3.0                     # b slow around a's calls 8..11
+    b.cpu[8:12] *= 3.0
+    fa, fb = fluctuation.local_factors([a, b])
+    assert fa[0][0] == 1.0 and fb[0][0] == 1.0
+    assert fa[0][10] == pytest.approx(3.0) and fa[1][10] == pytest.approx(3.0)
+    assert (fb[0] == 1.0).all()            # a ran normally throughout: b's slowness is its own
+    # too few calls of other operators (or none judged): 1
+    (only,) = fluctuation.local_factors([a])
+    assert (only[0] == 1.0).all() and (only[1] == 1.0).all()
 
 
 def test_a_call_slow_in_wall_time_only_is_descheduling_not_the_operator():
