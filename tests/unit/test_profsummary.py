@@ -26,9 +26,9 @@ def job(tmp_path, world=3, steps=20, *, slow=None, slow_rank=None, slow_core=Non
     it; then ``host`` us with nothing running, in the middle of which the host marks the step.
     ``slow=(rank, step, factor)`` makes matmul that much slower in that one step (wall and CPU);
     ``slow_rank=(rank, factor)`` on every step; ``slow_core=(rank, step, factor)``: every kernel
-    of that rank in that step (a core that ran slower then); ``late=(rank, us)``: the rank's host code runs
-    ``us`` longer before its kernels at every step. Returns (paths, truth): truth[rank][step] =
-    {"compute", "transfer", "peer_wait", "host", "step"} in us.
+    of that rank in that step (a core that ran slower then); ``late=(rank, us)``: the rank's
+    host code runs ``us`` longer before its kernels at every step. Returns (paths, truth):
+    truth[rank][step] = {"compute", "transfer", "peer_wait", "host", "step"} in us.
     """
     rng = np.random.default_rng(seed)
     events = {r: [] for r in range(world)}
