@@ -1,4 +1,5 @@
 """The runtime memory API: malloc/free, copies, arrays, statistics, bad input, OOM, leaks."""
+import inspect
 import os
 import threading
 
@@ -57,6 +58,7 @@ def test_double_free_and_use_after_free(device):
 
 def test_a_stale_pointer_is_caught_when_its_memory_goes_out_again(device):
     """A cached malloc + free hands the same memory out again; the old pointers stay stale."""
+    first = inspect.currentframe().f_lineno + 1     # p1's allocation; p2's is 2 lines on
     p1 = runtime.malloc(MiB)
     runtime.free(p1)
     p2 = runtime.malloc(MiB)
@@ -64,8 +66,8 @@ def test_a_stale_pointer_is_caught_when_its_memory_goes_out_again(device):
     p3 = runtime.malloc(MiB)
     assert p1.addr == p2.addr == p3.addr and p3 != p2 and p3 != p1
     host = np.arange(64, dtype=np.uint8)
-    for stale, line in ((p1, "test_memory_api.py:60"), (p2, "test_memory_api.py:62"),
-                        (p2 + 8, "test_memory_api.py:62")):
+    at1, at2 = f"test_memory_api.py:{first}", f"test_memory_api.py:{first + 2}"
+    for stale, line in ((p1, at1), (p2, at2), (p2 + 8, at2)):
         with pytest.raises(errors.MemoryAccessError, match="use after free") as e:
             runtime.memcpy(stale, host, 16)
         assert "and freed" in str(e.value) and line in str(e.value)
