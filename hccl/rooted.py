@@ -25,7 +25,7 @@ def _start(rank, size, count, itemsize, slice_bytes, root, *, reduce: bool) -> l
 
 
 def chain_broadcast(rank, size, count, itemsize, slice_bytes, *, root=0, peer=None,
-                    inplace=False) -> list:
+                    inplace=False, solo_bytes=0) -> list:
     """Pipelined chain root -> root+1 -> ... -> root-1 on ``recv``: n-1+slices-1 slice times."""
     steps = _start(rank, size, count, itemsize, slice_bytes, root, reduce=False)
     pos = (rank - root) % size
@@ -39,7 +39,7 @@ def chain_broadcast(rank, size, count, itemsize, slice_bytes, *, root=0, peer=No
 
 
 def mesh_broadcast(rank, size, count, itemsize, slice_bytes, *, root=0, peer=None,
-                   inplace=False) -> list:
+                   inplace=False, solo_bytes=0) -> list:
     """The root sends every slice to every other rank directly: one hop. Inside a node a
     receiver reads the root's memory in place, so the root copies nothing and the n-1 reads run
     at once (HCCL's fullmesh); across nodes the root's link carries (n-1) S."""
@@ -55,7 +55,7 @@ def mesh_broadcast(rank, size, count, itemsize, slice_bytes, *, root=0, peer=Non
 
 
 def chain_reduce(rank, size, count, itemsize, slice_bytes, *, root=0, peer=None,
-                 inplace=False) -> list:
+                 inplace=False, solo_bytes=0) -> list:
     """Pipelined chain root+1 -> root+2 -> ... -> root, reducing on the way.
 
     Intermediate ranks accumulate in two scratch slots of one slice each (slice k uses slot
@@ -82,7 +82,7 @@ def chain_reduce(rank, size, count, itemsize, slice_bytes, *, root=0, peer=None,
 
 
 def scatter_all_gather_broadcast(rank, size, count, itemsize, slice_bytes, *, root=0,
-                                 peer=None, inplace=False) -> list:
+                                 peer=None, inplace=False, solo_bytes=0) -> list:
     """Broadcast as a scatter (the root sends chunk c to rank c) then a ring AllGather of the
     chunks on ``recv``: the root sends (n-1)/n S instead of S, and every link carries S/n at a
     time, so large buffers finish in about 2 S/n per link time instead of one rank's S."""
@@ -120,7 +120,7 @@ def _binomial(v: int, size: int) -> tuple[int | None, list[int]]:
 
 
 def tree_broadcast(rank, size, count, itemsize, slice_bytes, *, root=0, peer=None,
-                   inplace=False) -> list:
+                   inplace=False, solo_bytes=0) -> list:
     """Pipelined binomial-tree Broadcast on ``recv``: ceil(log2 n) hops."""
     steps = _start(rank, size, count, itemsize, slice_bytes, root, reduce=False)
     parent, children = _binomial((rank - root) % size, size)
@@ -134,7 +134,7 @@ def tree_broadcast(rank, size, count, itemsize, slice_bytes, *, root=0, peer=Non
 
 
 def tree_reduce(rank, size, count, itemsize, slice_bytes, *, root=0, peer=None,
-                inplace=False) -> list:
+                inplace=False, solo_bytes=0) -> list:
     """Pipelined binomial-tree Reduce: children (smallest subtree first) reduce into a parent."""
     steps = _start(rank, size, count, itemsize, slice_bytes, root, reduce=True)
     parent, children = _binomial((rank - root) % size, size)

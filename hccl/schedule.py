@@ -100,7 +100,7 @@ def one_shot_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, 
 
 
 def star_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
-                    inplace=False) -> list:
+                    inplace=False, solo_bytes=0) -> list:
     """Every rank sends its buffer to rank 0, which reduces them in rank order and sends the
     result back: 2(n-1) messages in all instead of the one-shot's n(n-1), in two dependent
     hops. Rank 0 computes the only result, so every rank holds the same bytes. Buffers larger
@@ -129,7 +129,7 @@ def _all_reduce_start(rank, size, count, itemsize, slice_bytes, inplace) -> list
 
 
 def ring_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
-                    inplace=False) -> list:
+                    inplace=False, solo_bytes=0) -> list:
     """Ring AllReduce = ReduceScatter + AllGather on ``recv``: 2(n-1) ring steps.
 
     No copy of send into recv first: the first send reads chunk r-1 from ``send``, and each
@@ -156,7 +156,7 @@ def ring_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, peer
 
 
 def mesh_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
-                    inplace=False) -> list:
+                    inplace=False, solo_bytes=0) -> list:
     """ReduceScatter then AllGather, both straight between every pair (HCCL's fullmesh): rank r
     sends chunk c of ``send`` to rank c, writes chunk r as its own data reduced with the n-1
     contributions (in rank order), then sends it to every rank and receives theirs. Two
@@ -183,7 +183,7 @@ def mesh_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, peer
 
 
 def ring_reduce_scatter(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
-                        inplace=False) -> list:
+                        inplace=False, solo_bytes=0) -> list:
     """Ring ReduceScatter: ``count`` is the per-rank (recv) count; n-1 ring steps.
 
     Partial sums live in two scratch slots of one chunk each (step s uses slot s % 2), so the
@@ -225,7 +225,7 @@ def _gather_start(rank, size, count, itemsize, slice_bytes):
 
 
 def ring_all_gather(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
-                    inplace=False) -> list:
+                    inplace=False, solo_bytes=0) -> list:
     """Ring AllGather: ``count`` is the per-rank (send) count; n-1 ring steps on ``recv``, this
     rank's block sent from ``send`` and copied into ``recv`` behind its first sends."""
     steps, lay = _gather_start(rank, size, count, itemsize, slice_bytes)
@@ -235,7 +235,7 @@ def ring_all_gather(rank, size, count, itemsize, slice_bytes, *, root=None, peer
 
 
 def mesh_all_gather(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
-                    inplace=False) -> list:
+                    inplace=False, solo_bytes=0) -> list:
     """Every rank sends its block to every other rank directly and receives theirs: one round
     instead of n-1 dependent ring steps, the same bytes per rank (HCCL's fullmesh). The block
     goes out from ``send``; its copy into ``recv`` follows the sends."""
@@ -255,7 +255,7 @@ def mesh_all_gather(rank, size, count, itemsize, slice_bytes, *, root=None, peer
 
 
 def star_all_gather(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
-                    inplace=False) -> list:
+                    inplace=False, solo_bytes=0) -> list:
     """Every rank sends its block to rank 0, which sends the gathered buffer back: 2(n-1)
     messages in all instead of the mesh's n(n-1), in two dependent hops (the star AllReduce's
     shape). Buffers whose gathered size exceeds ``slice_bytes`` take the mesh."""
@@ -273,7 +273,7 @@ def star_all_gather(rank, size, count, itemsize, slice_bytes, *, root=None, peer
 
 # --- recursive halving / doubling AllReduce (medium messages) -----------------------------------
 def rhd_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
-                   inplace=False) -> list:
+                   inplace=False, solo_bytes=0) -> list:
     """Recursive halving (ReduceScatter) then recursive doubling (AllGather): 2 log2 p rounds.
 
     p is the largest power of two <= n. The n - p extra ranks first hand their whole buffer to
@@ -337,7 +337,7 @@ def rhd_all_reduce(rank, size, count, itemsize, slice_bytes, *, root=None, peer=
 # --- all-to-all, point-to-point, barrier ------------------------------------------------------
 
 def pairwise_all_to_all(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
-                        inplace=False) -> list:
+                        inplace=False, solo_bytes=0) -> list:
     """Pairwise exchange: in step i rank r sends chunk r+i to r+i and receives chunk r-i from r-i.
 
     ``count`` is the per-peer count (send_count == recv_count). In place, ``send`` is staged in
@@ -368,21 +368,21 @@ def _p2p_slices(rank, size, count, itemsize, slice_bytes, peer) -> list[tuple[in
 
 
 def p2p_send(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
-             inplace=False) -> list:
+             inplace=False, solo_bytes=0) -> list:
     """Point-to-point send of ``send[:count]`` to ``peer``, sliced; tags 0, 1, ..."""
     return [Send(peer, SEND, off, nb, k) for k, (off, nb) in
             enumerate(_p2p_slices(rank, size, count, itemsize, slice_bytes, peer))]
 
 
 def p2p_recv(rank, size, count, itemsize, slice_bytes, *, root=None, peer=None,
-             inplace=False) -> list:
+             inplace=False, solo_bytes=0) -> list:
     """Point-to-point receive of ``recv[:count]`` from ``peer``; mirror of ``p2p_send``."""
     return [Recv(peer, RECV, off, nb, k) for k, (off, nb) in
             enumerate(_p2p_slices(rank, size, count, itemsize, slice_bytes, peer))]
 
 
 def dissemination_barrier(rank, size, count=0, itemsize=1, slice_bytes=1, *, root=None,
-                          peer=None, inplace=False) -> list:
+                          peer=None, inplace=False, solo_bytes=0) -> list:
     """Dissemination barrier: in round j send to r+2^j, receive from r-2^j; ceil(log2 n) rounds."""
     check_args(rank, size, 0, 1, 1)
     steps: list = []
@@ -497,17 +497,17 @@ def build(op, rank: int, size: int, count: int, itemsize: int, slice_bytes: int,
     AllGather, per-peer count for AllToAll). ``root`` is required for Broadcast/Reduce and
     ``peer`` (comm rank) for Send/Recv. ``algo="auto"`` picks by size (``choose``).
     ``solo_bytes``: the largest send the transport completes without its peer receiving it
-    (``Transport.solo_bytes``; one-shot AllReduce uses it). Not cached
+    (``Transport.solo_bytes``); every builder takes it, as it takes ``root`` and ``peer``, and
+    one-shot AllReduce uses it. Not cached
     here: ``hccl.plan`` keeps the plans of the calls made. Raises InvalidArgumentError for bad
     arguments.
     """
     op = OpType.of(op)
     if algo == "auto":
         algo = choose(op, count * itemsize, size)
-    builder = algorithms(algo)[op]
-    opts = {"solo_bytes": solo_bytes} if builder is one_shot_all_reduce else {}
-    return Schedule.of(builder(rank, size, count, itemsize, slice_bytes, root=root, peer=peer,
-                               inplace=bool(inplace), **opts))
+    return Schedule.of(algorithms(algo)[op](rank, size, count, itemsize, slice_bytes, root=root,
+                                            peer=peer, inplace=bool(inplace),
+                                            solo_bytes=solo_bytes))
 
 
 def reduces(steps) -> bool:
