@@ -133,21 +133,23 @@ def local_factors(calls: list[OpCalls]) -> list[tuple[np.ndarray, np.ndarray]]:
     before it (or just after), of their time over their operator's median; the factor is the
     larger side's, at least 1 (a side with fewer such calls says nothing; no start times: 1).
     A call at either edge of a slow stretch has one slow side."""
-    judged = [c for c in calls if _judged(c) and c.t0 is not None and len(c.t0) == len(c.time)]
-    out = {id(c): (np.ones(len(c.time)), np.ones(len(c.time))) for c in calls}
+    out = [(np.ones(len(c.time)), np.ones(len(c.time))) for c in calls]
+    judged = [i for i, c in enumerate(calls)
+              if _judged(c) and c.t0 is not None and len(c.t0) == len(c.time)]
     if len(judged) < 2:
-        return [out[id(c)] for c in calls]
-    t0 = np.concatenate([c.t0 for c in judged])
-    wall = np.concatenate([c.time / max(float(np.median(c.time)), 1e-9) for c in judged])
+        return out
+    judged_calls = [calls[i] for i in judged]
+    t0 = np.concatenate([c.t0 for c in judged_calls])
+    wall = np.concatenate([c.time / max(float(np.median(c.time)), 1e-9) for c in judged_calls])
     cpu = np.concatenate([c.cpu / max(float(np.median(c.cpu)), 1e-9) if _has_cpu(c)
-                          else np.full(len(c.time), np.nan) for c in judged])
-    op = np.concatenate([np.full(len(c.time), k) for k, c in enumerate(judged)])
+                          else np.full(len(c.time), np.nan) for c in judged_calls])
+    op = np.concatenate([np.full(len(c.time), k) for k, c in enumerate(judged_calls)])
     order = np.argsort(t0, kind="stable")
     wall, cpu, op = wall[order], cpu[order], op[order]
     pos = np.empty(len(order), np.int64)       # a call's place in start-time order
     pos[order] = np.arange(len(order))
     at = 0
-    for k, c in enumerate(judged):
+    for k, (i_call, c) in enumerate(zip(judged, judged_calls)):
         mine = pos[at:at + len(c.time)]
         at += len(c.time)
         others = np.flatnonzero(op != k)        # the calls of other operators, in time order
@@ -161,8 +163,8 @@ def local_factors(calls: list[OpCalls]) -> list[tuple[np.ndarray, np.ndarray]]:
             u = np.median(cpu[near], axis=1)
             fw = np.maximum(fw, w)
             fc = np.maximum(fc, np.where(ok & ~np.isnan(u), u, 1.0))
-        out[id(c)] = (fw, fc)
-    return [out[id(c)] for c in calls]
+        out[i_call] = (fw, fc)
+    return out
 
 
 def slow_calls(c: OpCalls, floor_us: float = ABS_FLOOR_US,
@@ -172,13 +174,13 @@ def slow_calls(c: OpCalls, floor_us: float = ABS_FLOOR_US,
     if not _judged(c):
         return []
     fw, fc = factors if factors is not None else (1.0, 1.0)
-    out, m = _outliers(c.time / fw, floor_us)
+    m = float(np.median(c.time))
+    out = _outliers(c.time / fw, floor_us)[0]
     if out.any() and _has_cpu(c):
         # the floor in the operator's CPU time: a loaded machine stretches wall time (and the
         # step time the floor comes from), not CPU time
         scale = min(1.0, float(np.median(c.cpu)) / m) if m > 0 else 1.0
         out &= _outliers(c.cpu / fc, floor_us * scale)[0]
-    m = float(np.median(c.time))
     return [Flag("call", c.rank, c.op, c.kind, int(c.step[i]), (int(c.step[i]),), c.site[i],
                  float(c.time[i]), m, len(c.time)) for i in np.flatnonzero(out)]
 
