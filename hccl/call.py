@@ -25,6 +25,9 @@ Who keeps a Call:
 - a task graph, for each captured collective (its deferred task issues the same Call at every
   replay; ``hccl.fusion`` fuses adjacent small AllReduces into one exchange).
 
+A Call bound before its peers' pairs were made (``executor.Program.provisional``: a stand-in
+pair prepares nothing) binds again after its first run, to what the real pairs prepare.
+
 A task looks once more when it runs (a buffer may be freed after the call): if an allocation
 changed, it rebuilds the views through ``runtime.host_view``, which raises the use-after-free
 error. A Call runs one issue at a time (its stream orders them), so its scratch is its own.
@@ -111,7 +114,8 @@ class Call(executor.Context):
             views["recv"] = views["send"]
         steps = self.plan.steps
         return executor.bind(steps, executor.prepare_buffers(steps, views), self.redop,
-                             self.dtype, [t.pair(w) for w in self.comm.ranks])
+                             self.dtype, [t.pair(w) for w in self.comm.ranks],
+                             (self.cid, self.wire_fp))
 
     # -- per call --------------------------------------------------------------------------
     def issue(self, objs: tuple, site: str) -> None:
@@ -169,6 +173,8 @@ class Call(executor.Context):
         except executor.StepFailed as f:
             ahead = f
         if ahead is None:           # ran whole, here: nothing of it can hang, one record
+            if self.program.provisional:    # its first run made the pairs: bind to them
+                self.program = self._bind(objs)
             proto = self.proto
             if proto is None:
                 proto = self.proto = recorder.proto(comm, self.plan.names, self.stream.name,
@@ -234,6 +240,8 @@ class Call(executor.Context):
         except executor.StepFailed as f:
             self.timeout_by_comm = by_comm
             raise self.failed(f, seq, timeout, (rec,)) from f.error
+        if self.program.provisional:        # its first run made the pairs: bind to them
+            self.program = self._bind(objs)
         recorder.complete(rec)
 
     def _waiting(self, peer: int, sending: bool) -> None:

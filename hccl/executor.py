@@ -5,7 +5,10 @@ the peers' pairs (``hccl.transport``: one per peer, siblings with the same calls
 ``Program``: one tuple per step holding the pair, the view of the bytes it moves (a memoryview
 for a send, the typed numpy regions and the reduce function for a receive) and the address
 range it touches. ``Program.run`` loops over those tuples; nothing is sliced, looked up or
-allocated per step beyond what the messages themselves need. A ``hccl.call.Call`` binds its
+allocated per step beyond what the messages themselves need. Bound with the tag's fixed parts
+(comm_id, fingerprint), a step also holds what its pair prepared for it (``Pair.sender`` /
+``Pair.receiver``: the shared-memory ring's writer and reader), called with the sequence number
+alone. A ``hccl.call.Call`` binds its
 program once, when the call is first validated, and runs it at every issue.
 
 An eager call on an idle stream begins its program at the call (``Program.begin``, through
@@ -160,10 +163,13 @@ class Program:
     """A schedule bound to views and pairs (``bind``); ``run`` executes it, any number of times
     (one at a time: its scratch is its own)."""
 
-    __slots__ = ("ops", "views", "lead")
+    __slots__ = ("ops", "views", "lead", "provisional")
 
-    def __init__(self, ops: tuple, views: dict):
+    def __init__(self, ops: tuple, views: dict, provisional: bool = False):
         self.ops, self.views = ops, views
+        # bound to a pair not made yet (``Pair.provisional``): its steps take the pair's plain
+        # calls; bind again after a run to take what the real pair prepares
+        self.provisional = provisional
         # the steps before the first receive: ``begin`` may run them before the task does
         self.lead = next((i for i, op in enumerate(ops) if op[0] == _RECV), len(ops))
 
@@ -189,7 +195,9 @@ class Program:
                 op = ops[i]
                 kind = op[0]
                 if kind == _SEND:
-                    handle = op[1].send(comm_id, seq, op[3], fp, op[2])
+                    fn = op[7]
+                    handle = op[1].send(comm_id, seq, op[3], fp, op[2]) if fn is None else \
+                        fn(seq)
                     if handle is not DONE and op[5] > op[4] and not handle.done():
                         if pending is None:
                             pending = _Pending(timeout, on_wait)
@@ -199,7 +207,9 @@ class Program:
                 if pending is not None and pending.items and pending.busy(op[4], op[5]):
                     break                   # a send still reads the region: the task waits
                 if kind == _RECV:
-                    if not op[1].try_recv(comm_id, seq, op[2], fp, op[3], until - _perf()):
+                    fn = op[7]
+                    if not (op[1].try_recv(comm_id, seq, op[2], fp, op[3], until - _perf())
+                            if fn is None else fn(seq, until - _perf())):
                         break               # not there in time: the task waits for it
                 elif kind == _COPY:
                     if op[3]:
@@ -226,7 +236,9 @@ class Program:
             for op in (self.ops[start:] if start else self.ops):
                 kind = op[0]
                 if kind == _SEND:
-                    handle = op[1].send(comm_id, seq, op[3], fp, op[2])
+                    fn = op[7]
+                    handle = op[1].send(comm_id, seq, op[3], fp, op[2]) if fn is None else \
+                        fn(seq)
                     if handle is not DONE and op[5] > op[4] and not handle.done():
                         if pending is None:
                             pending = _Pending(timeout, on_wait)
@@ -234,7 +246,9 @@ class Program:
                 elif kind == _RECV:
                     if pending is not None and pending.items:   # the region's readers first: the
                         pending.settle(op[4], op[5])    # consumer may run inside the pair's poll
-                    if not op[1].try_recv(comm_id, seq, op[2], fp, op[3]):
+                    fn = op[7]
+                    if not (op[1].try_recv(comm_id, seq, op[2], fp, op[3]) if fn is None
+                            else fn(seq)):
                         if on_wait is not None:
                             on_wait(op[6], False)
                         op[1].recv_into(comm_id, seq, op[2], fp, timeout, op[3])
@@ -273,10 +287,14 @@ class StepFailed(Exception):
         return self.op is not None and self.op[0] == _RECV
 
 
-def bind(steps: Sequence, views: dict, op: ReduceOp | None, dtype, pairs: Sequence) -> Program:
+def bind(steps: Sequence, views: dict, op: ReduceOp | None, dtype, pairs: Sequence,
+         tag: tuple | None = None) -> Program:
     """The ``Program`` of ``steps`` on ``views`` (``prepare_buffers``' flat uint8 views) with
-    ``pairs[r]`` the pair of comm rank r. Raises InvalidArgumentError for a reducing schedule
-    without op and dtype, or an unknown step."""
+    ``pairs[r]`` the pair of comm rank r. With ``tag`` = (comm_id, fp), the fixed parts of
+    every message's tag, each Send and Recv takes what its pair prepares for them
+    (``Pair.sender`` / ``Pair.receiver``), and the program may then run only with that
+    comm_id and fp. Raises InvalidArgumentError for a reducing schedule without op and dtype,
+    or an unknown step."""
     np_dtype = None if dtype is None else \
         (dtype if type(dtype) is DataType else DataType.of(dtype)).numpy
     if reduces(steps):
@@ -284,18 +302,23 @@ def bind(steps: Sequence, views: dict, op: ReduceOp | None, dtype, pairs: Sequen
             raise InvalidArgumentError("a reducing schedule needs op and dtype")
         op = ReduceOp.of(op)
     base = {name: _address(v) if v.nbytes else 0 for name, v in views.items()}
-    ops = []
+    ops, provisional = [], False
     for step in steps:
         kind = type(step)
         if kind is Send:
             off, nb = step.offset, step.nbytes
             payload = memoryview(views[step.buf][off:off + nb]) if nb else _EMPTY_MV
-            lo = base[step.buf] + off
-            ops.append((_SEND, pairs[step.peer], payload, step.step, lo, lo + nb, step.peer))
+            lo, pair = base[step.buf] + off, pairs[step.peer]
+            fn = None if tag is None else pair.sender(tag[0], step.step, tag[1], payload)
+            provisional = provisional or pair.provisional
+            ops.append((_SEND, pair, payload, step.step, lo, lo + nb, step.peer, fn))
         elif kind is Recv:
-            lo = base[step.buf] + step.offset
-            ops.append((_RECV, pairs[step.peer], step.step, _consumer(step, views, np_dtype, op),
-                        lo, lo + step.nbytes, step.peer))
+            lo, pair = base[step.buf] + step.offset, pairs[step.peer]
+            consume, direct = _consumer(step, views, np_dtype, op)
+            fn = None if tag is None else pair.receiver(tag[0], step.step, tag[1], step.nbytes,
+                                                        consume, direct)
+            provisional = provisional or pair.provisional
+            ops.append((_RECV, pair, step.step, consume, lo, lo + step.nbytes, step.peer, fn))
         elif kind is Copy:
             nb = step.nbytes
             if not nb or (views[step.src_buf] is views[step.dst_buf]
@@ -321,11 +344,14 @@ def bind(steps: Sequence, views: dict, op: ReduceOp | None, dtype, pairs: Sequen
                         op, lo, lo + nb))
         else:
             raise InvalidArgumentError(f"unknown schedule step {step!r}")
-    return Program(tuple(ops), views)
+    return Program(tuple(ops), views, provisional)
 
 
 def _consumer(step: Recv, views: dict, np_dtype, op):
     """What a Recv does with its payload: check the size, then reduce or copy it into place.
+    Returns (consume, direct): ``consume(view)`` takes the payload as a byte view of any size
+    (a wrong size is an error); ``direct`` is None or (dtype, fn), ``fn(arr)`` doing the same
+    with the payload already an array of that dtype and the right size (``Pair.receiver``).
 
     Built once per bound step. It never waits (the executor settled the region's pending sends
     before the Recv): a pair may call it while it holds the lock of the peer's ring."""
@@ -342,13 +368,16 @@ def _consumer(step: Recv, views: dict, np_dtype, op):
         def consume(data) -> None:
             if data.nbytes:
                 raise wrong(data)
-        return consume
+        return consume, None
     if not step.reduce:
         def consume(data) -> None:
             if data.nbytes != nb:
                 raise wrong(data)
             copy_bytes(dst, np.frombuffer(data, np.uint8))
-        return consume
+
+        def copy(arr) -> None:
+            copy_bytes(dst, arr)
+        return consume, (_U8, copy)
     typed = dst.view(np_dtype)
     src = views[step.src][step.offset:step.offset + nb].view(np_dtype) if step.src else None
     if src is not None and views[step.src] is views[step.buf]:
@@ -364,12 +393,18 @@ def _consumer(step: Recv, views: dict, np_dtype, op):
             if data.nbytes != nb:
                 raise wrong(data)
             fn(np.frombuffer(data, np_dtype), a, out=typed)
+
+        def direct(arr) -> None:
+            fn(arr, a, out=typed)
     else:                                   # dst = src op payload (src is dst in place)
         def consume(data) -> None:
             if data.nbytes != nb:
                 raise wrong(data)
             fn(a, np.frombuffer(data, np_dtype), out=typed)
-    return consume
+
+        def direct(arr) -> None:
+            fn(a, arr, out=typed)
+    return consume, (np_dtype, direct)
 
 
 def run(steps: Sequence, buffers: dict, op: ReduceOp | None, dtype, transport, comm_id: int,

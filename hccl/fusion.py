@@ -101,10 +101,15 @@ class _Fused:
             self.offsets.append(at)
             at += m.call.count * size
         self.staging = np.empty(max(pl.nbytes["recv"], at), np.uint8)
-        t = comm.world.transport
-        views = executor.prepare_buffers(pl.steps, {"send": self.staging, "recv": self.staging})
-        self.program = executor.bind(pl.steps, views, first.redop, dtype,
-                                     [t.pair(w) for w in comm.ranks])
+        self.steps = pl.steps
+        self.program = self._bind()
+
+    def _bind(self) -> executor.Program:
+        first, steps = self.first, self.steps
+        comm, t = first.comm, first.comm.world.transport
+        views = executor.prepare_buffers(steps, {"send": self.staging, "recv": self.staging})
+        return executor.bind(steps, views, first.redop, first.dtype,
+                             [t.pair(w) for w in comm.ranks], (first.cid, self.wire_fp))
 
     def __call__(self):
         first, k = self.first, self.k
@@ -137,6 +142,8 @@ class _Fused:
         except executor.StepFailed as f:
             first.timeout_by_comm = by_comm
             raise first.failed(f, seq0, timeout, recs, self.fp) from f.error
+        if self.program.provisional:        # its first run made the pairs: bind to them
+            self.program = self._bind()
         for rec in recs:
             recorder.complete(rec)
         for out, off in zip(outs, self.offsets):

@@ -504,6 +504,25 @@ class Pair:
     def drain(self) -> None:
         """File into the mailboxes what waits for this thread to take it (nothing by default)."""
 
+    # A Call sends and receives the same messages at every issue, the sequence number aside:
+    # a pair may prepare them once (the executor's ``bind``, given the tag's fixed parts).
+    provisional = False     # a stand-in for a pair not made yet: bind again once it is
+
+    def sender(self, comm_id: int, step: int, fp: Fingerprint,
+               mv: memoryview) -> "Callable[[int], SendHandle] | None":
+        """``send(comm_id, seq, step, fp, mv)`` prepared as ``fn(seq)``, with the same
+        result and errors; None (the default): call ``send``."""
+        return None
+
+    def receiver(self, comm_id: int, step: int, fp: Fingerprint, nbytes: int,
+                 consume: Callable[[memoryview], None],
+                 direct: tuple | None) -> "Callable[..., bool] | None":
+        """``try_recv(comm_id, seq, step, fp, consume, spin)`` prepared as
+        ``fn(seq, spin=0.0)``, with the same result and errors; None (the default): call
+        ``try_recv``. ``direct``: (numpy dtype, fn) where ``fn(arr)`` does what ``consume``
+        does with a payload given as an array of that dtype and ``nbytes``, or None."""
+        return None
+
 
 class MailboxPair(Pair):
     """A pair whose inbound messages are filed into the transport's mailboxes by someone else

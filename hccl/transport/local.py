@@ -21,6 +21,12 @@ router (``process.ProcessTransport``), and the only shared-memory data path:
   through the peer's ``SocketPair``. Matching is by exact tag, so the two may interleave.
   An acknowledgement that finds the ring full goes through the socket at once.
 
+A step a collective call repeats is prepared once (``sender`` / ``receiver``, the pair's
+siblings of ``send`` / ``try_recv``): a DATA payload through the ring's ``shm.RingWriter``, the
+awaited DATA message through its ``shm.RingReader``; anything else (a closed or aborted
+transport, a full ring, a message held in a mailbox or another one first) goes to the plain
+calls, which decide as ever.
+
 There is no receiver thread on the ring: the thread that waits for this peer drains its ring
 into the mailboxes itself (``recv_into``: the awaited message goes from its slot straight into
 the consumer when nothing else is held for its call). A ring message this rank cannot use
@@ -121,6 +127,29 @@ class LocalPair(Pair):
             t.shm_sends += 1
             return _AckHandle(self, comm_id, seq, step, fp)
         return self.overflow.send(comm_id, seq, step, fp, mv)
+
+    def sender(self, comm_id: int, step: int, fp, mv: memoryview):
+        """``send`` of ``mv`` prepared for repeated calls (``base.Pair.sender``): a payload
+        that goes into the ring as DATA is written by a ``shm.RingWriter``."""
+        n = mv.nbytes
+        if n > self.capacity or n >= self.min_notice:
+            return None
+        post = self.channel.writer(self.peer, _DATA, comm_id, step, 0, fp, mv)
+        if post is None:
+            return None
+        return _Sender(self, post.post, comm_id, step, fp, mv).send
+
+    def receiver(self, comm_id: int, step: int, fp, nbytes: int, consume, direct):
+        """``try_recv`` prepared for repeated calls (``base.Pair.receiver``): the awaited
+        DATA message is taken by a ``shm.RingReader``, which hands ``direct`` its slot as a
+        typed array."""
+        if direct is None:
+            return None
+        take = self.channel.reader(self.peer, _DATA, comm_id, step, fp, nbytes, direct[1],
+                                   direct[0])
+        if take is None:
+            return None
+        return _Receiver(self, take.take, comm_id).try_recv
 
     def _ack(self, comm_id: int, seq: int, step: int, fp) -> None:
         if not self.channel.post(self.peer, _ACK, comm_id, seq, step | ACK_STEP, fp, 0, b""):
@@ -248,3 +277,49 @@ class LocalPair(Pair):
                f"{self.peer} in shared memory (comm {comm_id:#x}, seq {seq}, step {step}): {why}")
         log.error("rank %d: %s; aborting every communicator", t.rank, msg)
         t.fail(self.peer, msg)
+
+
+class _Sender:
+    """A prepared ``LocalPair.send`` (``LocalPair.sender``): the ring's writer while the
+    transport is open and the ring has room, else the pair's own send (which raises, waits for
+    room, or takes the socket)."""
+
+    __slots__ = ("pair", "t", "post", "args", "mv")
+
+    def __init__(self, pair: LocalPair, post, comm_id: int, step: int, fp, mv: memoryview):
+        self.pair, self.t, self.post, self.mv = pair, pair.t, post, mv
+        self.args = (comm_id, step, fp)
+
+    def send(self, seq: int) -> SendHandle:
+        t = self.t
+        if not (t._closed or t._aborted or t._failed is not None) and self.post(seq):
+            t.ring_sends += 1
+            return DONE
+        comm_id, step, fp = self.args
+        return self.pair.send(comm_id, seq, step, fp, self.mv)
+
+
+class _Receiver:
+    """A prepared ``LocalPair.try_recv`` (``LocalPair.receiver``): the same rules, the ring's
+    reader taking the message."""
+
+    __slots__ = ("t", "peer", "channel", "take", "comm_id")
+
+    def __init__(self, pair: LocalPair, take, comm_id: int):
+        self.t, self.peer, self.channel, self.take = pair.t, pair.peer, pair.channel, take
+        self.comm_id = comm_id
+
+    def try_recv(self, seq: int, spin: float = 0.0) -> bool:
+        t, peer, comm_id = self.t, self.peer, self.comm_id
+        while not (t._closed or t._failed is not None or comm_id in t._aborted
+                   or (peer, comm_id, seq) in t._boxes):
+            got = self.take(seq)
+            if got is not None:
+                return got
+            ch = self.channel
+            if spin > ch.spin:
+                spin = ch.spin
+            if spin <= 0 or not ch.watch(peer, _perf() + spin):
+                return False
+            spin = 0.0                      # one message came: look at it, then give up
+        return False

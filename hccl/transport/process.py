@@ -310,6 +310,8 @@ class _LazyPair(Pair):
     pair (``make_pair``) and puts the real pair's bound methods on this object, so every later
     call goes straight to them (no extra frame on the data path)."""
 
+    provisional = True      # a Call bound to it binds again after its first run (executor)
+
     def __init__(self, t: ProcessTransport, peer: int):
         self.t, self.peer = t, peer
 
