@@ -46,7 +46,13 @@ def _rank_main(rank, size, root_info, cases, env, fake_nodes, q):
                 "local": t.local_peers, "ring": t.ring_sends,
                 "shm": t.channel is not None, "solo": t.solo_bytes,
                 "staged": [c.program.ops[0][0] == executor._COPY
-                           for c in comm._calls._d.values()]}
+                           for c in comm._calls._d.values()],
+                # per Call: bound again to the real pairs after its first run, and whether
+                # every Send and Recv holds what its pair prepared
+                "provisional": [c.program.provisional for c in comm._calls._d.values()],
+                "prepared": [all(op[7] is not None for op in c.program.ops
+                                 if op[0] in (executor._SEND, executor._RECV))
+                             for c in comm._calls._d.values()]}
         comm.destroy()
         runtime.reset_device()
         q.put((rank, info))
@@ -119,6 +125,10 @@ def test_two_ranks_in_place_all_reduce_stages_only_sends_that_wait_for_the_peer(
         assert got[r]["solo"] == solo
         # the Calls in the order made: one per case (a fresh buffer each time), staged above solo
         assert got[r]["staged"] == [nb > solo for nb in nbytes for _ in range(2)], (r, env)
+        # a message that goes into a ring slot is prepared (shm.RingWriter / RingReader)
+        ring = env.get("NPUSIM_SHM") != "0"
+        assert got[r]["provisional"] == [False] * len(cases)
+        assert got[r]["prepared"] == [ring and nb <= solo for nb in nbytes for _ in range(2)]
 
 
 @pytest.mark.timeout(300)
