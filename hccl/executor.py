@@ -511,14 +511,15 @@ def failure(f: StepFailed, world: list[int], seq: int, fp, timeout, rank,
         return err
     if isinstance(e, PeerGone):
         peer = _comm_rank(world, e.peer)
-        reason = f"rank {peer}'s process has exited"
+        # why it is gone, as the transport found it: its process exited, or its link broke
+        reason = f"rank {peer} is gone: {e.detail}"
         if ctx is None:
-            return RemoteRankError(f"seq {seq}: {reason} in the middle of the collective "
-                                   f"({e.detail})", rank=peer, world_peer=e.peer, reason=reason,
-                                   seq=seq)
+            return RemoteRankError(f"seq {seq}: {reason}, in the middle of the collective",
+                                   rank=peer, world_peer=e.peer, reason=reason, seq=seq)
         err = RemoteRankError(f"[rank {rank}] {call} aborted: {reason}", rank=peer,
                               world_peer=e.peer, reason=reason, seq=seq)
-        err.abort = abortrec.read(reason, peer)
+        err.abort = abortrec.read(abortrec.record(Failure.DEAD, e.peer, reason,
+                                                  seen_by=world[rank]))
         return err
     if isinstance(e, TransportClosed):
         err = HcclError(f"seq {seq}: the transport was closed during the collective ({e}); "

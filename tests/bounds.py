@@ -113,6 +113,11 @@ ROWS = [
     ("same, the ranks turn the diag publication off (NPUSIM_DIAG=0)",
      f"heartbeat timeout + liveness + grace = {_s(LINK_CUT_TRANSPORT)}",
      _s(LINK_CUT_DIAG_OFF_ASSERTED), "`test_link_cut.py[diag-off]` (slow)"),
+    ("same, cut while 4 MiB collectives have bytes queued on the link (tc tbf 40 Mbit/s)",
+     f"no heartbeat leaves behind unsent bytes: the kernel's limit on unacknowledged data "
+     f"(TCP_MAXRT = the heartbeat timeout) instead, + liveness + grace = "
+     f"{_s(LINK_CUT_TRANSPORT)}; + FLUSH_TIMEOUT as above: {_s(LINK_CUT_NPURUN)}",
+     _s(LINK_CUT_ASSERTED), "`test_link_cut.py[in-flight]`"),
     ("npurun SIGKILLed during shared-memory collectives",
      "the ranks' parent-death signal (SIGKILL, set by launcher.worker): at once",
      _s(NPURUN_KILLED_ASSERTED), "`test_npurun_killed.py`"),

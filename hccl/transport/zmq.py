@@ -29,7 +29,10 @@ connection refused before it was ever up tells it too: the peer bound its ROUTER
 published its address and keeps it until it closes its transport, so a refusal means the peer
 is gone (a pair made lazily may meet a peer that died before our first message). Pairs
 to other nodes carry ZeroMQ heartbeats (NPUSIM_HEARTBEAT_TIMEOUT) so a cut link or a frozen
-host breaks them too.
+host breaks them too. A heartbeat alone misses a link cut while a large message is leaving
+(libzmq produces its PING only once the bytes before it are written, and they never are), so
+the same pairs limit how long sent data may stay unacknowledged (``TCP_MAXRT``, Linux's
+TCP_USER_TIMEOUT) to the same NPUSIM_HEARTBEAT_TIMEOUT.
 
 Every socket has LINGER 0; ``close`` alone gives outbound pairs a bounded linger (1 s by default)
 so a last ABORT still leaves, then discards what a dead peer never took: it never hangs. It
@@ -254,6 +257,10 @@ class SocketDevice:
             hb_ms = max(100, int(config.heartbeat_timeout() * 1000))
             s.setsockopt(zmq.HEARTBEAT_IVL, max(20, hb_ms // 5))
             s.setsockopt(zmq.HEARTBEAT_TIMEOUT, hb_ms)
+            # libzmq queues its PING behind unsent bytes, so a link cut while a large message
+            # is leaving sends no PING and never times out; the kernel's limit on unacknowledged
+            # data (TCP_USER_TIMEOUT) breaks that connection instead, after the same time
+            s.setsockopt(zmq.TCP_MAXRT, hb_ms)
         if watch:
             self._watch(_monitor_socket(s), peer)
         s.connect(addr)

@@ -34,11 +34,9 @@ comm.destroy()
 @pytest.mark.parametrize("limited", [True, False], ids=["tbf-40mbit", "unlimited"])
 def test_rank_behind_a_rate_limited_link_is_slow_inside_the_collective(tmp_path, two_nodes,
                                                                        limited):
-    a, b, ipa, _, _ = two_nodes
+    a, b, ipa, _, _, vb = two_nodes
     if not shutil.which("tc"):
         pytest.skip("needs tc (iproute2) to rate-limit the link")
-    vb = [ln.split(":")[1].strip().split("@")[0] for ln in
-          sh("ip", "-n", b, "-o", "link", "show").stdout.splitlines() if "@" in ln][0]
     if limited:
         r = sh("ip", "netns", "exec", b, "tc", "qdisc", "add", "dev", vb, "root", "tbf", "rate",
                "40mbit", "burst", "64kb", "latency", "400ms")

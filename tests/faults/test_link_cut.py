@@ -47,8 +47,8 @@ if {diag_off!r}:
     os.environ["NPUSIM_DIAG"] = "0"   # no state publication to the job's store
 runtime.set_device(int(os.environ["LOCAL_RANK"]))
 comm = hccl.init_comm()
-x = runtime.to_device(np.ones(1 << 16, np.float32))
-y = runtime.empty(1 << 16, np.float32)
+x = runtime.to_device(np.ones({count}, np.float32))
+y = runtime.empty({count}, np.float32)
 with open(os.path.join(out, f"ready.{{r}}.tmp"), "w") as f:   # whole or absent: the test reads
     f.write(str(os.getpid()))                                 # it as soon as it exists
 os.replace(os.path.join(out, f"ready.{{r}}.tmp"), os.path.join(out, f"ready.{{r}}"))
@@ -76,7 +76,7 @@ def sh(*args):
 
 @pytest.fixture
 def two_nodes():
-    """Namespaces (A, B) joined by veth (vA in A, vB in B); yields (A, B, ipA, ipB, vA)."""
+    """Namespaces (A, B) joined by veth (vA in A, vB in B); yields (A, B, ipA, ipB, vA, vB)."""
     if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("unshare"):
         pytest.skip("needs root, iproute2 and unshare to make network namespaces")
     tag = uuid.uuid4().hex[:6]
@@ -101,23 +101,45 @@ def two_nodes():
             if r.returncode:
                 pytest.skip(f"cannot join namespaces with a veth pair ({' '.join(cmd)}): "
                             f"{r.stderr.strip()}")
-        yield a, b, ipa, ipb, va
+        yield a, b, ipa, ipb, va, vb
     finally:
         for ns in made:   # deleting a namespace deletes its end of the veth, and the pair
             sh("ip", "netns", "del", ns)
         sh("ip", "link", "del", va)
 
 
+def queued_to(ns: str, ip: str) -> int:
+    """Bytes sent from namespace ``ns`` to ``ip`` and not yet acknowledged (``ss``'s Send-Q)."""
+    out = sh("ip", "netns", "exec", ns, "ss", "-tnH", "state", "established", "dst", ip).stdout
+    return sum(int(line.split()[1]) for line in out.splitlines() if line.strip())
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("diag_off", [False, pytest.param(True, marks=pytest.mark.slow)],
-                         ids=["npurun", "diag-off"])
-def test_cut_link_between_nodes_every_rank_names_the_other_node(tmp_path, two_nodes, diag_off):
+@pytest.mark.parametrize("diag_off,in_flight", [
+    (False, False), pytest.param(True, False, marks=pytest.mark.slow), (False, True)],
+    ids=["npurun", "diag-off", "in-flight"])
+def test_cut_link_between_nodes_every_rank_names_the_other_node(tmp_path, two_nodes, diag_off,
+                                                                in_flight):
     """With diag off (the rank sets NPUSIM_DIAG=0) no rank writes to the store before raising,
-    so every rank's bound is the transport's: heartbeat timeout + 2.5 s (tests/bounds.py)."""
-    a, b, ipa, _, va = two_nodes
+    so every rank's bound is the transport's: heartbeat timeout + 2.5 s (tests/bounds.py).
+
+    ``in-flight``: 4 MiB collectives over a link slowed to 40 Mbit/s (``tc tbf`` on both ends),
+    cut while node 0 has bytes queued to node 1. libzmq sends no heartbeat behind unsent bytes,
+    so that link breaks only through the kernel's limit on unacknowledged data (TCP_MAXRT);
+    without it node 0's ranks waited for npurun's node timeout (30 s)."""
+    a, b, ipa, ipb, va, vb = two_nodes
     bound = bounds.LINK_CUT_DIAG_OFF_ASSERTED if diag_off else bounds.LINK_CUT_ASSERTED
+    if in_flight:
+        if not (shutil.which("tc") and shutil.which("ss")):
+            pytest.skip("needs tc and ss (iproute2) to slow the link and see its queue")
+        for ns, dev in ((a, va), (b, vb)):
+            r = sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+                   "rate", "40mbit", "burst", "64kb", "latency", "2s")
+            if r.returncode:
+                pytest.skip(f"cannot slow the link with tc tbf: {r.stderr.strip()}")
     script = tmp_path / "rank.py"
-    script.write_text(textwrap.dedent(RANK.format(out=str(tmp_path), diag_off=diag_off)))
+    script.write_text(textwrap.dedent(RANK.format(out=str(tmp_path), diag_off=diag_off,
+                                                  count=1 << 20 if in_flight else 1 << 16)))
     port = random.randint(30000, 39999)
     procs = []
     with LeakCheck(grace=20) as lc:
@@ -141,6 +163,8 @@ def test_cut_link_between_nodes_every_rank_names_the_other_node(tmp_path, two_no
                      or any(p.poll() is not None for p in procs), 60, what="collectives running")
             assert all((tmp_path / f"running.{r}").exists() for r in range(4)), \
                 [p.poll() for p in procs]
+            if in_flight:   # a 4 MiB step takes ~1 s on this link: bytes queued at most looks
+                wait_for(lambda: queued_to(a, ipb) > 0, 30, what="bytes queued to node 1")
             t_cut = time.time()
             assert sh("ip", "-n", a, "link", "set", va, "down").returncode == 0
             try:
@@ -164,7 +188,8 @@ def test_cut_link_between_nodes_every_rank_names_the_other_node(tmp_path, two_no
                     outs.append(p.stdout.read())
                     p.stdout.close()
     lat = {r: round(res["t"] - t_cut, 2) for r, res in results.items() if "t" in res}
-    print(f"observed: link cut (diag off: {diag_off}) -> errors after {lat} s")
+    print(f"observed: link cut (diag off: {diag_off}, in flight: {in_flight}) -> errors after "
+          f"{lat} s")
     for r, res in results.items():
         other = {2, 3} if r < 2 else {0, 1}
         assert res.get("type") == "RemoteRankError", (r, res, outs)

@@ -17,7 +17,8 @@ from tests.faults.test_link_cut import RANK
 @pytest.mark.timeout(120)
 def test_sigkilled_npurun_takes_ranks_in_collectives_along(tmp_path):
     script = tmp_path / "rank.py"
-    script.write_text(textwrap.dedent(RANK.format(out=str(tmp_path), diag_off=False)))
+    script.write_text(textwrap.dedent(RANK.format(out=str(tmp_path), diag_off=False,
+                                                  count=1 << 16)))
     with LeakCheck(grace=15) as lc:
         lc.env.update({"NPUSIM_SHM_MIN_BYTES": str(16 << 10), "HCCL_BUFFSIZE": "1"})
         p = start_npurun("--nproc-per-node", "3", str(script), env=lc.env, cwd=str(tmp_path))
