@@ -14,15 +14,17 @@ what costs little out: ``floor = max(ABS_FLOOR_US, STEP_SHARE * the median step 
   world-2 run of examples/train_ddp.py, every kernel of one rank ran 2-3 times its median in
   *user* CPU time for ~30 ms, with no page fault and no context switch (another VM, or the
   other rank on the core's hyperthread sibling), and the call rule flagged the kernels that
-  crossed 2.5x. An operator slow on its own is slow beside normal neighbours.
+  crossed 2.5x. An operator slow on its own is slow beside normal neighbours. Where the trace
+  has CPU times the speed is read from them alone, for the wall time too: neighbours that
+  were descheduled ran no slower, and their wall factor (2.3x under one busy loop) hid a call
+  of 5 times its CPU median.
 - **A rank** is flagged for an operator (not a collective, below) that every rank calls equally
   often (the same work) when
   its median time is at least (1 + RANK_REL) times the median of the other ranks' medians, and
   that much beyond the rank's own *factor* (the median of this ratio over all the operators the
   ranks share: a rank that is slower at everything runs on a slower or busier core, which the
   slowest-rank line reports, not an operator), at least RANK_SHARE of its calls are slower than
-  every other rank's median, and its wall-time median exceeds the others' by at least the floor
-  per step.
+  every other rank's median, and its median exceeds the others' by at least the floor per step.
 
 A collective's time here is its transfer time (its duration less its wait for a late peer): a
 late peer is the peer's problem, reported as that peer's lateness, not as the collective's.
@@ -32,12 +34,15 @@ for the GIL: measured on 2 loaded cores, a kernel of 9 ms CPU took a median 42 m
 and single calls 20 times their median, while the CPU times of the same kernel on two ranks
 agreed within 2 %; on an idle machine single calls still took 4 times their median wall time
 and twice their median CPU time. So where the trace has each task's thread CPU time (``runtime.profiler``
-records it for every task), both rules judge the CPU time as well: a call must be an
-outlier in wall time *and* in CPU time, each by the floor (in CPU time: the floor scaled by the
-operator's median CPU / wall time, as load stretches wall time and the step, not CPU time); a
-rank's CPU times must pass the rank rule (its wall time must still lose the floor per step). Time lost to the host's scheduler is
-thereby never blamed on an operator; a kernel that sleeps is not flagged either (it does no
-work).
+records it for every task), both rules judge the work, the CPU time: a call must be an
+outlier in CPU time, by the floor scaled by the operator's median CPU / wall time (load
+stretches wall time and the step, not CPU time), and its wall time must exceed the median by
+the floor; the rank rule judges CPU times alone, the floor per step included. Under load the
+wall times are the scheduler's: with one busy loop beside 2 ranks on 2 cores, asking a wall-time
+outlier too missed a call of 5 times its CPU median in 5 runs of 20, and asking a rank's wall
+median to lose the floor missed a rank doing 30 % more work in 5 of 10. Time lost to the host's
+scheduler is thereby never blamed on an operator; a kernel that sleeps is not flagged either
+(it does no work).
 
 Collectives are left out of both rules: the transfer time of one call is set by when the OS
 runs every member process, and its CPU time holds spinning waits, so neither tells a slow call
@@ -83,6 +88,8 @@ class Flag:
     time_us: float          # the call's time, or the rank's median
     usual_us: float         # the operator's median on the rank, or the other ranks' median
     calls: int
+    measure: str = "wall"   # what time_us / usual_us are: "wall" time, or "cpu" time (a rank
+    #                         judged by its CPU times, see slow_ranks)
 
     @property
     def ratio(self) -> float:
@@ -175,12 +182,17 @@ def slow_calls(c: OpCalls, floor_us: float = ABS_FLOOR_US,
         return []
     fw, fc = factors if factors is not None else (1.0, 1.0)
     m = float(np.median(c.time))
-    out = _outliers(c.time / fw, floor_us)[0]
-    if out.any() and _has_cpu(c):
-        # the floor in the operator's CPU time: a loaded machine stretches wall time (and the
-        # step time the floor comes from), not CPU time
+    if not _has_cpu(c):
+        out = _outliers(c.time / fw, floor_us)[0]
+    else:
+        # the work is the CPU time, at the core's speed then (fc); the wall time only has to
+        # lose the floor. Under load the wall times are the scheduler's: their spread hid a
+        # call of 5x its CPU median (38 ms beside a 10 ms wall median), and neighbours that
+        # were descheduled (2.3x their wall, 1.0x their CPU medians) excused another. The
+        # floor in CPU time is scaled by the operator's CPU / wall time: load stretches wall
+        # time and the step time the floor comes from, not CPU time
         scale = min(1.0, float(np.median(c.cpu)) / m) if m > 0 else 1.0
-        out &= _outliers(c.cpu / fc, floor_us * scale)[0]
+        out = _outliers(c.cpu / fc, floor_us * scale)[0] & (c.time / fc - m >= floor_us)
     return [Flag("call", c.rank, c.op, c.kind, int(c.step[i]), (int(c.step[i]),), c.site[i],
                  float(c.time[i]), m, len(c.time)) for i in np.flatnonzero(out)]
 
@@ -220,8 +232,8 @@ def slow_ranks(per_rank: list[OpCalls], steps: int, floor_us: float = ABS_FLOOR_
     if steps <= 0 or not _comparable(per_rank) or per_rank[0].kind == "collective":
         return []
     measure = _measure(per_rank)
+    cpu = all(_has_cpu(c) for c in per_rank)
     med = np.asarray([np.median(v) for v in measure])
-    wall = np.asarray([np.median(c.time) for c in per_rank])
     flags = []
     for i, c in enumerate(per_rank):
         others = np.delete(med, i)
@@ -231,13 +243,17 @@ def slow_ranks(per_rank: list[OpCalls], steps: int, floor_us: float = ABS_FLOOR_
             continue
         if float(np.mean(measure[i] > others.max())) < RANK_SHARE:
             continue
-        usual_wall = float(np.median(np.delete(wall, i)))
-        if (wall[i] - usual_wall) * len(c.time) / steps < floor_us:
+        # the time lost per step: with CPU times, the extra work itself (a thread spends at
+        # least its CPU time in wall time, whatever the load; a loaded machine's wall medians
+        # are the scheduler's: measured, with one busy loop beside 2 ranks on 2 cores, an
+        # operator doing 30 % more CPU work than the other rank's had the lower wall median in
+        # 5 runs of 10)
+        if (med[i] - usual) * len(c.time) / steps < floor_us:
             continue                      # no time lost that matters
         site = Counter(s for s in c.site if s).most_common(1)
         flags.append(Flag("rank", c.rank, c.op, c.kind, None,
                           (int(c.step.min()), int(c.step.max())), site[0][0] if site else None,
-                          float(wall[i]), usual_wall, len(c.time)))
+                          float(med[i]), usual, len(c.time), "cpu" if cpu else "wall"))
     return flags
 
 

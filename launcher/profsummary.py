@@ -191,7 +191,8 @@ def _fluctuations(calls: dict, common: int, floor: float) -> list[dict]:
     flags.sort(key=lambda f: -(f.time_us - f.usual_us) * (f.calls if f.what == "rank" else 1))
     return [{"what": f.what, "rank": f.rank, "kind": f.kind, "name": f.op, "step": f.step,
              "steps": list(f.steps), "site": f.site, "time_us": f.time_us,
-             "usual_us": f.usual_us, "ratio": f.ratio, "calls": f.calls} for f in flags]
+             "usual_us": f.usual_us, "ratio": f.ratio, "calls": f.calls, "measure": f.measure}
+            for f in flags]
 
 
 # ---------------------------------------------------------------------- text
@@ -271,7 +272,8 @@ def render(doc: dict, sort: str = "total", top: int = 10, where: str = "") -> li
                              f"{_t(f['usual_us'])}, at {f['site'] or '?'}")
             else:
                 lines.append(f"  rank {f['rank']} steps {f['steps'][0]}-{f['steps'][1]}: "
-                             f"{f['kind']} {f['name']} median {_t(f['time_us'])}, "
+                             f"{f['kind']} {f['name']} median "
+                             f"{_t(f['time_us'])}{' of CPU' if f.get('measure') == 'cpu' else ''}, "
                              f"{f['ratio']:.2f}x the other ranks' {_t(f['usual_us'])}, at "
                              f"{f['site'] or '?'}")
         if len(flags) > MAX_FLAG_LINES:

@@ -184,6 +184,29 @@ def test_local_factors_are_the_neighbours_median_of_other_operators():
     assert (only[0] == 1.0).all() and (only[1] == 1.0).all()
 
 
+def test_descheduled_neighbours_do_not_hide_a_call_that_did_5x_its_work():
+    # measured with a busy loop beside 2 ranks on 2 cores: around attention's 5x call, the
+    # other operators took 2.3x their wall medians (descheduled) at 1.0x their CPU medians
+    t0 = np.arange(60, dtype=float) * 1e4
+    steps = np.arange(1, 21)
+    ops = [fluctuation.OpCalls(0, name, "kernel", np.full(20, us * 1.6), np.full(20, us), steps,
+                               [SITE] * 20, t0[k::3])
+           for k, (name, us) in enumerate((("embed", 4000.0), ("attention", 6000.0),
+                                           ("mlp", 8000.0)))]
+    for c in (ops[0], ops[2]):
+        c.time[5:9] *= 2.3                  # descheduled around step 7: wall time only
+    att = ops[1]
+    att.cpu[6] *= 5.0
+    att.time[6] = att.cpu[6] * 1.0          # 30 ms: it ran at once
+    facs = fluctuation.local_factors(ops)
+    assert facs[1][0][6] == pytest.approx(2.3) and facs[1][1][6] == pytest.approx(1.0)
+    (f,) = fluctuation.slow_calls(att, fluctuation.ABS_FLOOR_US, facs[1])
+    assert (f.op, f.step) == ("attention", 7)
+    # without CPU times the wall factor is all there is, and it excuses the call
+    att.cpu = np.full(20, np.nan)
+    assert fluctuation.slow_calls(att, fluctuation.ABS_FLOOR_US, facs[1]) == []
+
+
 def test_a_call_slow_in_wall_time_only_is_descheduling_not_the_operator():
     t = np.full(20, 10000.0)
     t[5] = 60000.0
@@ -197,6 +220,32 @@ def test_a_call_slow_in_wall_time_only_is_descheduling_not_the_operator():
     c.cpu = np.full(20, np.nan)
     assert len(fluctuation.slow_calls(c)) == 1
     assert fluctuation.slow_calls(c, floor_us=60000.0) == []
+
+
+def test_a_rank_doing_more_work_is_slow_whatever_the_scheduler_did_to_its_wall_times():
+    # as measured with a busy loop beside 2 ranks on 2 cores: rank 1's mlp does 30 % more CPU
+    # work, but rank 0's mlp was descheduled more, so rank 1 has the *lower* wall median
+    rng = np.random.default_rng(0)
+    steps = np.arange(1, 21)
+    cpu0, cpu1 = 8000.0 * rng.uniform(0.99, 1.01, 20), 10400.0 * rng.uniform(0.99, 1.01, 20)
+    wall0, wall1 = cpu0 * 2.0, cpu1 * 1.5
+    ranks = [fluctuation.OpCalls(0, "mlp", "kernel", wall0, cpu0, steps, [SITE] * 20),
+             fluctuation.OpCalls(1, "mlp", "kernel", wall1, cpu1, steps, [SITE] * 20)]
+    (f,) = fluctuation.slow_ranks(ranks, 20)
+    assert (f.rank, f.measure) == (1, "cpu") and f.ratio == pytest.approx(1.3, rel=0.02)
+    assert f.time_us == pytest.approx(10400, rel=0.02)
+    # the same ratio on an operator whose extra work per step is under the floor: nothing
+    small = [fluctuation.OpCalls(r.rank, "mlp", "kernel", r.time / 10, r.cpu / 10, steps,
+                                 [SITE] * 20) for r in ranks]
+    assert fluctuation.slow_ranks(small, 20) == []
+    # without CPU times the wall times decide: within 3 % of each other, nothing; a rank whose
+    # wall median is 30 % higher is flagged in wall time
+    for r in ranks:
+        r.cpu = np.full(20, np.nan)
+    assert fluctuation.slow_ranks(ranks, 20) == []
+    ranks[1].time = ranks[0].time * 1.3
+    (f,) = fluctuation.slow_ranks(ranks, 20)
+    assert (f.rank, f.measure) == (1, "wall") and f.ratio == pytest.approx(1.3, rel=0.02)
 
 
 def test_the_rule_needs_enough_calls_and_a_real_excess():
