@@ -186,11 +186,8 @@ def slow_calls(c: OpCalls, floor_us: float = ABS_FLOOR_US,
         out = _outliers(c.time / fw, floor_us)[0]
     else:
         # the work is the CPU time, at the core's speed then (fc); the wall time only has to
-        # lose the floor. Under load the wall times are the scheduler's: their spread hid a
-        # call of 5x its CPU median (38 ms beside a 10 ms wall median), and neighbours that
-        # were descheduled (2.3x their wall, 1.0x their CPU medians) excused another. The
-        # floor in CPU time is scaled by the operator's CPU / wall time: load stretches wall
-        # time and the step time the floor comes from, not CPU time
+        # lose the floor (the module note says why, measured); the floor in CPU time is scaled
+        # by the operator's CPU / wall time, as load stretches wall time, not CPU time
         scale = min(1.0, float(np.median(c.cpu)) / m) if m > 0 else 1.0
         out = _outliers(c.cpu / fc, floor_us * scale)[0] & (c.time / fc - m >= floor_us)
     return [Flag("call", c.rank, c.op, c.kind, int(c.step[i]), (int(c.step[i]),), c.site[i],
@@ -202,14 +199,16 @@ def _comparable(per_rank: list[OpCalls]) -> bool:
     return len(per_rank) >= 2 and len(counts) == 1 and counts.pop() >= max(MIN_CALLS // 2, 1)
 
 
-def _measure(per_rank: list[OpCalls]) -> list[np.ndarray]:
+def _measure(per_rank: list[OpCalls]) -> tuple[list[np.ndarray], str]:
+    """The times the rank rule judges, and which they are: CPU times where every rank has
+    them, else wall times."""
     cpu = all(_has_cpu(c) for c in per_rank)
-    return [c.cpu if cpu else c.time for c in per_rank]
+    return [c.cpu if cpu else c.time for c in per_rank], "cpu" if cpu else "wall"
 
 
 def _ratios(per_rank: list[OpCalls]) -> np.ndarray:
     """Each rank's median over the median of the other ranks' medians."""
-    med = np.asarray([np.median(v) for v in _measure(per_rank)])
+    med = np.asarray([np.median(v) for v in _measure(per_rank)[0]])
     return np.asarray([med[i] / max(float(np.median(np.delete(med, i))), 1e-9)
                        for i in range(len(med))])
 
@@ -231,8 +230,7 @@ def slow_ranks(per_rank: list[OpCalls], steps: int, floor_us: float = ABS_FLOOR_
     (``factors``: ``rank_factors`` of the job, each rank's general slowness)."""
     if steps <= 0 or not _comparable(per_rank) or per_rank[0].kind == "collective":
         return []
-    measure = _measure(per_rank)
-    cpu = all(_has_cpu(c) for c in per_rank)
+    measure, unit = _measure(per_rank)
     med = np.asarray([np.median(v) for v in measure])
     flags = []
     for i, c in enumerate(per_rank):
@@ -244,16 +242,13 @@ def slow_ranks(per_rank: list[OpCalls], steps: int, floor_us: float = ABS_FLOOR_
         if float(np.mean(measure[i] > others.max())) < RANK_SHARE:
             continue
         # the time lost per step: with CPU times, the extra work itself (a thread spends at
-        # least its CPU time in wall time, whatever the load; a loaded machine's wall medians
-        # are the scheduler's: measured, with one busy loop beside 2 ranks on 2 cores, an
-        # operator doing 30 % more CPU work than the other rank's had the lower wall median in
-        # 5 runs of 10)
+        # least its CPU time in wall time, whatever the load; the module note has the figures)
         if (med[i] - usual) * len(c.time) / steps < floor_us:
             continue                      # no time lost that matters
         site = Counter(s for s in c.site if s).most_common(1)
         flags.append(Flag("rank", c.rank, c.op, c.kind, None,
                           (int(c.step.min()), int(c.step.max())), site[0][0] if site else None,
-                          float(med[i]), usual, len(c.time), "cpu" if cpu else "wall"))
+                          float(med[i]), usual, len(c.time), unit))
     return flags
 
 
