@@ -23,6 +23,7 @@ import threading
 
 import runtime
 from runtime.errors import NpuError
+from runtime.torch.exitgate import GATE
 
 from .work import Completer, Work
 
@@ -62,16 +63,32 @@ def recv_anysource(pg, tensors, site: str) -> Work:
     """``pg.recv`` from whichever peer's message arrives first; the Work names it."""
     work = Work("recv", list(tensors))
     device = runtime.get_device()
+    box = [work, tensors]       # the thread's references to torch objects, dropped in the gate
 
     def run():
         runtime.set_device(device)    # the device is per thread, as in CUDA
+        error = None
         try:
             src = pg.comm.wait_any_sender()
-            work.source = src
-            pg.recv(tensors, src, site=site).synchronize()     # the data is in, also on npu
         except BaseException as e:  # noqa: BLE001 - every failure goes to the waiter
-            work.complete(e)
-        else:
-            work.complete(None)
+            src, error = -1, e
+        if not GATE.enter():          # the interpreter exits (runtime/torch/exitgate.py)
+            GATE.keep(box)
+            return
+        try:
+            w, ts = box
+            box.clear()
+            try:
+                if error is None:
+                    w.source = src
+                    pg.recv(ts, src, site=site).synchronize()   # the data is in, also on npu
+            except BaseException as e:  # noqa: BLE001
+                error = e
+            try:
+                w.complete(error)
+            finally:
+                w = ts = None
+        finally:
+            GATE.leave()
     threading.Thread(target=run, name=f"hccl-torch-anysource-{pg.comm.name}", daemon=True).start()
     return work

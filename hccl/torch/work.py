@@ -25,6 +25,10 @@ RuntimeError stands for (a released rank is a victim, not a culprit).
 A stream skips the tasks queued behind a failed one, and a failed collective aborts its
 communicator, so once a Work of a group has failed, every later Work of that group fails with
 the same error instead of reporting stale buffers as results.
+
+At interpreter exit the completer thread must not be inside torch (``set_result``, the copies
+and releasing tensors release the GIL in C++): runtime/torch/exitgate.py's gate keeps it out, so
+a Work's references are all dropped inside the gate (``Completer._complete``).
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ import runtime
 from runtime import sanitizer
 from runtime.dtypes import DtypeMap
 from runtime.torch import device as npu_device
+from runtime.torch.exitgate import GATE
 
 from ..errors import InvalidArgumentError
 from ..failure import handed_to_torch
@@ -134,7 +139,11 @@ class Work(dist._Work):
     def complete(self, error: BaseException | None) -> None:
         """Deliver the outputs (``error`` None) or ``error`` to every waiter."""
         self._error = error
-        self._done.set_result(error)
+        if GATE.enter():         # not at interpreter exit (runtime/torch/exitgate.py)
+            try:
+                self._done.set_result(error)
+            finally:
+                GATE.leave()
 
 
 def _outcome(outputs: list):
@@ -170,31 +179,48 @@ class Completer:
     def submit(self, work: Work, event, finish, cleanup) -> None:
         """Complete ``work`` once ``event`` is reached: ``finish()`` copies results back,
         ``cleanup()`` releases staging memory whatever happened."""
+        item = [work, event, finish, cleanup]
+        del work, finish, cleanup
         with self._lock:
             inline = self._queued == 0 and not sanitizer.on and event.query()
             if not inline:
                 self._queued += 1
-                self._queue.put((work, event, finish, cleanup))
+                self._queue.put(item)
                 return
-        self._complete(work, event, finish, cleanup)
+        self._complete(item)
 
     def close(self) -> None:
         self._queue.put(None)
 
-    def _complete(self, work: Work, event, finish, cleanup) -> None:
+    def _complete(self, item: list) -> None:
+        """Complete the Work of ``item`` ([work, event, finish, cleanup]) and empty ``item``:
+        its references to torch objects are dropped inside the exit gate (module note)."""
         error = self._failed
         try:
-            event.synchronize()
-            if error is None:
-                finish()
+            item[1].synchronize()
         except BaseException as e:  # noqa: BLE001 - every failure goes to the waiter
             error = self._failed = e   # the stream's error is already hccl's type
-        finally:
+        if not GATE.enter():         # the interpreter exits: no copy, nobody to complete
+            GATE.keep(item)
+            return
+        try:
+            work, _, finish, cleanup = item
+            item.clear()
             try:
-                cleanup()
-            except Exception:  # releasing staging memory must not mask the result
-                pass
-        work.complete(error)
+                if error is None:
+                    try:
+                        finish()
+                    except BaseException as e:  # noqa: BLE001
+                        error = self._failed = e
+                try:
+                    cleanup()
+                except Exception:  # releasing staging memory must not mask the result
+                    pass
+                work.complete(error)
+            finally:
+                work = finish = cleanup = None
+        finally:
+            GATE.leave()
 
     def _loop(self) -> None:
         while True:
@@ -202,9 +228,8 @@ class Completer:
             if item is None:
                 return
             try:
-                self._complete(*item)
+                self._complete(item)
             finally:
-                item = None
                 with self._lock:
                     self._queued -= 1
 

@@ -17,6 +17,7 @@ from runtime import profiler
 
 from . import device as _device
 from . import storage as S
+from .exitgate import gated
 from .ops import fallback
 from .site import user_site
 
@@ -93,7 +94,8 @@ def copy_from(src, dst, non_blocking=False):
             o = S.owner_of(dst)
             if o is not None and S.span(dst, o) is not None:
                 runtime.declare_access(s, "copy H2D", site=site, writes=[S.span(dst, o)])
-        s.enqueue(lambda: view.copy_(staged), "copy H2D", "copy", {"bytes": int(view.nbytes)}, site)
+        s.enqueue(gated(lambda: view.copy_(staged), s), "copy H2D", "copy",
+                  {"bytes": int(view.nbytes)}, site)
     return dst
 
 

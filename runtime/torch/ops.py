@@ -48,6 +48,7 @@ from runtime.sanitizer import stream_check_enabled
 from . import device as _device
 from . import random as _random
 from . import storage as S
+from .exitgate import gated
 from .site import user_site
 
 _NPU = "npu"
@@ -363,7 +364,7 @@ def _enqueue(op, i: _Info, dev: int, s, args, kwargs, margs, mkwargs, mout):
         out = _flat(op(*cargs, **ckwargs))
         for k, c in zip(slots, cfresh):
             c.copy_(out[k])
-    s.enqueue(task, i.name, "kernel", None, site)
+    s.enqueue(gated(task, s), i.name, "kernel", None, site)
     return result
 
 

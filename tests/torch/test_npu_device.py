@@ -504,3 +504,30 @@ def test_transformer_training_bitwise():
     mask = torch.ones(8, 8, dtype=torch.bool).tril()   # a mask: torch's decomposition, as before
     out = torch.nn.functional.scaled_dot_product_attention(q.npu(), q.npu(), q.npu(), attn_mask=mask.npu())
     torch.testing.assert_close(out.cpu(), torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask))
+
+
+_EXIT_SCRIPT = r"""
+import threading
+import torch, torch_npu
+import runtime
+x = torch.ones(1 << 20, device="npu")
+go = threading.Event()
+runtime.launch(lambda: go.wait(0.05))      # the stream is busy: the operators below are tasks
+for _ in range(50):
+    x = x * 1.0001 + 0.5
+print("queued", flush=True)                # and the script ends with them still queued
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_script_may_end_with_npu_operators_still_queued():
+    """The stream's worker runs them in torch's C++, which it must not be in at the
+    interpreter's finalization (runtime/torch/exitgate.py): this aborted every time."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    res = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT], capture_output=True, text=True,
+                         timeout=50, env={**os.environ, "PYTHONPATH": root})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["queued"] and "terminate" not in res.stderr

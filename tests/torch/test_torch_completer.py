@@ -88,3 +88,41 @@ def test_a_failure_at_the_submit_sticks_to_the_later_works(c):
     c.submit(b, _Event(), lambda: log.append("finish b"), lambda: None)
     assert a.error is boom and b.error is boom        # b's results are not reported
     assert log == ["a", "b"]                          # and nothing was copied back
+
+
+_EXIT_SCRIPT = r"""
+import threading, time
+from hccl.torch.work import Completer, Work
+
+class Reached:                       # an end event the completer thread reaches at once
+    def query(self): return False    # not at submit: the Work goes to the thread
+    def synchronize(self): pass
+
+inside = threading.Event()
+def callback(fut):                   # runs in the completer thread, inside set_result
+    inside.set()
+    time.sleep(0.05)
+    print("callback done", flush=True)
+
+work = Work("all_reduce", [])
+work.get_future().then(callback)
+Completer("exit").submit(work, Reached(), lambda: None, lambda: None)
+assert inside.wait(10)
+print("main exits", flush=True)      # while the completer thread is in torch's C++
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_interpreter_exits_cleanly_while_a_completion_is_in_torch():
+    """A daemon thread asking for the GIL during finalization is pthread_exit-ed; inside torch's
+    future completion that is std::terminate and SIGABRT (hccl/torch/work.py, the module note):
+    the exit waits for the completion to leave torch instead."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    res = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT], capture_output=True, text=True,
+                         timeout=50, env={**os.environ, "PYTHONPATH": root})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["main", "exits", "callback", "done"]
+    assert "terminate" not in res.stderr
