@@ -284,14 +284,16 @@ class _Rt:
 
     @returns_values("aclrtGetMemInfo", 0, 0)
     def get_mem_info(attr=_c.ACL_HBM_MEM):
-        """(free bytes, total bytes, ret) of the current device. aclrtFree gives memory back to
-        the device at once, so memory the pool only caches counts as free here (unlike
-        runtime.get_mem_info, which reports the pool's reservation as torch_npu does)."""
+        """(free bytes, total bytes, ret) of the current device's card. aclrtFree gives memory
+        back to the device at once, so memory this process's pool only caches counts as free
+        here (unlike runtime.get_mem_info, which reports the pool's reservation as torch_npu
+        does); what the other processes on the card reserve counts as used (runtime/card.py)."""
         a = int_arg("attr", attr)
         if not 0 <= a <= _c.ACL_HBM_MEM_NORMAL:
             raise AclError(_c.ACL_ERROR_INVALID_PARAM, f"attr={a} is not an aclrtMemAttr (0..5)")
         _, total = _rt.get_mem_info()
-        return total - _rt.memory_allocated(), total
+        others = sum(h.reserved for h in _rt.memory.card_holders())
+        return max(total - _rt.memory_allocated() - others, 0), total
 
     # ------------------------------------------------------------------ streams
     @returns_values("aclrtCreateStream", 0)

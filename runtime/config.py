@@ -201,6 +201,13 @@ TABLE = Table("runtime", [
         "runtime.context, runtime.acl, launcher.env", lo=1),
     Var("NPUSIM_HBM_BYTES", "int", 16 * GiB, "capacity of each NPU in bytes (a limit, not "
         "pre-allocated RAM)", "runtime.context", shown="16 GiB", lo=1),
+    Var("NPUSIM_CARD_DIR", "path", None, "where the ledgers of this machine's simulated cards "
+        "live (runtime/card.py): processes with the same directory and node share each device's "
+        "HBM; a test suite points it at a directory of its own", "runtime.card, launcher.smi",
+        shown="/dev/shm/npusim.cards.<uid>"),
+    Var("NPUSIM_CARD_SHARE", "switch", True, "1: the processes of a node that use one device "
+        "share its HBM (one card, runtime/card.py); 0: each process has a card of its own",
+        "runtime.card"),
     Var("NPUSIM_PROFILE_DIR", "path", None, "write a Chrome trace per rank into this directory "
         "(npurun merges them)", "runtime.profiler, launcher.cli"),
     Var("ASCEND_GLOBAL_LOG_LEVEL", "int", 3, "0 debug, 1 info, 2 warning, 3 error, 4 off",
@@ -273,6 +280,16 @@ def device_count() -> int:
 def hbm_bytes() -> int:
     """NPUSIM_HBM_BYTES: capacity of each simulated NPU (default 16 GiB)."""
     return TABLE.get("NPUSIM_HBM_BYTES")
+
+
+def card_dir() -> str | None:
+    """NPUSIM_CARD_DIR: where the card ledgers live (None: runtime.card's default)."""
+    return TABLE.get("NPUSIM_CARD_DIR")
+
+
+def card_share() -> bool:
+    """NPUSIM_CARD_SHARE: True (default) makes the processes of a node share each device."""
+    return TABLE.get("NPUSIM_CARD_SHARE")
 
 
 def profile_dir() -> str | None:

@@ -183,9 +183,11 @@ def synchronize_all() -> None:
 
 
 def get_mem_info() -> tuple[int, int]:
-    """(free_bytes, total_bytes) of the current device; memory cached by the pool counts as used."""
+    """(free_bytes, total_bytes) of the current device's card; memory cached by the pool counts
+    as used, and so does what the other processes on the card reserve (runtime/card.py)."""
     ctx = current_context()
-    return ctx.capacity - ctx.pool.reserved, ctx.capacity
+    others = ctx.memory.card.others_reserved()
+    return max(ctx.capacity - ctx.pool.reserved - others, 0), ctx.capacity
 
 
 # ---------------------------------------------------------------------- current stream

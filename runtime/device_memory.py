@@ -23,6 +23,7 @@ import threading
 import numpy as np
 
 from . import config
+from .card import Card
 
 PAGE = 4096
 _MIN_SPAN = 64 << 20
@@ -51,10 +52,27 @@ class DeviceMemory:
         self._free_off = [0]
         self._free_len = [self.span]
         self._lock = threading.Lock()
+        # this process's place on the device's card, which other processes of the node share
+        # (runtime/card.py): every segment is charged there
+        try:
+            self.card = Card(device_id, capacity)
+        except BaseException:
+            self.close()
+            raise
 
     def reserve(self, nbytes: int) -> int:
-        """Take ``nbytes`` (rounded to pages) of address space; raises MemoryError if none fits."""
+        """Take ``nbytes`` (rounded to pages) of address space, charged to the card; raises
+        card.CardFullError (a MemoryError) when the card's other holders leave no room, and
+        MemoryError if no address range fits."""
         n = (nbytes + PAGE - 1) // PAGE * PAGE
+        self.card.charge(n)
+        try:
+            return self._take(n)
+        except BaseException:
+            self.card.uncharge(n)
+            raise
+
+    def _take(self, n: int) -> int:
         with self._lock:
             for i, length in enumerate(self._free_len):
                 if length >= n:
@@ -72,6 +90,7 @@ class DeviceMemory:
         off = addr - self.base
         n = (nbytes + PAGE - 1) // PAGE * PAGE
         self._mm.madvise(mmap.MADV_REMOVE, off, n)
+        self.card.uncharge(n)
         with self._lock:
             i = bisect.bisect_left(self._free_off, off)
             self._free_off.insert(i, off)
@@ -99,6 +118,9 @@ class DeviceMemory:
         return f"{os.getpid()}:{self._fd}:{self.name}"
 
     def close(self) -> None:
+        card = self.__dict__.pop("card", None)
+        if card is not None:
+            card.close()
         self.array = None
         try:
             self._mm.close()

@@ -639,6 +639,13 @@ def empty_cache() -> None:
         ctx.pool.empty_cache()
 
 
+def card_holders(device=None) -> list:
+    """The other live processes on the device's card (runtime/card.py): ``card.Holder``
+    records with ``pid``, ``job``, ``rank`` and ``reserved`` bytes ([] with NPUSIM_CARD_SHARE=0)."""
+    return _ctx(device).memory.card.others()
+
+
 def set_per_process_memory_fraction(fraction: float, device=None) -> None:
-    """Cap this process's reserved memory at ``fraction`` of the device capacity."""
+    """Cap this process's reserved memory at ``fraction`` of the device capacity; an allocation
+    past it raises OutOfMemoryError (also torch.OutOfMemoryError once torch is imported)."""
     _locked(device, "set_memory_fraction", fraction)

@@ -56,7 +56,11 @@ free memory in every statistic and query: not allocated, non-releasable (``inact
 
 Limits. ``reserved`` never exceeds ``limit`` = capacity * fraction. When a new segment does not
 fit, the pool releases its cached whole free segments (counted in ``num_alloc_retries``) and
-tries again, then raises ``OutOfMemoryError`` with the numbers and the fix.
+tries again, then raises ``OutOfMemoryError`` with the numbers and the fix. The raw allocator
+may refuse a segment too: the runtime's charges the device's card, which other processes share
+(runtime/card.py), and its refusal (a ``MemoryError`` with ``holders``) puts the other
+processes and their bytes in the message. The error is ``card.out_of_memory``'s: also a
+``torch.OutOfMemoryError`` once torch is imported.
 
 Shared frees. ``free(block, ready, shared=True)``: the marker covers the work of other streams
 too (the runtime's ``record_stream``), so not even the block's own stream may reuse the memory
@@ -83,6 +87,8 @@ from typing import Protocol
 
 from . import blocks
 from .blocks import KIND_POOL, LARGE_HUGE, SMALL, Block, Segment
+from .card import describe as describe_holders
+from .card import out_of_memory
 from .errors import InvalidParamError, MemoryAccessError, OutOfMemoryError
 from .free_lists import FreeLists
 from .front_cache import FrontCache
@@ -147,7 +153,8 @@ class CachingAllocator:
         self._segs: dict[int, Segment] = {}
         self._seq = 0                           # markers attached so far (Block.seq)
         self._gen = 0                           # the last generation handed out (Block.gen)
-        self._raw_error: str | None = None      # why the last reserve failed, for the OOM
+        self._raw_error: tuple | None = None    # (segment size, MemoryError) of the last
+        #                                         refused reserve, for the OOM
         self._stats = MemoryStats()
         self._kind_stats = tuple(self._stats.blocks[KIND_POOL[k]] for k in range(len(KIND_POOL)))
         self.num_alloc_retries = 0
@@ -334,7 +341,7 @@ class CachingAllocator:
             try:
                 addr = self._raw.reserve(seg_size)
             except MemoryError as e:                 # address space full: a failed cudaMalloc
-                self._raw_error = format_size(seg_size) + (f" ({e})" if str(e) else "")
+                self._raw_error = (seg_size, e)   # the card full (card.py), or no range
                 continue
             if not 0 <= addr <= _ADDR_LIMIT - 1 - seg_size:
                 raise ValueError(f"raw allocator returned address {addr!r} outside 0..2**64")
@@ -460,22 +467,38 @@ class CachingAllocator:
     def _oom(self, size: int, nbytes: int, kinds, policy) -> OutOfMemoryError:
         cap, alloc, res, limit = self._capacity, self.allocated, self.reserved, self._limit
         largest = self.largest_free_block()
+        raw = self._raw_error
+        card = raw[1] if raw is not None and hasattr(raw[1], "holders") else None
+        others = card.others if card is not None else 0
         facts = (f"device {self.device_id}; {format_size(cap)} total capacity; "
                  f"{format_size(alloc)} already allocated; {format_size(res)} reserved in total "
-                 f"by the pool; {format_size(cap - res)} free; limit {format_size(limit)}; "
-                 f"largest free block {format_size(largest)}")
-        if self._raw_error:
-            facts += f"; the device address space refused a segment of {self._raw_error}"
+                 f"by the pool; ")
+        if card is not None:
+            facts += (f"{format_size(others)} reserved by other processes on this card "
+                      f"({describe_holders(card.holders)}); ")
+        facts += (f"{format_size(max(cap - res - others, 0))} free; limit {format_size(limit)}; "
+                  f"largest free block {format_size(largest)}")
+        if card is not None:
+            facts += f"; the card refused a segment of {format_size(raw[0])}"
+        elif raw is not None:
+            facts += (f"; the device address space refused a segment of {format_size(raw[0])}"
+                      + (f" ({raw[1]})" if str(raw[1]) else ""))
         fix = ("Free tensors you no longer need, call runtime.empty_cache(), reduce the batch "
                "size, or raise NPUSIM_HBM_BYTES")
+        if others:
+            fix += " or free memory in the other processes on this device (npusim-smi info)"
         if limit < cap:
             fix += " or the fraction given to runtime.set_per_process_memory_fraction()"
         if kinds == (LARGE_HUGE,) and size > SMALL_SIZE:
             fix += (f"; policy HUGE_ONLY needs a {format_size(-(-size // HUGE_PAGE) * HUGE_PAGE)} "
                     f"huge-page segment, HUGE_FIRST could fall back to normal pages")
         msg = f"NPU out of memory. Tried to allocate {format_size(size)} ({facts}). {fix}."
-        err = OutOfMemoryError(msg)
+        err = out_of_memory(msg)                     # also torch's, once torch is imported
         err.device_id = self.device_id
+        err.others_reserved = others
+        err.holders = [] if card is None else [
+            {"pid": h.pid, "job": h.job, "rank": h.rank, "reserved": h.reserved}
+            for h in card.holders if h.reserved]
         err.requested = nbytes
         err.size = size
         err.capacity = cap

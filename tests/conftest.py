@@ -34,6 +34,17 @@ def _real_torch() -> bool:
 
 
 TORCH = _real_torch()
+
+# Each pytest session has simulated cards of its own (runtime/card.py: the processes that share
+# NPUSIM_CARD_DIR share each device's HBM), so that runs side by side on one machine never see
+# each other's memory; the processes a test starts inherit it.
+if not os.environ.get("NPUSIM_CARD_DIR"):
+    import atexit
+    import shutil
+    import tempfile
+    os.environ["NPUSIM_CARD_DIR"] = tempfile.mkdtemp(
+        prefix="npusim.cards.pytest.", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    atexit.register(shutil.rmtree, os.environ["NPUSIM_CARD_DIR"], True)
 if not TORCH:
     # Make ``import torch`` fail in this process as it would anywhere else, so that every
     # ``pytest.importorskip("torch")`` skips instead of importing tests/torch/ (see above).
