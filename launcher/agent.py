@@ -405,7 +405,9 @@ class Agent:
         try:
             self._server = ForkServer(self.spec.cmd[0], w0.env, self._janitor,
                                       should_stop=lambda: bool(self._signal),
-                                      preload=preload_for(proc.worker_argv(self.spec.cmd)))
+                                      preload=preload_for(proc.worker_argv(self.spec.cmd)),
+                                      title_room=sum(len(os.fsencode(a)) + 1
+                                                     for a in self.spec.cmd))
         except (ForkServerError, OSError) as e:
             if not self._signal:
                 say(f"npurun: no fork server ({e}); each rank starts in a fresh interpreter "

@@ -384,8 +384,19 @@ class Diagnoser:
             "npusim job verdict", f"npusim job status (attempt {self.agent.attempt}, live view)", 1)
 
     def status(self) -> str:
-        """The verdict table of a running job (no stacks, nothing stopped)."""
-        return self._live(verdict.classify(self.infos(self.states(), {})))
+        """The verdict table of a running job (no stacks, nothing stopped), then the pid of
+        each of this node's live ranks (what ``ps``, ``py-spy dump --pid`` and ``kill`` take)."""
+        import socket  # noqa: PLC0415
+        import textwrap  # noqa: PLC0415
+        table = self._live(verdict.classify(self.infos(self.states(), {})))
+        pids = [f"{w.rank}={w.proc.pid}" for w in self.agent.workers
+                if w.proc.pid > 0 and w.proc.alive()]
+        if not pids:
+            return table
+        node = getattr(self.agent.job, "node_rank", 0)
+        return table.rstrip("\n") + "\n" + textwrap.fill(
+            " ".join(pids), 94, initial_indent=f"pids (rank=pid) on node {node} "
+            f"({socket.gethostname()}): ", subsequent_indent="    ") + "\n"
 
     def on_tick(self, agent):
         """Answer a status request (SIGUSR1 to npurun); about once a second, ``watch``."""

@@ -19,6 +19,7 @@ from launcher.forkserver import ROOM_VAR, recv_message, room, send_message
 
 PRELOAD_VAR = "NPUSIM_FORKSERVER_PRELOAD"
 WINDOW = 32         # spawn requests in flight at most (``request``)
+PAD_MAX = 128 * 1024 - 1    # the kernel's limit on one argument (MAX_ARG_STRLEN)
 
 
 class ForkServerError(RuntimeError):
@@ -29,8 +30,11 @@ class ForkServer:
     """One node's fork server, started with ``env`` (a rank's environment) by ``python``."""
 
     def __init__(self, python: str, env: dict, janitor=None, *, timeout: float = 120.0,
-                 should_stop=lambda: False, preload=()):
-        """``preload``: more modules to import (before NPUSIM_FORKSERVER_PRELOAD's)."""
+                 should_stop=lambda: False, preload=(), title_room: int = 0):
+        """``preload``: more modules to import (before NPUSIM_FORKSERVER_PRELOAD's);
+        ``title_room``: the length of the ranks' command lines (``launcher.worker``'s
+        ``show_command`` writes them over the server's own, padded to at least this, 4 KiB at
+        least; a longer line is cut)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(env)
         if preload:
@@ -43,7 +47,8 @@ class ForkServer:
         self._answered = 0                      # and answered
         try:
             self.proc = subprocess.Popen(
-                [python, "-u", "-m", "launcher.worker", "--fork-server", str(theirs.fileno())],
+                [python, "-u", "-m", "launcher.worker", "--fork-server", str(theirs.fileno()),
+                 "." * min(max(4096, title_room), PAD_MAX)],
                 env=env,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
                 start_new_session=True, close_fds=True)

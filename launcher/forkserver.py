@@ -1,8 +1,8 @@
 """The fork server: the ranks of a node forked from one prepared process.
 
-    python -u -m launcher.worker --fork-server FD    (started by npurun; FD: its end of a
-                                                     socketpair; so a rank's command line names
-                                                     the bootstrap, as a fresh one's does)
+    python -u -m launcher.worker --fork-server FD PAD   (started by npurun; FD: its end of a
+                                                        socketpair; PAD: room for its ranks'
+                                                        command lines, see below)
 
 Design note. A rank started as a fresh interpreter imports numpy, pyzmq, runtime and hccl itself:
 0.2-0.3 s of CPU per rank (1 s before ml_dtypes became lazy), paid N times on a node with two
@@ -18,7 +18,11 @@ use). In the child: the environment becomes the rank's, in ``os.environ`` and th
 that ``/proc/PID/environ`` (what ``ps e`` and leak checks read) shows it too, in the block the
 kernel points at: the server was started with ``ROOM_VAR`` padding that block, and the child
 writes its own variables over it (as setproctitle does with the same area; moving the block
-itself takes ``prctl(PR_SET_MM)``, which needs CAP_SYS_RESOURCE). The signal dispositions the
+itself takes ``prctl(PR_SET_MM)``, which needs CAP_SYS_RESOURCE). The command line is done the
+same way: the server is started with PAD, an argument as long as its ranks' lines (``title_room``
+in ``launcher.forkclient``), rewrites its own to ``... --fork-server FD`` at once, and each rank
+writes ``python -u SCRIPT ARGS`` over the inherited area (``launcher.worker.show_command``: no
+dependency, no privilege; setproctitle does the same). The signal dispositions the
 server changed go back to Python's defaults,
 ``random`` is reseeded by CPython's fork hook and numpy's global generator, if imported, from
 the OS; the npusim loggers, whose rank tag was made at import, are set up again.
@@ -341,9 +345,13 @@ def _end_rank() -> None:
 def main(argv: list[str]) -> list[str]:
     """Serve npurun until it asks for a rank; in the forked rank, return the rank's worker
     arguments (launcher.worker, the caller, runs them); exit when npurun closes the server."""
-    if len(argv) != 1 or not argv[0].isdigit():
-        sys.exit("usage: python -m launcher.worker --fork-server FD (started by npurun)")
+    if len(argv) not in (1, 2) or not argv[0].isdigit():
+        sys.exit("usage: python -m launcher.worker --fork-server FD [PAD] (started by npurun)")
     _die_with_launcher()
+    if len(argv) == 2:      # PAD was room for the ranks' command lines: not to be shown
+        from launcher.worker import show_command  # noqa: PLC0415
+        orig = list(sys.orig_argv)
+        show_command(orig[:orig.index("--fork-server") + 2])
     atexit.register(_end_rank)      # first registered: runs after every other handler
     gc.disable()                    # no collection leaves holes in the pages the ranks share
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # npurun stops it; a Ctrl-C goes to npurun

@@ -22,6 +22,9 @@ Before the user's code runs, the bootstrap installs, in this order:
    appended to ``NPUSIM_STACK_FILE``, so the launcher can take stacks without the rank's help.
    The file appears under its final name only once the handler is registered, so the launcher
    never sends SIGUSR1 (whose default action kills) before that.
+4. the rank's command line as ``ps`` shows it: ``python -u SCRIPT ARGS`` (``-m MODULE ARGS``), as
+   torchrun's ranks read, forked or not (``ps aux | grep train.py`` and ``pkill -f train.py``
+   find the ranks), and its name ``rank<RANK>:<script>`` (15 bytes: ``top``, ``ps -o comm``).
 
 Only the standard library (and ``hccl.failure``, which imports nothing else) is imported here, so
 start-up stays fast; ``cloudpickle`` is imported in spawn mode only.
@@ -234,6 +237,66 @@ def bootstrap() -> None:
     _install_stack_dump()
 
 
+_PR_SET_NAME = 15
+
+
+def _arg_area() -> tuple[int, int] | None:
+    """(start, end) of the argument strings the kernel shows in /proc/self/cmdline."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: stat fields 48, 49
+    except (OSError, IndexError, ValueError):
+        return None
+    return (start, end) if 0 < start < end else None
+
+
+def show_command(line: list[str], title: str | None = None) -> bool:
+    """Make ``ps`` show ``line`` as this process's command line, as a process started with it
+    would (``/proc/PID/cmdline``: the strings separated by NULs), and ``title`` (cut to 15
+    bytes) as its name (``/proc/PID/comm``: ``top``, ``ps -o comm``, ``pgrep`` without -f).
+
+    The kernel reads the command line from the memory the arguments were passed in (arg_start
+    to arg_end): ``line`` is written over it, the rest filled with NULs (which ``ps`` and
+    ``pgrep`` drop). A line longer than that area is cut at its end (a forked rank's area is
+    the fork server's, padded for its ranks' lines: ``launcher.forkserver``). Python copied
+    its arguments at start-up (``sys.argv``, ``sys.orig_argv``) and never reads the area
+    again. False where there is no such area (not Linux)."""
+    if title is not None:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, os.fsencode(title)[:15], 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    area = _arg_area()
+    if area is None:
+        return False
+    size = area[1] - area[0]
+    data = b"".join(os.fsencode(a) + b"\0" for a in line)
+    if len(data) > size:
+        data = data[:size - 1] + b"\0"
+    ctypes.memmove(area[0], data.ljust(size, b"\0"), size)
+    return True
+
+
+def rank_command(mode: str, rest: list[str]) -> list[str]:
+    """What a rank running ``mode rest`` shows in ``ps``: its interpreter, the interpreter's
+    options, then the script (or ``-m MODULE``) and its arguments, as torchrun's ranks do
+    (``python -u train.py --lr 0.1``), not this bootstrap's line."""
+    orig = list(getattr(sys, "orig_argv", None) or [sys.executable, "-u"])
+    opts = orig[1:orig.index("-m")] if "-m" in orig[1:] else ["-u"]
+    target = ["-m", *rest] if mode in ("-m", "--module") else [mode, *rest]
+    return [orig[0], *opts, *target]
+
+
+def _name_rank(mode: str, rest: list[str]) -> None:
+    """The rank's command line and name (``show_command``): ``rank3:train.py``."""
+    if mode in ("--exec", "--spawn") or (mode in ("-m", "--module") and not rest):
+        return      # --exec: the program's own line after exec; --spawn: launcher.spawn's
+    target = rest[0] if mode in ("-m", "--module") else os.path.basename(mode)
+    rank = os.environ.get("RANK")
+    show_command(rank_command(mode, rest), f"rank{rank}:{target}" if rank else target)
+
+
 def _run_script(path: str, args: list[str]) -> None:
     # what `python SCRIPT` does: its directory first on sys.path, argv[0] = the script
     sys.path[0] = os.path.dirname(os.path.realpath(path))
@@ -281,6 +344,7 @@ def _run(argv: list[str]) -> None:
     usage = _USAGE
     bootstrap()
     mode, rest = argv[0], argv[1:]
+    _name_rank(mode, rest)
     if mode == "--exec":
         if not rest:
             sys.exit(usage)

@@ -64,7 +64,8 @@ def test_every_rank_gets_its_environment_and_prefixed_console(tmp_path):
         assert e["__name__"] == "__main__"
         assert e["argv"] == [script, "a1", "--flag"]
         assert secret not in e["cmdline"]  # the secret travels in the environment only
-        assert "launcher.worker" in e["cmdline"]
+        # the rank's command line reads as torchrun's ranks' (launcher.worker.show_command)
+        assert e["cmdline"].rstrip("\0").split("\0")[1:] == ["-u", script, "a1", "--flag"]
     for r in range(3):
         assert f"[rank {r}]: hello from {r}\n" in res.stdout
         assert f"[rank {r}]: oops from {r}\n" in res.stderr

@@ -102,7 +102,7 @@ def _ranks(tag: str, attempt: int) -> dict[int, int]:
     for pid in tagged_pids(tag):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"launcher.worker" not in f.read():
+                if b"--fork-server" in f.read():   # it shows rank 0's environment
                     continue
             with open(f"/proc/{pid}/environ", "rb") as f:
                 env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
