@@ -42,7 +42,7 @@ from runtime import graph, profiler, sanitizer
 from runtime.memory import allocation_marks, same_allocations
 
 from hccl import diag, executor, fusion, plan
-from hccl.flight import recorder
+from hccl.flight import Member, recorder
 from hccl.transport.base import norm_fp
 from hccl.types import OpType
 
@@ -255,6 +255,8 @@ class Call(executor.Context):
             recorder.fail(rec, f.error)
         err = executor.failure(f, self.comm.ranks, seq, fp or self.fp, timeout, None, self)
         for rec in recs:
+            if type(rec) is Member:     # a fused group's member: its head holds the error
+                continue
             rec.error = f"{type(err).__name__}: {str(err).splitlines()[0]}"
             # a peer's failure reaching this rank: the verdict looks past it for the cause
             rec.error_type = "RemoteRankError" if getattr(err, "abort", None) else \

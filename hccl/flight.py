@@ -73,6 +73,39 @@ class Done(tuple):
     to_dict = Record.to_dict
 
 
+class Member(tuple):
+    """The record of a fused group's member after the first (``FlightRecorder.group``): the
+    group runs as one exchange, so its members are enqueued, started, waiting, completed or
+    failed together, as the first member's ``Record`` (the *head*) says. It holds what differs,
+    ``(head, proto, seq, site)``, reads its call's fields (op, count, ...) from its ``Proto``
+    and its state from the head; it reads like a ``Record``. A tuple, so that making one runs
+    no Python code; it compares and hashes by identity, as a Record does."""
+
+    __slots__ = ()
+    head = property(operator.itemgetter(0))
+    proto = property(operator.itemgetter(1))
+    seq = property(operator.itemgetter(2))
+    site = property(operator.itemgetter(3))
+    count = property(lambda self: self[1].count)        # not tuple.count
+    __eq__, __ne__, __hash__ = object.__eq__, object.__ne__, object.__hash__
+
+    def __getattr__(self, name: str):
+        if name in _SHARED:
+            return getattr(self[0], name)
+        return getattr(self[1], name)
+
+    def __repr__(self):
+        return f"<Member {self.op} seq {self.seq} of {self.comm}>"
+
+    to_dict = Record.to_dict
+
+
+# what a group's members share with its head: the state of the one exchange
+_SHARED = frozenset(("state", "t_enqueued", "t_started", "t_completed", "waiting_for",
+                     "waiting_since", "error", "error_type", "wait_peer", "wait_max",
+                     "wait_send", "wait_end", "wait_to"))
+
+
 class FlightRecorder:
     """A bounded ring buffer of records plus per-communicator progress counters."""
 
@@ -167,6 +200,66 @@ class FlightRecorder:
                 p[0] = seq
         return r
 
+    def group(self, protos: tuple, sites: tuple, seq0: int) -> tuple:
+        """The records of a fused group (``hccl.fusion``): member i of ``protos`` (each its
+        Call's ``proto``), issued at ``sites[i]``, as ``seq0 + i``, all enqueued now, under one
+        lock. The first is a
+        ``Record`` that the group's exchange updates (``start``, ``waiting``, ``complete``,
+        ``fail`` of it act for every member: ``complete_group``, ``fail``); the others are
+        ``Member`` tuples that read their state from it."""
+        p = protos[0]
+        r = Record()
+        r.comm, r.comm_id, r.rank, r.seq, r.members = p.comm, p.comm_id, p.rank, seq0, p.members
+        r.op, r.count, r.dtype, r.redop, r.root = p.op, p.count, p.dtype, p.redop, p.root
+        r.peer, r.stream, r.site, r.nbytes = None, p.stream, sites[0], p.nbytes
+        r.t_enqueued = time.time()
+        r.state, r.t_started, r.t_completed = "enqueued", None, None
+        r.waiting_for = r.waiting_since = r.error = r.error_type = r.wait_peer = None
+        r.wait_max, r.wait_send, r.wait_end, r.wait_to = 0.0, False, 0.0, None
+        recs = (r,) + tuple([Member((r, q, seq0 + i, sites[i])) for i, q in enumerate(protos)
+                             if i])
+        last = seq0 + len(protos) - 1
+        lock = self._lock
+        lock.acquire()              # not ``with``: half the cost in CPython 3.11, every replay
+        try:
+            self._records.extend(recs)
+            inflight = self._inflight
+            for m in recs:
+                inflight[id(m)] = m
+            key, progress = p.key, self.progress
+            q = progress.get(key)
+            if q is None:
+                if len(progress) >= PROGRESS_BOUND:
+                    progress.popitem(last=False)
+                q = progress[key] = [0, 0, p.comm]
+            else:
+                progress.move_to_end(key)
+            q[0] = last
+        finally:
+            lock.release()
+        return recs
+
+    def complete_group(self, recs: tuple) -> None:
+        """Complete the records of a fused group (``group``) at once."""
+        r = recs[0]
+        now = time.time()
+        if r.waiting_for is not None:
+            _longest_wait(r, now)
+        r.state, r.t_completed, r.waiting_for = "completed", now, None
+        lock = self._lock
+        lock.acquire()
+        try:
+            inflight = self._inflight
+            for m in recs:
+                inflight.pop(id(m), None)
+            p = self.progress.get((r.comm_id, r.rank))
+            if p is not None:
+                last = recs[-1].seq
+                if last > p[1]:
+                    p[1] = last
+        finally:
+            lock.release()
+
     def start(self, r: Record) -> None:
         r.state, r.t_started = "started", time.time()
 
@@ -190,6 +283,10 @@ class FlightRecorder:
                 p[1] = max(p[1], r.seq)
 
     def fail(self, r: Record, err: BaseException) -> None:
+        if type(r) is Member:       # its head fails for it: it only leaves the flight
+            with self._lock:
+                self._inflight.pop(id(r), None)
+            return
         r.state, r.t_completed = "failed", time.time()
         r.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         r.error_type = type(err).__name__

@@ -27,18 +27,22 @@ eager code (graphs must be replayed on every rank, as NCCL requires of captured 
 """
 from __future__ import annotations
 
+import functools
+import time
 from typing import NamedTuple
 
 import numpy as np
 
 import runtime
 from runtime.graph import Fusable
+from runtime.memory import allocation_marks, same_allocations
 
 from . import executor, plan, schedule
 from .flight import recorder
 from .types import OpType
 
-_ORDERED = ("oneshot", "star")      # AllReduce algorithms that reduce each element in rank order
+_ORDERED = ("oneshot", "star")
+_time = time.time      # AllReduce algorithms that reduce each element in rank order
 
 
 class Member(NamedTuple):
@@ -83,8 +87,8 @@ def _conflict(a, b) -> bool:
 
 
 class _Fused:
-    """The ``make`` of a fused group: planned and bound once (on its own staging buffer), run
-    at every replay."""
+    """The ``make`` of a fused group: planned and bound once (on its own staging buffer, with
+    the members' views and the copies in and out of it), run at every replay."""
 
     def __init__(self, items: list):
         first = items[0].call
@@ -102,7 +106,15 @@ class _Fused:
             at += m.call.count * size
         self.staging = np.empty(max(pl.nbytes["recv"], at), np.uint8)
         self.steps = pl.steps
+        # the members' records share these (``recorder.group``), made once
+        self.protos = tuple(recorder.proto(comm, m.call.plan.names, first.stream.name, None,
+                                           m.call.count * size) for m in items)
+        self.sites = tuple(m.site for m in items)
+        # every member's buffers, as ``same_allocations`` checks them at each run
+        self.objs = tuple(o for m in items for o in m.objs)
+        self.marks = allocation_marks(self.objs)
         self.program = self._bind()
+        self.copies_in, self.copies_out = self._bind_copies()
 
     def _bind(self) -> executor.Program:
         first, steps = self.first, self.steps
@@ -111,32 +123,55 @@ class _Fused:
         return executor.bind(steps, views, first.redop, first.dtype,
                              [t.pair(w) for w in comm.ranks], (first.cid, self.wire_fp))
 
-    def __call__(self):
-        first, k = self.first, self.k
-        comm = first.comm
-        seq0 = comm.take_seqs(k)
-        recs = tuple(recorder.enqueue(comm, seq0 + i, m.call.plan.rec_fp,
-                                      stream=first.stream.name, site=m.site,
-                                      nbytes=m.call.count * first.dtype.itemsize,
-                                      names=m.call.plan.names)
-                     for i, m in enumerate(self.items))
-        return lambda: self.run(seq0, recs)
-
-    def run(self, seq0: int, recs: tuple) -> None:
-        staging, size, first = self.staging, self.first.dtype.itemsize, self.first
-        outs = []
+    def _bind_copies(self) -> tuple:
+        """(dst, src, small) of every member's copy into the staging buffer and out of it, on
+        the members' buffers as they are now (``runtime.host_view`` raises the use-after-free
+        error); ``small``: a memoryview copy that keeps the GIL (``executor.copy_bytes``)."""
+        size, staging = self.first.dtype.itemsize, self.staging
+        ins, outs = [], []
         for m, off in zip(self.items, self.offsets):
             n = m.call.count * size
             bufs = dict(zip(m.call.names, m.objs))
             src = runtime.host_view(bufs["send"], n, name="send")
-            staging[off:off + n] = src
             recv = bufs.get("recv")
-            outs.append(src if recv is None or m.call.inplace else
-                        runtime.host_view(recv, n, name="recv"))
-        for rec in recs:
-            recorder.start(rec)
-        timeout, by_comm = first.comm.timeout()
-        first.rec = recs[0]
+            out = src if recv is None or m.call.inplace else \
+                runtime.host_view(recv, n, name="recv")
+            stage = staging[off:off + n]
+            small = n <= executor.GIL_COPY_BYTES
+            if small:
+                ins.append((memoryview(stage), memoryview(src), True))
+                outs.append((memoryview(out), memoryview(stage), True))
+            else:
+                ins.append((stage, src, False))
+                outs.append((out, stage, False))
+        return tuple(ins), tuple(outs)
+
+    def __call__(self):
+        comm = self.first.comm
+        seq0 = comm.take_seqs(self.k)
+        recs = recorder.group(self.protos, self.sites, seq0)
+        return functools.partial(self.run, seq0, recs)
+
+    def run(self, seq0: int, recs: tuple) -> None:
+        first = self.first
+        if not same_allocations(self.marks, self.objs):   # a buffer freed or moved since
+            self.copies_in, self.copies_out = self._bind_copies()   # raises use after free
+            self.marks = allocation_marks(self.objs)
+        for dst, src, small in self.copies_in:
+            if small:
+                dst[:] = src
+            else:
+                np.copyto(dst, src)
+        head = recs[0]
+        head.state, head.t_started = "started", _time()     # recorder.start, inline
+        comm = first.comm
+        timeout = comm.exec_timeout
+        by_comm = timeout is not None
+        if not by_comm:
+            timeout = comm._env_timeout     # comm.timeout(), without its call once read
+            if timeout is None:
+                timeout = comm.timeout()[0]
+        first.rec = head
         try:
             self.program.run(first.cid, seq0, self.wire_fp, timeout, first.on_wait)
         except executor.StepFailed as f:
@@ -144,7 +179,9 @@ class _Fused:
             raise first.failed(f, seq0, timeout, recs, self.fp) from f.error
         if self.program.provisional:        # its first run made the pairs: bind to them
             self.program = self._bind()
-        for rec in recs:
-            recorder.complete(rec)
-        for out, off in zip(outs, self.offsets):
-            out[:] = staging[off:off + out.size]
+        recorder.complete_group(recs)
+        for dst, src, small in self.copies_out:
+            if small:
+                dst[:] = src
+            else:
+                np.copyto(dst, src)
