@@ -157,8 +157,10 @@ class Graph:
         site = callsite(2)
         if sanitizer.on and self._accesses:
             sanitizer.replay(s, self._accesses, site)
-        value = s.enqueue(unit, f"{self.name} replay ({len(nodes)} tasks)", "graph",
-                          {"tasks": len(nodes)}, site)
+        # lazily: a worker that patrols is not rung, the host's synchronize usually runs the
+        # replay itself (``Stream.enqueue_lazy``)
+        value = s.enqueue_lazy(unit, f"{self.name} replay ({len(nodes)} tasks)", "graph",
+                               {"tasks": len(nodes)}, site)
         for ev in self._events:
             ev.replayed(s, value)
             if sanitizer.on:

@@ -59,6 +59,11 @@ log = logging.getLogger("runtime.stream")
 _ids = itertools.count(1)
 _perf = time.perf_counter
 _NEVER = float("inf")
+# A worker that runs lazily enqueued work (``Stream.enqueue_lazy``: graph replays) sleeps at
+# most PATROL_S at a time, and looks for such work at each wake-up, until PATROL_IDLE wake-ups
+# in a row found none: a replay the host does not wait for starts within PATROL_S.
+PATROL_S = 1e-3
+PATROL_IDLE = 200
 
 
 class _Task:
@@ -108,6 +113,8 @@ class Stream:
         self._stealing = False        # a synchronizing thread holds _exec and runs the queue
         self._stealer = 0             # ... and this is its thread's ident
         self._wake_at = _NEVER          # lowest timeline value a blocked waiter needs
+        self._patrol = False          # the sleeping worker wakes every PATROL_S (enqueue_lazy)
+        self._patrols = 0             # its wake-ups in a row that found nothing to run
         self._running: _Task | None = None
         self._running_since = 0.0
         self._destroyed = False
@@ -181,6 +188,39 @@ class Stream:
             elif self._sleeping and not self._rung:     # _ring(), inline: every enqueue
                 self._rung = True
                 self._bell.release()
+        return seq
+
+    def enqueue_lazy(self, fn, name: str, category: str = "kernel", meta=None,
+                     site: str | None = None) -> int:
+        """``enqueue``, except that a sleeping worker that patrols is not rung: it finds the
+        task at its next patrol, within ``PATROL_S``, unless a synchronize (which runs the
+        queue itself), a wait or any other enqueue starts it first. For work that the host
+        usually waits for right away (a task graph's replay, ``runtime.graph``): the ring
+        wakes the worker, which then takes the GIL only to find its work taken, a hand-off
+        that costs the caller more than a small replay. The first lazy task rings as
+        ``enqueue`` does and starts the patrol; ``PATROL_IDLE`` patrols in a row with nothing
+        to run end it (an idle stream burns no core). Raises as ``enqueue``."""
+        if self._destroyed:
+            raise InvalidParamError(f"{self.name} was destroyed; create a new Stream")
+        if site is None:
+            site = callsite(2)
+        if self.capture is not None:
+            return self.capture.add(self, fn, None, name, category, meta, site)
+        task = _new_task(_Task)
+        task.fn, task.name, task.category, task.meta, task.site = fn, name, category, meta, site
+        with self._mu:
+            self._issued += 1
+            task.seq = seq = self._issued
+            self._q.append(task)
+            self._patrols = 0
+            if self._thread is None:
+                self._patrol = True
+                self._thread = threading.Thread(target=self._work, name=f"npu{self.device_id}-{self.name}",
+                                                daemon=True)
+                self._thread.start()
+            elif not self._patrol:      # it sleeps without a timeout: ring, patrol from now
+                self._patrol = True
+                self._ring()
         return seq
 
     def enqueue_begun(self, begin, name: str, category: str = "kernel", meta=None,
@@ -262,10 +302,22 @@ class Stream:
                     self._sleeping = not q or self._stealing
                     if not self._sleeping:
                         break
+                    patrol = self._patrol
                 if woken and adapt and not moved:   # this wake-up found its work taken
                     moved = sched.move(True)
                 # a synchronizing thread running the queue itself rings again if it leaves work
-                bell.acquire()
+                if patrol and not bell.acquire(True, PATROL_S):    # a patrol (enqueue_lazy)
+                    woken = False
+                    with mu:
+                        if q and not self._stealing:
+                            self._sleeping = False
+                            break                   # a lazy task nobody started: run it
+                        self._patrols += 1
+                        if self._patrols >= PATROL_IDLE:
+                            self._patrol = False    # sleep without a timeout again
+                    continue
+                if not patrol:
+                    bell.acquire()
                 woken = True
                 with mu:
                     self._rung = False
