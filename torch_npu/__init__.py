@@ -47,6 +47,7 @@ else:
 
     from . import npu
     _rt.register(npu)
+    from .fused import *  # noqa
     # as torch_npu registers ProcessGroupHCCL: "hccl" works, and is torch's default backend for
     # npu (get_default_backend_for_device), without importing npusim's backend by name
     import hccl.torch.backend  # noqa: E402,F401

@@ -1,0 +1,67 @@
+"""torch_npu's fused ``npu_*`` operators, computed with plain torch operators.
+
+On Ascend each of these is one CANN kernel; on npusim each is its documented semantics (torch_npu
+2.14's docstrings and meta registrations: signature, shapes, layouts, masks, returns) composed of
+ordinary torch operators, so it runs on npu tensors (through the npu device, with torch's CPU
+kernels) and on CPU tensors alike, and autograd differentiates the composition. Half inputs are
+computed in float32 where the kernel accumulates in float32, so results agree with an unfused
+float32 reference to float32 rounding and with a bf16 one to bf16 rounding, not bitwise with
+Ascend's kernels.
+
+==================================  =========================================================
+module                              operators
+==================================  =========================================================
+attention                           npu_fusion_attention, npu_fusion_attention_grad
+attention_infer                     npu_prompt_flash_attention, npu_incre_flash_attention
+norm                                npu_rms_norm, npu_add_rms_norm, npu_gemma_rms_norm,
+                                    npu_layer_norm_eval
+rope                                npu_rotary_mul, npu_apply_rotary_pos_emb
+activation                          npu_swiglu, npu_geglu, npu_gelu_mul, npu_clipped_swiglu,
+                                    npu_fast_gelu, fast_gelu, npu_silu, npu_mish
+moe                                 npu_grouped_matmul, npu_moe_token_permute,
+                                    npu_moe_token_unpermute, npu_moe_gating_top_k_softmax,
+                                    npu_moe_compute_expert_tokens
+misc                                npu_format_cast, npu_format_cast_, get_npu_format,
+                                    npu_confusion_transpose, npu_transpose, npu_broadcast,
+                                    npu_dtype_cast, npu_linear, npu_bmmV2, npu_slice, npu_max,
+                                    npu_min, npu_scaled_masked_softmax,
+                                    npu_dropout_with_add_softmax,
+                                    npu_softmax_cross_entropy_with_logits
+unsupported                         the rest of the 119 public operators, each raising
+                                    NotImplementedError with its reason: quantized kernels,
+                                    matmul fused with HCCL collectives, detection / vision
+                                    kernels, the float-status register, inference-serving
+                                    kernels, and a list not implemented yet
+==================================  =========================================================
+"""
+from __future__ import annotations
+
+from .activation import (fast_gelu, npu_clipped_swiglu, npu_fast_gelu, npu_geglu, npu_gelu_mul,
+                         npu_mish, npu_silu, npu_swiglu)
+from .attention import npu_fusion_attention, npu_fusion_attention_grad
+from .attention_infer import npu_incre_flash_attention, npu_prompt_flash_attention
+from .misc import (get_npu_format, npu_bmmV2, npu_broadcast, npu_confusion_transpose,
+                   npu_dropout_with_add_softmax, npu_dtype_cast, npu_format_cast,
+                   npu_format_cast_, npu_linear, npu_max, npu_min, npu_scaled_masked_softmax,
+                   npu_slice, npu_softmax_cross_entropy_with_logits, npu_transpose)
+from .moe import (npu_grouped_matmul, npu_moe_compute_expert_tokens, npu_moe_gating_top_k_softmax,
+                  npu_moe_token_permute, npu_moe_token_unpermute)
+from .norm import npu_add_rms_norm, npu_gemma_rms_norm, npu_layer_norm_eval, npu_rms_norm
+from .rope import npu_apply_rotary_pos_emb, npu_rotary_mul
+from .unsupported import STUBS as _STUBS
+
+IMPLEMENTED = (
+    "npu_fusion_attention", "npu_fusion_attention_grad", "npu_prompt_flash_attention",
+    "npu_incre_flash_attention", "npu_rms_norm", "npu_add_rms_norm", "npu_gemma_rms_norm",
+    "npu_layer_norm_eval", "npu_rotary_mul", "npu_apply_rotary_pos_emb", "npu_swiglu",
+    "npu_geglu", "npu_gelu_mul", "npu_clipped_swiglu", "npu_fast_gelu", "fast_gelu", "npu_silu",
+    "npu_mish", "npu_grouped_matmul", "npu_moe_token_permute", "npu_moe_token_unpermute",
+    "npu_moe_gating_top_k_softmax", "npu_moe_compute_expert_tokens", "npu_format_cast",
+    "npu_format_cast_", "get_npu_format", "npu_confusion_transpose", "npu_transpose",
+    "npu_broadcast", "npu_dtype_cast", "npu_linear", "npu_bmmV2", "npu_slice", "npu_max",
+    "npu_min", "npu_scaled_masked_softmax", "npu_dropout_with_add_softmax",
+    "npu_softmax_cross_entropy_with_logits")
+UNSUPPORTED = tuple(sorted(_STUBS))
+
+globals().update(_STUBS)
+__all__ = list(IMPLEMENTED) + list(UNSUPPORTED)

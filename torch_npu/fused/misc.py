@@ -1,0 +1,148 @@
+"""Layout, softmax and small operators: ``npu_format_cast`` / ``npu_format_cast_`` /
+``get_npu_format``, ``npu_confusion_transpose``, ``npu_transpose``, ``npu_broadcast``,
+``npu_dtype_cast``, ``npu_linear``, ``npu_bmmV2``, ``npu_slice``, ``npu_max`` / ``npu_min``,
+``npu_scaled_masked_softmax``, ``npu_dropout_with_add_softmax``,
+``npu_softmax_cross_entropy_with_logits``.
+
+Storage formats: an Ascend tensor has a storage format (ND, NCHW, FRACTAL_NZ...) that decides its
+bytes' order on the card. npusim keeps every tensor in torch's strided layout, so a format is a
+tag: ``npu_format_cast(x, 29)`` returns x's data (an alias, differentiable) tagged 29 and
+``get_npu_format`` reads the tag; an untagged tensor reports torch_npu's base format for its rank
+(NCHW=0 for 4-d, NCDHW=30 for 5-d, ND=2 otherwise). Nothing computes differently by format.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._common import check, compute_dtype, generator_of
+
+# torch_npu.npu._format.Format's values
+FORMATS = {"UNDEFINED": -1, "NCHW": 0, "NHWC": 1, "ND": 2, "NC1HWC0": 3, "FRACTAL_Z": 4,
+           "NC1HWC0_C04": 12, "HWCN": 16, "NDHWC": 27, "FRACTAL_NZ": 29, "NCDHW": 30,
+           "NDC1HWC0": 32, "FRACTAL_Z_3D": 33, "NC": 35, "NCL": 47, "FRACTAL_NZ_C0_16": 50,
+           "FRACTAL_NZ_C0_32": 51, "FRACTAL_NZ_C0_2": 52, "FRACTAL_NZ_C0_4": 53,
+           "FRACTAL_NZ_C0_8": 54}
+_TAG = "_npusim_npu_format"
+
+
+def get_npu_format(self) -> int:
+    """torch_npu.get_npu_format(x) -> int: the format tag (module docstring)."""
+    tag = getattr(self, _TAG, None)
+    if tag is not None:
+        return tag
+    return {4: FORMATS["NCHW"], 5: FORMATS["NCDHW"]}.get(self.dim(), FORMATS["ND"])
+
+
+def _format_of(acl_format) -> int:
+    if isinstance(acl_format, torch.Tensor):
+        return get_npu_format(acl_format)
+    f = int(acl_format)
+    check(f in FORMATS.values(), "npu_format_cast", f"acl_format={f} is not an Ascend format "
+          f"(one of {sorted(FORMATS.values())})")
+    return f
+
+
+def npu_format_cast(self, acl_format, customize_dtype=None, input_dtype=None):
+    """torch_npu.npu_format_cast(x, acl_format) -> x's data tagged with ``acl_format``."""
+    f = _format_of(acl_format)
+    if get_npu_format(self) == f:
+        return self
+    out = self.view_as(self)
+    setattr(out, _TAG, f)
+    return out
+
+
+def npu_format_cast_(self, src):
+    """torch_npu.npu_format_cast_(x, src) -> x, tagged with src's format (a tensor or an int)."""
+    setattr(self, _TAG, _format_of(src))
+    return self
+
+
+def npu_confusion_transpose(self, perm, shape, transpose_first):
+    """torch_npu.npu_confusion_transpose: permute then reshape (``transpose_first``) or reshape
+    then permute."""
+    if transpose_first:
+        return self.permute(*perm).reshape(*shape)
+    return self.reshape(*shape).permute(*perm)
+
+
+def npu_transpose(self, perm, require_contiguous=True):
+    """torch_npu.npu_transpose(x, perm) -> ``x.permute(perm)``, contiguous."""
+    return self.permute(*perm).contiguous()
+
+
+def npu_broadcast(self, size):
+    """torch_npu.npu_broadcast(x, size) -> ``x.expand(size)``, contiguous."""
+    return self.expand(*size).contiguous()
+
+
+def npu_dtype_cast(input, dtype, input_dtype=None):
+    """torch_npu.npu_dtype_cast(x, dtype) -> ``x.to(dtype)``."""
+    return input.to(dtype)
+
+
+def npu_linear(input, weight, bias=None):
+    """torch_npu.npu_linear(input, weight, bias=None) -> ``input @ weight.T + bias``."""
+    return torch.nn.functional.linear(input, weight, bias)
+
+
+def npu_bmmV2(self, mat2, output_sizes=()):
+    """torch_npu.npu_bmmV2(a, b, output_sizes) -> ``a @ b``."""
+    return torch.matmul(self, mat2)
+
+
+def npu_slice(self, offsets, size):
+    """torch_npu.npu_slice(x, offsets, size) -> x[offsets[i]:offsets[i]+size[i], ...], contiguous."""
+    check(len(offsets) == len(size) == self.dim(), "npu_slice", f"offsets and size need "
+          f"{self.dim()} entries, got {len(offsets)} and {len(size)}")
+    return self[tuple(slice(o, o + s) for o, s in zip(offsets, size))].contiguous()
+
+
+def npu_max(self, dim, keepdim=False):
+    """torch_npu.npu_max(x, dim, keepdim=False) -> (values, int32 indices)."""
+    v, i = torch.max(self, dim, keepdim)
+    return v, i.to(torch.int32)
+
+
+def npu_min(self, dim, keepdim=False):
+    """torch_npu.npu_min(x, dim, keepdim=False) -> (values, int32 indices)."""
+    v, i = torch.min(self, dim, keepdim)
+    return v, i.to(torch.int32)
+
+
+def npu_scaled_masked_softmax(x, mask, scale=1.0, fixed_triu_mask=False):
+    """torch_npu.npu_scaled_masked_softmax(x, mask, scale=1.0, fixed_triu_mask=False) ->
+    ``softmax(where(mask, -10000, x * scale), -1)``: mask True masks out (as Megatron's fused
+    kernel, which this replaces, fills -10000); ``fixed_triu_mask`` masks the upper triangle
+    instead of reading ``mask``. Computed in float32, returned in x's dtype."""
+    ct = compute_dtype(x.dtype)
+    if fixed_triu_mask:
+        sq, sk = x.shape[-2], x.shape[-1]
+        m = torch.ones(sq, sk, dtype=torch.bool).triu(1).to(x.device)
+    else:
+        check(mask is not None, "npu_scaled_masked_softmax", "mask is required unless "
+              "fixed_triu_mask=True")
+        m = mask if mask.dtype == torch.bool else mask != 0
+    s = (x.to(ct) * scale).masked_fill(m, -10000.0)
+    return torch.softmax(s, dim=-1).to(x.dtype)
+
+
+def npu_dropout_with_add_softmax(self, x1, alpha, prob, dim):
+    """torch_npu.npu_dropout_with_add_softmax(x, x1, alpha, prob, dim) -> (mask, softmax_out,
+    output): ``softmax_out = softmax(x1 + x * alpha, dim)``; output drops each element with
+    probability ``prob`` (from the device generator) and scales the rest by 1/(1-prob); mask is
+    the flat uint8 keep mask (1 kept)."""
+    check(0 <= prob < 1, "npu_dropout_with_add_softmax", f"prob must be in [0, 1), got {prob}")
+    ct = compute_dtype(self.dtype)
+    sm = torch.softmax(x1.to(ct) + self.to(ct) * alpha, dim=dim)
+    keep = torch.rand(sm.shape, generator=generator_of(self)).to(self.device) >= prob
+    out = sm * keep.to(ct) / (1.0 - prob)
+    return keep.flatten().to(torch.uint8), sm.to(self.dtype), out.to(self.dtype)
+
+
+def npu_softmax_cross_entropy_with_logits(features, labels):
+    """torch_npu.npu_softmax_cross_entropy_with_logits(features, labels) -> per-row
+    ``-sum(labels * log_softmax(features, -1), -1)``."""
+    ct = compute_dtype(features.dtype)
+    loss = -(labels.to(ct) * torch.log_softmax(features.to(ct), dim=-1)).sum(dim=-1)
+    return loss.to(features.dtype)
