@@ -53,3 +53,20 @@ else:
     import hccl.torch.backend  # noqa: E402,F401
     __version__ = "npusim-" + torch.__version__.split("+")[0]
     npu_device = "npu"
+
+    def _ascend_environment() -> None:
+        """What a library expects of an Ascend machine (docs/torch.md, "The Ascend environment"):
+        ``torch.version.cann``, and ASCEND_HOME_PATH / ASCEND_TOOLKIT_HOME naming a directory
+        (npusim's torch_npu/_ascend_home) when they are unset."""
+        if getattr(torch.version, "cann", None) is None:
+            torch.version.cann = npu.utils.CANN_VERSION
+        home = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ascend_home")
+        for var in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME"):
+            os.environ.setdefault(var, home)
+
+    _ascend_environment()
+    from . import dtypes as _dtypes  # noqa: E402
+    for _n in _dtypes.NAMED:
+        globals()[_n] = _dtypes.DType[_n]
+    del _n
+    from . import _C, distributed, profiler  # noqa: E402,F401

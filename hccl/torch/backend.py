@@ -560,6 +560,40 @@ class HcclProcessGroup(dist.ProcessGroup):
     abort = shutdown
 
 
+class HcclOptions:
+    """``ProcessGroupHCCL.Options`` (torch_npu's ``pg_options``): ``hccl_config``, a dict.
+
+    Applied where it has a meaning here: ``hccl_buffer_size`` (MB) is the group's HCCL_BUFFSIZE
+    (its slice size, at most the wire slice). Other keys (``group_name``,
+    ``hccl_op_expansion_mode``, QoS) are kept on the group's ``hccl_config`` and change nothing.
+    """
+
+    hccl_config: dict = {}
+
+    def __init__(self, is_high_priority_stream: bool = False):
+        self.is_high_priority_stream = is_high_priority_stream
+        self.hccl_config = {}
+        self._timeout = DEFAULT_TIMEOUT
+
+
+HcclProcessGroup.Options = HcclOptions
+
+
+def _apply_hccl_config(pg: "HcclProcessGroup", cfg) -> None:
+    if not isinstance(cfg, dict):
+        raise InvalidArgumentError(f"pg_options.hccl_config must be a dict, got "
+                                   f"{type(cfg).__name__}")
+    pg.hccl_config = dict(cfg)
+    mb = cfg.get("hccl_buffer_size")
+    if mb is not None:
+        if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
+            raise InvalidArgumentError(f"hccl_config['hccl_buffer_size'] must be an int >= 1 (MB), "
+                                       f"got {mb!r}")
+        algo = config.algo() if config.algo_set() else "auto"
+        pg.comm._knobs = (algo, min(mb * config.MiB, config.wire_slice_bytes()),
+                          pg.comm.world.transport.solo_bytes)
+
+
 # ---------------------------------------------------------------------- creation
 def _create(dist_opts, backend_opts=None) -> HcclProcessGroup:
     """torch's backend creator (extended API): the default group or a sub-group."""
@@ -591,7 +625,11 @@ def _create(dist_opts, backend_opts=None) -> HcclProcessGroup:
     timeout = dist_opts.timeout
     if isinstance(timeout, datetime.timedelta) and timeout != DEFAULT_TIMEOUT:
         comm.set_exec_timeout(timeout.total_seconds())      # an explicit torch timeout wins
-    return HcclProcessGroup(comm)
+    pg = HcclProcessGroup(comm)
+    pg.hccl_config = {}
+    if getattr(backend_opts, "hccl_config", None):           # ProcessGroupHCCL.Options
+        _apply_hccl_config(pg, backend_opts.hccl_config)
+    return pg
 
 
 torch_rendezvous.install()

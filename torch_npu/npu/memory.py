@@ -49,7 +49,13 @@ def memory_snapshot() -> list:
 
 
 def empty_cache() -> None:
-    runtime.empty_cache()
+    # before any NPU is in use there is no cache: a no-op, as torch.cuda.empty_cache before
+    # CUDA is initialized (accelerate calls it on CPU runs too: tests/libs/test_cpu_use.py)
+    from runtime.errors import ContextError
+    try:
+        runtime.empty_cache()
+    except ContextError:
+        pass
 
 
 def mem_get_info(device=None) -> tuple:
@@ -59,3 +65,38 @@ def mem_get_info(device=None) -> tuple:
 
 def set_per_process_memory_fraction(fraction: float, device=None) -> None:
     runtime.set_per_process_memory_fraction(fraction, _dev(device))
+
+
+def memory_cached(device=None) -> int:
+    """torch_npu's old name of ``memory_reserved``."""
+    return memory_reserved(device)
+
+
+def max_memory_cached(device=None) -> int:
+    """torch_npu's old name of ``max_memory_reserved``."""
+    return max_memory_reserved(device)
+
+
+def reset_max_memory_cached(device=None) -> None:
+    """torch_npu's old name: resets the peaks (``reset_peak_memory_stats``)."""
+    runtime.reset_peak_memory_stats(_dev(device))
+
+
+def memory_stats_as_nested_dict(device=None) -> dict:
+    """``memory_stats`` with its dotted keys as nested dicts (``{"allocated_bytes": {"all":
+    {"current": ...}}}``), as torch's function of that name."""
+    out: dict = {}
+    for key, value in memory_stats(device).items():
+        node = out
+        *path, last = key.split(".")
+        for p in path:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return out
+
+
+def get_per_process_memory_fraction(device=None) -> float:
+    """The fraction of the NPU's capacity its pool may reserve (set_per_process_memory_fraction)."""
+    from runtime.memory import _pool
+    with _device.on(_dev(device)):
+        return _pool().fraction

@@ -10,6 +10,8 @@ so no option changes a number or a layout here: they are recorded, as torch_npu 
 """
 from __future__ import annotations
 
+import enum
+import os
 import threading
 
 _lock = threading.Lock()
@@ -74,3 +76,152 @@ class _NpuConfig:
 
 
 config = _NpuConfig()
+
+
+# --- the rest of torch_npu's npu_config: recorded, read back, no effect on numbers here ---
+
+CUBE_CORES, VECTOR_CORES = 24, 48        # a 910B1's AI cores: what the limits default to
+
+
+class CubeMathType(enum.IntEnum):
+    """``torch.npu.matmul.cube_math_type`` values (torch_npu's _CubeMathType)."""
+    KEEP_DTYPE = 0
+    ALLOW_FP32_DOWN_PRECISION = 1
+    USE_FP16 = 2
+    USE_HF32 = 3
+    USE_FP32_ADD = 4
+    FORCE_GRP_ACC_FOR_FP32 = 4
+
+
+def set_aoe(dump_path) -> None:
+    """Record AOE auto-tuning (``autotune``) with its dump directory, made if missing."""
+    if not isinstance(dump_path, (str, os.PathLike)):
+        raise TypeError(f"set_aoe: dump_path must be a path, got {type(dump_path).__name__}")
+    os.makedirs(dump_path, exist_ok=True)
+    set_option({"autotune": "enable", "autotunegraphdumppath": os.fspath(dump_path)})
+
+
+_mm_bmm_nd = [True]
+
+
+def set_mm_bmm_format_nd(is_nd: bool = True) -> None:
+    """Record whether mm / bmm keep the ND layout (always, here)."""
+    _mm_bmm_nd[0] = bool(is_nd)
+
+
+def get_mm_bmm_format_nd() -> bool:
+    return _mm_bmm_nd[0]
+
+
+class _AllowHF32:
+    """``torch.npu.matmul`` / ``torch.npu.conv``: ``allow_hf32`` (and matmul's
+    ``cube_math_type``) set and read back as torch_npu's options. npusim computes fp32 in fp32
+    whatever they say (HF32 is a CANN cube-unit mode)."""
+
+    def __init__(self, option: str, default: bool, cube: bool):
+        object.__setattr__(self, "_option", option)
+        object.__setattr__(self, "_default", default)
+        object.__setattr__(self, "_cube", cube)
+
+    def __setattr__(self, name, value):
+        if name == "allow_hf32":
+            if not isinstance(value, bool):
+                raise TypeError(f"allow_hf32 must be a bool, but got {type(value).__name__}")
+            set_option({self._option: "enable" if value else "disable"})
+        elif name == "cube_math_type" and self._cube:
+            if not isinstance(value, CubeMathType):
+                raise TypeError("value should be one of Enum CubeMathType when setting "
+                                f"cube_math_type, but got {type(value).__name__}")
+            set_option({"CUBE_MATH_TYPE": str(int(value))})
+        else:
+            raise AttributeError(f"no option '{name}' here (allow_hf32"
+                                 f"{', cube_math_type' if self._cube else ''})")
+
+    def __getattr__(self, name):
+        if name == "allow_hf32":
+            v = get_option(self._option)
+            return self._default if v in (None, "") else v == "enable"
+        if name == "cube_math_type" and self._cube:
+            v = get_option("CUBE_MATH_TYPE")
+            return CubeMathType(int(v)) if v else None
+        raise AttributeError(name)
+
+
+matmul = _AllowHF32("ALLOW_MATMUL_HF32", False, cube=True)
+conv = _AllowHF32("ALLOW_CONV_HF32", True, cube=False)
+
+_device_limits: dict = {}
+_stream_limits: dict = {}
+
+
+def _limit_dict(rec: dict | None) -> dict:
+    rec = rec or {}
+    return {"cube_core_num": rec.get("cube", CUBE_CORES),
+            "vector_core_num": rec.get("vector", VECTOR_CORES)}
+
+
+def _check_cores(cube_num, vector_num) -> None:
+    for name, v, most in (("cube_num", cube_num, CUBE_CORES), ("vector_num", vector_num,
+                                                               VECTOR_CORES)):
+        if isinstance(v, bool) or not isinstance(v, int) or not (v == -1 or 1 <= v <= most):
+            raise ValueError(f"{name} must be -1 (unchanged) or 1..{most} (a 910B1's cores), "
+                             f"got {v!r}")
+
+
+def set_device_limit(device, cube_num: int = -1, vector_num: int = -1) -> None:
+    """Record a core limit for ``device`` (read back by get_device_limit; npusim's kernels do not
+    use cores). torch_npu allows one call per process; so does this."""
+    from runtime.torch import device as _device
+    if isinstance(device, bool) or not isinstance(device, int):
+        raise TypeError(f"device must be an int, but got {type(device).__name__}")
+    d = _device.check_index(device)
+    _check_cores(cube_num, vector_num)
+    with _lock:
+        if _device_limits.get("called"):
+            raise RuntimeError("Function 'set_device_limit' has already been called, You can "
+                               "only set this interface once.")
+        _device_limits["called"] = True
+        rec = _device_limits.setdefault(d, {})
+        if cube_num != -1:
+            rec["cube"] = cube_num
+        if vector_num != -1:
+            rec["vector"] = vector_num
+
+
+def get_device_limit(device) -> dict:
+    """``{"cube_core_num": n, "vector_core_num": m}`` for ``device`` (a 910B1's 24 / 48 unless
+    set_device_limit lowered them)."""
+    from runtime.torch import device as _device
+    if isinstance(device, bool) or not isinstance(device, int):
+        raise TypeError(f"device must be an int, but got {type(device).__name__}")
+    return _limit_dict(_device_limits.get(_device.check_index(device)))
+
+
+def _stream_key(stream):
+    from .streams import Stream
+    if stream is None:
+        raise ValueError("stream cannot be None")
+    if not isinstance(stream, Stream):
+        raise TypeError(f"stream should be torch_npu.npu.Stream, could not be {type(stream)}")
+    return stream.npu_stream.id
+
+
+def set_stream_limit(stream, cube_num: int = -1, vector_num: int = -1) -> None:
+    """Record a core limit for ``stream`` (read back by get_stream_limit)."""
+    k = _stream_key(stream)
+    _check_cores(cube_num, vector_num)
+    with _lock:
+        rec = _stream_limits.setdefault(k, {})
+        if cube_num != -1:
+            rec["cube"] = cube_num
+        if vector_num != -1:
+            rec["vector"] = vector_num
+
+
+def reset_stream_limit(stream) -> None:
+    with _lock:
+        _stream_limits.pop(_stream_key(stream), None)
+
+
+def get_stream_limit(stream) -> dict:
+    return _limit_dict(_stream_limits.get(_stream_key(stream)))
