@@ -108,7 +108,12 @@ def copy_from_and_resize(src, dst):
 def resize_(self, size, *, memory_format=None):
     """Grow the storage with a new allocation when needed (the old bytes are kept)."""
     size = tuple(size)
-    stride = S.contiguous_strides(size)
+    if memory_format is None and tuple(self.size()) == size:
+        return self             # torch's resize_: the same sizes keep their strides
+    if memory_format is not None:
+        stride = torch.empty(size, memory_format=memory_format, device="meta").stride()
+    else:
+        stride = S.contiguous_strides(size)
     need = S.element_span(size, stride)
     need = (need + self.storage_offset()) * self.element_size() if need else 0
     have = self.untyped_storage().nbytes()
@@ -125,6 +130,20 @@ def resize_(self, size, *, memory_format=None):
         return self
     return torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
         _CPU_KS, self, self.untyped_storage(), self.storage_offset(), size, stride)
+
+
+_SHALLOW_COPY_DEVICES = frozenset(("cpu", "npu", "cuda", "xpu", "mps", "hpu", "mtia"))
+
+
+def has_compatible_shallow_copy_type(self, src):
+    """Whether ``self.data = src`` may keep ``self`` (torch's ``set_data`` and ``Module._apply``
+    ask): as torch answers for CPU and CUDA, dense strided tensors of the dense devices are
+    compatible with each other. Without this kernel torch's composite answers False for an npu
+    tensor and a CPU one, and ``module.to("npu")`` made new Parameters: tied weights came apart
+    and an optimizer made before the move updated stale host tensors."""
+    if self.layout != torch.strided or src.layout != torch.strided:
+        return self.layout == src.layout and self.device.type == src.device.type
+    return self.device.type in _SHALLOW_COPY_DEVICES and src.device.type in _SHALLOW_COPY_DEVICES
 
 
 def _redispatch_cpu(op):
@@ -195,6 +214,7 @@ def register() -> None:
         "set_.source_Storage_storage_offset": _redispatch_cpu(a.set_.source_Storage_storage_offset),
         "set_.source_Tensor": _redispatch_cpu(a.set_.source_Tensor),
         "set_": _set_empty,
+        "_has_compatible_shallow_copy_type": has_compatible_shallow_copy_type,
     }
     for name, fn in impls.items():
         _aten.impl(name, fn, "PrivateUse1")

@@ -61,7 +61,7 @@ _LATER = object()             # _now's answer when the operator needs the genera
 
 class _Info:
     """What the fallback needs to know about one operator, from its schema."""
-    __slots__ = ("name", "view", "written", "sync", "gen", "plain")
+    __slots__ = ("name", "view", "written", "out", "sync", "gen", "plain")
 
     def __init__(self, op):
         schema = op._schema
@@ -71,6 +71,9 @@ class _Info:
         # argument positions / names a kernel writes (in place, out=)
         self.written = tuple((i, a.name) for i, a in enumerate(schema.arguments)
                              if a.alias_info is not None and a.alias_info.is_write)
+        # the written keyword-only arguments: out= (resized to the result's sizes)
+        self.out = tuple((i, a.name) for i, a in enumerate(schema.arguments)
+                         if a.alias_info is not None and a.alias_info.is_write and a.kwarg_only)
         # results that are not tensors (a Scalar, a bool) need the data: run synchronously
         self.sync = any(not _tensor_type(str(r.type)) for r in rets)
         # a random operator given no generator draws from its npu device's (random.py)
@@ -189,6 +192,40 @@ def fallback(op, *args, **kwargs):
         return _compute(op, i, dev, args, kwargs)
 
 
+def _call(op, i: _Info, args, kwargs, cargs: list, ckwargs: dict):
+    """``op`` on the CPU views ``cargs``/``ckwargs``; returns (its result, None), or, when an
+    npu ``out=`` tensor must grow (its view's CPU storage is the device memory, which torch
+    cannot resize: "Trying to resize storage that is not resizable"), (the result, {id(old
+    view): new CPU tensor}) of a second run given new empty CPU tensors as those ``out=``
+    arguments, which the caller's written-argument check then follows (``_follow``). torch's
+    kernel resizes before it writes, and has warned once already ("An output with one or more
+    elements was resized"), as on CPU."""
+    try:
+        return op(*cargs, **ckwargs), None
+    except RuntimeError as e:
+        if not i.out or "not resizable" not in str(e):
+            raise
+    fresh = {}
+
+    def grow(a, c):
+        if not isinstance(a, _Tensor) or a.device.type != _NPU:
+            return c
+        n = fresh[id(c)] = torch.empty(0, dtype=c.dtype)
+        return n
+    for pos, name in i.out:
+        if pos < len(args):
+            a, c, into, key = args[pos], cargs[pos], cargs, pos
+        elif name in kwargs:
+            a, c, into, key = kwargs[name], ckwargs[name], ckwargs, name
+        else:
+            continue
+        if isinstance(a, _Tensor):
+            into[key] = grow(a, c)
+        elif type(a) in _SEQ:
+            into[key] = type(c)(grow(x, y) for x, y in zip(a, c))
+    return op(*cargs, **ckwargs), fresh
+
+
 def _now(op, i: _Info, args, kwargs):
     """The operator run at once on shared CPU views, or _LATER (see the note: the fast path)."""
     st = [-1, False]              # the npu device index; something for the general path
@@ -211,7 +248,9 @@ def _now(op, i: _Info, args, kwargs):
         elif type(a) in _SEQ:
             pairs.extend((x, y) for x, y in zip(a, c) if y is not x)
     marks = [(c.data_ptr(), c.size(), c.stride()) for _, c in pairs]
-    out = op(*cargs, **ckwargs)
+    out, fresh = _call(op, i, args, kwargs, cargs, ckwargs)
+    if fresh:
+        pairs = [(a, fresh.get(id(c), c)) for a, c in pairs]
     for (a, c), (ptr, size, stride) in zip(pairs, marks):
         if c.data_ptr() != ptr or c.size() != size or c.stride() != stride:
             S.forget_cpu_view(a)
@@ -287,8 +326,13 @@ def _with_generator(i: _Info, dev: int, args, kwargs):
 
 def _written_args(i: _Info, args, kwargs):
     """The tensors the operator writes (in place / out=), in schema order."""
+    return _at(i.written, args, kwargs)
+
+
+def _at(where, args, kwargs):
+    """The tensors of the arguments at ``where`` ((position, name) pairs), in that order."""
     out = []
-    for pos, name in i.written:
+    for pos, name in where:
         a = args[pos] if pos < len(args) else kwargs.get(name)
         out.extend(_flat(a))
     return out
@@ -300,7 +344,10 @@ def _run_now(op, i: _Info, dev: int, args, kwargs):
         return _rebuild(op(*cargs, **ckwargs), lambda r: _to_npu(r, dev))
     before = [(a, c, c.data_ptr(), c.size(), c.stride()) for a, c in
               zip(_written_args(i, args, kwargs), _written_args(i, cargs, ckwargs)) if a is not c]
-    out = op(*cargs, **ckwargs)
+    cargs = list(cargs)
+    out, fresh = _call(op, i, args, kwargs, cargs, ckwargs)
+    if fresh:
+        before = [(a, fresh.get(id(c), c), *m) for a, c, *m in before]
     # an out= argument the CPU kernel resized now lives in CPU memory: resize the npu one
     for a, c, ptr, size, stride in before:
         if c.data_ptr() != ptr or c.size() != size or c.stride() != stride:

@@ -172,9 +172,12 @@ def empty_strided(size, stride, dtype: torch.dtype, device: int) -> torch.Tensor
     size, stride = tuple(size), tuple(stride)
     item = _ITEMSIZE.get(dtype) or torch.empty((), dtype=dtype).element_size()
     numel_span = element_span(size, stride)
-    if numel_span == 0:         # no bytes: an empty host array stands for the storage
+    if numel_span == 0:         # no bytes: a storage of 0 bytes, which resize_ then replaces
         bind_thread()
-        base = _from_dlpack(np.empty(item, np.uint8), device)   # one host element
+        # exported with the element size of ``dtype`` (a view to another size needs stride 1)
+        base = _from_dlpack(np.empty(0, _SAME_SIZE[item]), device)
+        t = _view_dtype.redispatch(_CPU, base, dtype) if base.dtype != dtype else base
+        return _as_strided.redispatch(_CPU, t, size, stride, 0)
     else:
         npdt = _NUMPY.get(dtype)
         if npdt is not None and stride == contiguous_strides(size):
@@ -194,6 +197,8 @@ _ITEMSIZE = {d: torch.empty((), dtype=d).element_size() for d in (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
     torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128)}
 
+
+_SAME_SIZE = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64, 16: np.complex128}
 
 _NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
           torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8,

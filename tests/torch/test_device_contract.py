@@ -1,0 +1,176 @@
+"""The corners of the npu device contract that libraries lean on (issue 50), each against CPU
+bitwise: Parameter identity across ``.to()``, one-element results into ``out=`` tensors,
+pinned host memory and non-blocking copies, torch.Stream / torch.Event, storage resize,
+autocast's lists, CPU kernels over decompositions, Dynamo over npusim's own Python."""
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is optional: pip install torch --index-url "
+                                            "https://download.pytorch.org/whl/cpu")
+pytest.importorskip("torch_npu")
+
+import runtime  # noqa: E402
+
+
+def _same(a, b):
+    """Bitwise equal: dtype, shape and bytes (NaNs included)."""
+    a, b = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()
+    assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, a.shape, b.dtype, b.shape)
+    if a.is_floating_point() or a.is_complex():
+        a, b = a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)
+    assert torch.equal(a, b)
+
+
+@pytest.fixture(autouse=True)
+def _npu0():
+    torch.npu.set_device(0)
+    yield
+    torch.npu.synchronize()
+
+
+# ---------------------------------------------------------------------- 1. Parameter identity
+class _TiedLM(torch.nn.Module):
+    """GPT-2's tie: lm_head.weight is wte.weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.wte = torch.nn.Embedding(50, 16)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
+                                       torch.nn.Linear(32, 16))
+        self.lm_head = torch.nn.Linear(16, 50, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, ids):
+        return self.lm_head(self.mlp(self.wte(ids)))
+
+
+def test_module_to_npu_keeps_parameters_and_ties():
+    torch.manual_seed(0)
+    m = _TiedLM()
+    before = {n: p for n, p in m.named_parameters(remove_duplicate=False)}
+    m.to("npu")
+    for n, p in m.named_parameters(remove_duplicate=False):
+        assert p is before[n], n
+        assert p.device.type == "npu"
+    assert m.lm_head.weight is m.wte.weight
+    assert len(list(m.parameters())) == len(set(map(id, m.parameters())))
+    # and back: the same objects again
+    m.to("cpu")
+    assert all(p is before[n] for n, p in m.named_parameters(remove_duplicate=False))
+    assert m.lm_head.weight.device.type == "cpu"
+    # a meta move is not a shallow copy (torch's answer for CPU / CUDA too)
+    assert not torch._has_compatible_shallow_copy_type(torch.ones(1, device="npu"),
+                                                       torch.ones(1, device="meta"))
+
+
+def _train(device, steps=3):
+    """accelerate's documented loop: the optimizer is made before the model moves."""
+    torch.manual_seed(0)
+    m = _TiedLM()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    m.to(device)
+    ids = torch.randint(0, 50, (4, 7))
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        logits = m(ids.to(device))
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 50), ids.reshape(-1).to(device))
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return m, losses
+
+
+def test_optimizer_made_before_to_npu_trains_the_model():
+    m_cpu, l_cpu = _train("cpu")
+    m_npu, l_npu = _train("npu")
+    for a, b in zip(l_cpu, l_npu):
+        _same(a, b)
+    assert l_npu[-1].item() < l_npu[0].item()           # it trains
+    for (n, a), (_, b) in zip(m_cpu.named_parameters(), m_npu.named_parameters()):
+        assert b.device.type == "npu", n
+        _same(a, b)
+    assert m_npu.lm_head.weight is m_npu.wte.weight       # still tied after the steps
+
+
+# ---------------------------------------------------------------------- 2. out= into empty tensors
+_REPEAT = 50
+
+
+def _empty_out(dtype=torch.float32):
+    return torch.empty(0, device="npu", dtype=dtype)
+
+
+@pytest.mark.parametrize("shape", [(), (1,)])
+def test_one_element_add_into_empty_out(shape):
+    a, b = torch.full(shape, 1.25), torch.full(shape, -3.5)
+    want = torch.add(a, b)
+    an, bn = a.npu(), b.npu()
+    for _ in range(_REPEAT):
+        o = _empty_out()
+        r = torch.add(an, bn, out=o)
+        assert r is o
+        _same(o, want)
+
+
+def test_one_element_factories_and_logical_ops():
+    x, y = torch.tensor(float("nan")), torch.tensor(0.0)
+    xn, yn = x.npu(), y.npu()
+    for _ in range(_REPEAT):
+        _same(torch.arange(1, device="npu"), torch.arange(1))
+        _same(torch.logical_or(xn.isnan(), xn.isinf()), torch.logical_or(x.isnan(), x.isinf()))
+        _same(torch.logical_or(yn.isnan(), yn.isinf()), torch.logical_or(y.isnan(), y.isinf()))
+        o = _empty_out(torch.bool)
+        torch.logical_or(yn.isnan(), yn.isinf(), out=o)
+        _same(o, torch.tensor(False))
+        o = _empty_out()
+        torch.sum(torch.ones(3, device="npu"), 0, out=o)
+        _same(o, torch.tensor(3.0))
+        o = _empty_out(torch.int64)
+        torch.arange(1, out=o)
+        _same(o, torch.arange(1))
+
+
+def test_empty_npu_tensor_has_no_bytes():
+    for shape in [(0,), (0, 3), (2, 0, 5)]:
+        for dtype in (torch.float32, torch.bfloat16, torch.bool, torch.complex64):
+            e = torch.empty(shape, device="npu", dtype=dtype)
+            assert e.shape == shape and e.dtype == dtype
+            assert e.untyped_storage().nbytes() == 0
+
+
+def _out_case(fn, out_shape):
+    """``fn(out=...)`` on npu and on CPU with an out= of ``out_shape``: result and warnings."""
+    got = {}
+    for dev in ("cpu", "npu"):
+        o = torch.full(out_shape, 7.0, device=dev)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            r = fn(dev, o)
+        assert r is o
+        got[dev] = (o, ["resized" in str(x.message) for x in w])
+    _same(got["cpu"][0], got["npu"][0])
+    assert got["cpu"][0].stride() == got["npu"][0].stride()
+    return any(got["cpu"][1]), any(got["npu"][1])
+
+
+def test_zero_dim_and_wrong_sized_out():
+    a = torch.arange(6.0).reshape(2, 3)
+
+    def add(dev, o):
+        return torch.add(a.to(dev), 0.5, out=o)
+
+    def mm(dev, o):
+        return torch.mm(a.to(dev), a.t().to(dev), out=o)
+
+    def total(dev, o):
+        return torch.sum(a.to(dev), out=o, dim=(0, 1))
+    # right size: no warning; 0-d or wrong size: torch's warning, then resized
+    assert _out_case(add, (2, 3)) == (False, False)
+    assert _out_case(add, ()) == (True, True)
+    assert _out_case(add, (5,)) == (True, True)
+    assert _out_case(add, (4, 4)) == (True, True)
+    assert _out_case(mm, (1,)) == (True, True)
+    assert _out_case(total, ()) == (False, False)
+    assert _out_case(total, (3,)) == (True, True)
