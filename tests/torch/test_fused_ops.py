@@ -516,6 +516,23 @@ def test_unsupported_operators_say_why():
     assert len(torch_npu.fused.IMPLEMENTED) + len(torch_npu.fused.UNSUPPORTED) >= 119
 
 
+def test_torch_ops_npu_namespace_differentiates():
+    q = torch.randn(1, 2, 4, 4, device=DEV, requires_grad=True)
+    mask = torch.ones(2048, 2048, device=DEV).triu(1).bool()
+    r = torch.ops.npu.npu_fusion_attention(q, q, q, 2, "BNSD", atten_mask=mask, sparse_mode=2,
+                                           scale=0.5)
+    assert len(r) == 7 and r[4:] == (0, 0, 0)
+    r[0].sum().backward()
+    via_ops = q.grad.clone()
+    q.grad = None
+    torch_npu.npu_fusion_attention(q, q, q, 2, "BNSD", atten_mask=mask, sparse_mode=2,
+                                   scale=0.5)[0].sum().backward()
+    assert torch.equal(via_ops.cpu(), q.grad.cpu())
+    y, rstd = torch.ops.npu.npu_rms_norm(q, torch.ones(4, device=DEV))
+    assert rstd.shape == (1, 2, 4, 1)
+    assert torch.ops.npu.npu_swiglu(q, -1).shape == (1, 2, 4, 2)
+
+
 def test_fused_ops_run_on_cpu_tensors_too():
     q = torch.randn(1, 3, 2, 4)
     out = torch_npu.npu_fusion_attention(q, q, q, 2, "BSND", scale=0.5)[0]

@@ -33,6 +33,8 @@ unsupported                         the rest of the 119 public operators, each r
                                     kernels, the float-status register, inference-serving
                                     kernels, and a list not implemented yet
 ==================================  =========================================================
+
+``torch.ops.npu.<name>`` reaches the main ones as well, with torch_npu's schemas (ops.py).
 """
 from __future__ import annotations
 
@@ -63,5 +65,8 @@ IMPLEMENTED = (
     "npu_softmax_cross_entropy_with_logits")
 UNSUPPORTED = tuple(sorted(_STUBS))
 
+from . import ops as _ops
+
 globals().update(_STUBS)
+_ops.register()
 __all__ = list(IMPLEMENTED) + list(UNSUPPORTED)
