@@ -59,7 +59,9 @@ _capsule_ptr = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_ptr.restype = ctypes.c_void_p
 _capsule_ptr.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
-_lock = threading.Lock()
+# re-entrant: the garbage collector may run an _Owner's weakref callback (_forget) on the thread
+# that holds the lock, from an allocation inside ``with _lock`` (a plain Lock deadlocked there)
+_lock = threading.RLock()
 _live: dict = {}                  # storage address -> weakref to its _Owner
 
 
