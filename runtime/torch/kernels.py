@@ -218,9 +218,9 @@ def register() -> None:
     }
     for name, fn in impls.items():
         _aten.impl(name, fn, "PrivateUse1")
-    # operators with a fused CPU kernel that torch would otherwise decompose for a new backend
-    # (other rounding): they take the CPU kernel too, through the fallback
-    for name in _CPU_FUSED + _foreach_ops():
+    # operators with a CPU kernel that torch would otherwise decompose for a new backend (other
+    # rounding, more calls): they take the CPU kernel too, through the fallback
+    for name in _cpu_kernel_ops() + _foreach_ops():
         op = torch.ops.aten
         for part in name.split("."):
             op = getattr(op, part)
@@ -241,6 +241,25 @@ _CPU_FUSED = [n for n in ("native_layer_norm", "native_layer_norm_backward", "na
                           "_softmax_backward_data", "_log_softmax_backward_data",
                           "_fused_sdp_choice")
               if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + n, "PrivateUse1")]
+
+
+def _cpu_kernel_ops() -> list:
+    """Every aten operator that has a kernel of its own for CPU and that a new backend would run
+    as a composite: a CompositeImplicitAutograd decomposition (``silu_backward``,
+    ``mish_backward``: other rounding than CPU's kernel), or a CompositeExplicitAutograd one
+    (the functional and in-place forms of structured operators: an allocation, then the ``out=``
+    form, two calls into Python where one does). On npu they take the CPU kernel through the
+    fallback, as the CPU does, so the dispatch table of npu is the CPU's: autograd included (a
+    backend kernel keeps a CompositeImplicitAutograd op from the Autograd key on CPU too)."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    out = set(n for n in _CPU_FUSED)
+    for full in torch._C._dispatch_get_all_op_names():
+        if not full.startswith("aten::") or not has(full, "CPU") or has(full, "PrivateUse1"):
+            continue
+        if has(full, "CompositeImplicitAutograd") or has(full, "CompositeExplicitAutograd") or \
+                has(full, "CompositeExplicitAutogradNonFunctional"):
+            out.add(full[len("aten::"):])
+    return sorted(n for n in out if not has("aten::" + n, "PrivateUse1"))
 
 
 def _foreach_ops() -> list:

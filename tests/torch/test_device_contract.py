@@ -174,3 +174,53 @@ def test_zero_dim_and_wrong_sized_out():
     assert _out_case(mm, (1,)) == (True, True)
     assert _out_case(total, ()) == (False, False)
     assert _out_case(total, (3,)) == (True, True)
+
+
+# ---------------------------------------------------------------------- 7. CPU kernels
+class _LlamaMLP(torch.nn.Module):
+    def __init__(self, d=64, h=172):
+        super().__init__()
+        self.gate = torch.nn.Linear(d, h, bias=False)
+        self.up = torch.nn.Linear(d, h, bias=False)
+        self.down = torch.nn.Linear(h, d, bias=False)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_backward_is_cpu_kernel_in_llama_mlp(dtype):
+    torch.manual_seed(0)
+    x, g = torch.randn(32, 172, dtype=dtype), torch.randn(32, 172, dtype=dtype)
+    want = torch.ops.aten.silu_backward(g, x)
+    # the decomposition a new backend gets from torch rounds otherwise: the test has teeth
+    assert not torch.equal(want, torch.ops.aten.silu_backward.default.decompose(g, x))
+    _same(torch.ops.aten.silu_backward(g.npu(), x.npu()), want)
+    for op in (torch.ops.aten.mish_backward, torch.ops.aten.gelu_backward,
+               torch.ops.aten.hardswish_backward):
+        _same(op(g.npu(), x.npu()), op(g, x))
+    m = _LlamaMLP().to(dtype)
+    xs = torch.randn(4, 9, 64, dtype=dtype)
+    grads = {}
+    for dev in ("cpu", "npu"):
+        m.zero_grad()
+        m.to(dev)
+        out = m(xs.to(dev).requires_grad_())
+        out.float().square().mean().backward()
+        grads[dev] = [out] + [p.grad for p in m.parameters()]
+    for a, b in zip(grads["cpu"], grads["npu"]):
+        _same(a, b)
+
+
+def test_composite_ops_take_the_cpu_kernel():
+    """Every aten op with a CPU kernel that npu would otherwise run as a composite is routed to
+    the fallback (the CPU kernel), as the CPU's dispatch table does."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    for name in ("aten::silu_backward", "aten::mish_backward", "aten::add.Tensor",
+                 "aten::native_layer_norm", "aten::_softmax", "aten::index.Tensor"):
+        assert has(name, "CPU") and has(name, "PrivateUse1"), name
+    left = [n for n in torch._C._dispatch_get_all_op_names()
+            if n.startswith("aten::") and has(n, "CPU") and not has(n, "PrivateUse1")
+            and (has(n, "CompositeImplicitAutograd") or has(n, "CompositeExplicitAutograd"))
+            and n not in ("aten::_pin_memory", "aten::is_pinned")]   # npusim's own CPU kernels
+    assert left == []
