@@ -88,8 +88,8 @@ class Flag:
     time_us: float          # the call's time, or the rank's median
     usual_us: float         # the operator's median on the rank, or the other ranks' median
     calls: int
-    measure: str = "wall"   # what time_us / usual_us are: "wall" time, or "cpu" time (a rank
-    #                         judged by its CPU times, see slow_ranks)
+    measure: str = "wall"   # what time_us / usual_us are: "device" time (held the stream, less
+    #                         the worker's run delay), "cpu" time, or "wall" time (see _measure)
 
     @property
     def ratio(self) -> float:
@@ -98,7 +98,8 @@ class Flag:
 
 @dataclass
 class OpCalls:
-    """The calls of one operator on one rank (in steps): times, CPU times, steps, sites."""
+    """The calls of one operator on one rank (in steps): times, CPU times, steps, sites, and
+    the run delay of the worker over each call (``delay``: None or NaN where not recorded)."""
 
     rank: int
     op: str
@@ -108,6 +109,7 @@ class OpCalls:
     step: np.ndarray
     site: list
     t0: np.ndarray | None = None    # start times (us), for ``local_factors``; None: unknown
+    delay: np.ndarray | None = None  # microseconds the worker waited for a core in each call
 
 
 def _spread(v: np.ndarray) -> tuple[float, float]:
@@ -129,6 +131,19 @@ def _has_cpu(c: OpCalls) -> bool:
     return len(c.cpu) > 0 and not np.isnan(c.cpu).any()
 
 
+def _has_delay(c: OpCalls) -> bool:
+    return c.delay is not None and len(c.delay) == len(c.time) > 0 and \
+        not np.isnan(c.delay).any()
+
+
+def device_time(c: OpCalls) -> np.ndarray:
+    """Each call's time on the device: the time it held its stream less the time its worker
+    waited for a core (its run delay); its wall time where no run delay was recorded."""
+    if not _has_delay(c):
+        return c.time
+    return np.maximum(c.time - c.delay, 0.0)
+
+
 def _judged(c: OpCalls) -> bool:
     return len(c.time) >= MIN_CALLS and c.kind != "collective"
 
@@ -147,7 +162,8 @@ def local_factors(calls: list[OpCalls]) -> list[tuple[np.ndarray, np.ndarray]]:
         return out
     judged_calls = [calls[i] for i in judged]
     t0 = np.concatenate([c.t0 for c in judged_calls])
-    wall = np.concatenate([c.time / max(float(np.median(c.time)), 1e-9) for c in judged_calls])
+    dev = [device_time(c) for c in judged_calls]
+    wall = np.concatenate([d / max(float(np.median(d)), 1e-9) for d in dev])
     cpu = np.concatenate([c.cpu / max(float(np.median(c.cpu)), 1e-9) if _has_cpu(c)
                           else np.full(len(c.time), np.nan) for c in judged_calls])
     op = np.concatenate([np.full(len(c.time), k) for k, c in enumerate(judged_calls)])
@@ -182,6 +198,15 @@ def slow_calls(c: OpCalls, floor_us: float = ABS_FLOOR_US,
         return []
     fw, fc = factors if factors is not None else (1.0, 1.0)
     m = float(np.median(c.time))
+    measure = "wall"
+    if _has_delay(c):
+        # the time the call held its stream, less its worker's waits for a core: a delay that
+        # burns no CPU (a wait, a simulated latency) is the operator's, the scheduler's is not
+        t = device_time(c)
+        m = float(np.median(t))
+        out = _outliers(t / fw, floor_us)[0]
+        return [Flag("call", c.rank, c.op, c.kind, int(c.step[i]), (int(c.step[i]),),
+                     c.site[i], float(t[i]), m, len(t), "device") for i in np.flatnonzero(out)]
     if not _has_cpu(c):
         out = _outliers(c.time / fw, floor_us)[0]
     else:
@@ -191,7 +216,7 @@ def slow_calls(c: OpCalls, floor_us: float = ABS_FLOOR_US,
         scale = min(1.0, float(np.median(c.cpu)) / m) if m > 0 else 1.0
         out = _outliers(c.cpu / fc, floor_us * scale)[0] & (c.time / fc - m >= floor_us)
     return [Flag("call", c.rank, c.op, c.kind, int(c.step[i]), (int(c.step[i]),), c.site[i],
-                 float(c.time[i]), m, len(c.time)) for i in np.flatnonzero(out)]
+                 float(c.time[i]), m, len(c.time), measure) for i in np.flatnonzero(out)]
 
 
 def _comparable(per_rank: list[OpCalls]) -> bool:
@@ -200,8 +225,10 @@ def _comparable(per_rank: list[OpCalls]) -> bool:
 
 
 def _measure(per_rank: list[OpCalls]) -> tuple[list[np.ndarray], str]:
-    """The times the rank rule judges, and which they are: CPU times where every rank has
-    them, else wall times."""
+    """The times the rank rule judges, and which they are: device times where every rank
+    recorded its run delays, else CPU times where every rank has them, else wall times."""
+    if all(_has_delay(c) for c in per_rank):
+        return [device_time(c) for c in per_rank], "device"
     cpu = all(_has_cpu(c) for c in per_rank)
     return [c.cpu if cpu else c.time for c in per_rank], "cpu" if cpu else "wall"
 

@@ -51,6 +51,7 @@ class RankTrace:
     t0: np.ndarray = None
     t1: np.ndarray = None
     cpu: np.ndarray = None                        # thread CPU time, NaN when not recorded
+    delay: np.ndarray = None                      # the thread's run delay, NaN when not recorded
     task: np.ndarray = None                       # timeline value on its stream, -1 if none
     site: list = field(default_factory=list)
     coll_key: list = field(default_factory=list)  # (comm, seq, op) of a collective, else None
@@ -82,7 +83,7 @@ def load(path: str, rank: int | None = None) -> RankTrace:
     if rank is None:
         rank = _rank_of(path, events)
     rt = RankTrace(rank=rank, path=path)
-    tr, t0, t1, cpu, task = [], [], [], [], []
+    tr, t0, t1, cpu, delay, task = [], [], [], [], [], []
     for e in events:
         ph = e.get("ph")
         a = e.get("args") or {}
@@ -97,6 +98,7 @@ def load(path: str, rank: int | None = None) -> RankTrace:
             t0.append(ts)
             t1.append(ts + float(e.get("dur", 0.0)))
             cpu.append(float(a.get("cpu_us", np.nan)))
+            delay.append(float(a.get("delay_us", np.nan)))
             task.append(int(a.get("task", -1)))
             rt.site.append(a.get("site"))
             rt.coll_key.append((a.get("comm"), a["seq"], e.get("name"))
@@ -112,6 +114,7 @@ def load(path: str, rank: int | None = None) -> RankTrace:
     rt.track = np.asarray(tr, np.int64)
     rt.t0, rt.t1 = np.asarray(t0, float), np.asarray(t1, float)
     rt.cpu, rt.task = np.asarray(cpu, float), np.asarray(task, np.int64)
+    rt.delay = np.asarray(delay, float)
     rt.marks.sort(key=lambda m: m[0])
     if isinstance(doc, dict):
         rt.peaks = ((doc.get("npusim") or {}).get("memory_peak")) or {}

@@ -59,7 +59,8 @@ def _op_calls(rt: RankTrace, upto: int) -> dict:
     for (kind, name), idx in _groups(rt, mask).items():
         out[(kind, name)] = fluctuation.OpCalls(
             rt.rank, name, kind, (rt.t1[idx] - rt.t0[idx]) - rt.wait[idx], rt.cpu[idx],
-            rt.step[idx], [rt.site[i] for i in idx], rt.t0[idx])
+            rt.step[idx], [rt.site[i] for i in idx], rt.t0[idx],
+            rt.delay[idx] if rt.delay is not None else None)
     return out
 
 
@@ -146,16 +147,19 @@ def _slowest(traces, busy: dict, calls: dict, common: int) -> dict | None:
     rank = max(busy, key=busy.get)
     others = [v for r, v in busy.items() if r != rank]
     usual = float(np.median(others))
-    # per-step wall and CPU time of each operator (and of the host) on every rank, over the
-    # common steps
+    # per-step time of each operator (and of the host) on every rank, over the common steps:
+    # its device time (held its stream, less its worker's waits for a core) where the trace
+    # has run delays, which alone names the operator; else its wall time, with its CPU time
+    # (None: not recorded, or device time known) that must agree
     per: dict = {}
     for t in traces:
         if t.rank not in busy:
             continue
         for key, c in calls[t.rank].items():
-            cpu = float(c.cpu.sum()) / common if key[0] != "collective" and \
+            dev = fluctuation.device_time(c)
+            cpu = float(c.cpu.sum()) / common if key[0] != "collective" and dev is c.time and \
                 not np.isnan(c.cpu).any() else None
-            per.setdefault(key, {})[t.rank] = (float(c.time.sum()) / common, cpu)
+            per.setdefault(key, {})[t.rank] = (float(dev.sum()) / common, cpu)
         per.setdefault(("host", "host time between tasks"), {})[t.rank] = \
             (float(t.parts[:common, profparts.HOST].mean()), None)
     cause, excess = None, 0.0
@@ -196,6 +200,8 @@ def _fluctuations(calls: dict, common: int, floor: float) -> list[dict]:
 
 
 # ---------------------------------------------------------------------- text
+_ON = {"device": " on the device", "cpu": " of CPU"}    # what a flag's times are (Flag.measure)
+
 def _t(us: float) -> str:
     if us >= 1e6:
         return f"{us / 1e6:.2f} s"
@@ -268,12 +274,13 @@ def render(doc: dict, sort: str = "total", top: int = 10, where: str = "") -> li
         for f in flags[:MAX_FLAG_LINES]:
             if f["what"] == "call":
                 lines.append(f"  rank {f['rank']} step {f['step']}: {f['kind']} {f['name']} took "
-                             f"{_t(f['time_us'])}, {f['ratio']:.1f}x its median "
+                             f"{_t(f['time_us'])}{_ON.get(f.get('measure'), '')}, "
+                             f"{f['ratio']:.1f}x its median "
                              f"{_t(f['usual_us'])}, at {f['site'] or '?'}")
             else:
                 lines.append(f"  rank {f['rank']} steps {f['steps'][0]}-{f['steps'][1]}: "
                              f"{f['kind']} {f['name']} median "
-                             f"{_t(f['time_us'])}{' of CPU' if f.get('measure') == 'cpu' else ''}, "
+                             f"{_t(f['time_us'])}{_ON.get(f.get('measure'), '')}, "
                              f"{f['ratio']:.2f}x the other ranks' {_t(f['usual_us'])}, at "
                              f"{f['site'] or '?'}")
         if len(flags) > MAX_FLAG_LINES:

@@ -6,9 +6,15 @@ traces written by the ranks of one node line up when merged.
 What a trace holds beyond the tasks' "X" events (``launcher.profsummary`` reads it, see
 docs/profiling.md):
 
-- each task's call site (``args.site``), its timeline value on its stream (``args.task``) and the
-  CPU time of the thread that ran it (``args.cpu_us``): in a simulation a kernel's wall time also
-  holds the time its thread was descheduled or waited for the GIL, its CPU time does not;
+- each task's call site (``args.site``), its timeline value on its stream (``args.task``), the
+  CPU time of the thread that ran it (``args.cpu_us``) and that thread's *run delay* over the
+  task (``args.delay_us``: the time it was ready to run but waited for a core, Linux's
+  per-thread schedstat): in a simulation a kernel's wall time also holds the time its thread
+  was descheduled; less its run delay, it is the time the task held its stream on the device,
+  whether it computed or waited (a sleep, a simulated latency). Both are read from one
+  ``/proc/thread-self/schedstat`` descriptor per thread, at a task's start and end and only
+  while a recording is on (``_sched``); where schedstat is missing, the CPU time comes from
+  ``time.thread_time`` and there is no run delay;
 - ``step()`` marks ("i" events named ``step mark``) with every stream's last issued timeline value
   at the mark, so the summary attributes each task to the step whose host code enqueued it, and
   "X" events ``step N`` between consecutive marks on the host track (tid 0);
@@ -64,24 +70,81 @@ def _emit(ev: tuple) -> None:
 
 
 def record(track: int, name: str, cat: str, start_us: float, end_us: float, args=None,
-           site: str | None = None, task: int | None = None, cpu_us: float | None = None) -> None:
-    """One task (or host-synchronous operation) that ran from ``start_us`` to ``end_us``."""
+           site: str | None = None, task: int | None = None, cpu_us: float | None = None,
+           delay_us: float | None = None) -> None:
+    """One task (or host-synchronous operation) that ran from ``start_us`` to ``end_us``;
+    ``cpu_us`` / ``delay_us``: its thread's CPU time and run delay over it, when known."""
     if args:
         args = dict(args)          # a replayed graph node's meta dict is shared by its replays
-    _emit((track, name, cat, start_us, end_us, args, site, task, cpu_us))
+    _emit((track, name, cat, start_us, end_us, args, site, task, cpu_us, delay_us))
     if end_us >= _mem_next:
         _sample_memory(end_us)
 
 
-def task_start() -> tuple[float, float]:
-    """The (trace time, thread CPU time) a stream takes before running a task it records."""
-    return now_us(), _cpu()
+class _SchedFile:
+    """The calling thread's ``/proc/thread-self/schedstat``, open once per thread (the path
+    names the thread that opened it); closed when the thread's locals go, at its exit."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self):
+        self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+
+    def __del__(self):
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
 
 
-def task_end(began: tuple[float, float], track: int, name: str, cat: str, args, site, task) -> None:
+class _SchedLocal(threading.local):
+    file: "_SchedFile | None | bool" = None     # False: no schedstat here
+
+
+_sched_tls = _SchedLocal()
+
+
+def _sched():
+    """(CPU seconds, run-delay seconds) of the calling thread from its schedstat (one pread,
+    ~1 us); (thread_time(), None) where the kernel has no schedstat."""
+    f = _sched_tls.file
+    if f is None:
+        try:
+            f = _sched_tls.file = _SchedFile()
+        except OSError:
+            f = _sched_tls.file = False
+    if f is False:
+        return _cpu(), None
+    try:
+        on_cpu, delay, _ = os.pread(f.fd, 64, 0).split()
+        return int(on_cpu) * 1e-9, int(delay) * 1e-9
+    except (OSError, ValueError):
+        _sched_tls.file = False
+        return _cpu(), None
+
+
+def _forget_sched_files() -> None:
+    """In a forked child: the inherited descriptors name the parent's threads."""
+    global _sched_tls
+    _sched_tls = _SchedLocal()
+
+
+os.register_at_fork(after_in_child=_forget_sched_files)
+
+
+def task_start() -> tuple:
+    """The (trace time, thread CPU time, run delay) a stream takes before running a task it
+    records (seconds; the run delay None where unknown)."""
+    cpu, delay = _sched()
+    return now_us(), cpu, delay
+
+
+def task_end(began: tuple, track: int, name: str, cat: str, args, site, task) -> None:
     """Record a task that began at ``began`` (``task_start()``) and ends now."""
-    cpu = (_cpu() - began[1]) * 1e6
-    record(track, name, cat, began[0], now_us(), args, site, task, cpu)
+    end = now_us()
+    cpu, delay = _sched()
+    d = None if delay is None or began[2] is None else (delay - began[2]) * 1e6
+    record(track, name, cat, began[0], end, args, site, task, (cpu - began[1]) * 1e6, d)
 
 
 def _sample_memory(t: float) -> None:
@@ -95,7 +158,7 @@ def _sample_memory(t: float) -> None:
         if _mem_last.get(dev) != now:
             _mem_last[dev] = now
             _emit((HOST_TRACK, f"NPU{dev} memory", _COUNTER, t, t,
-                   {"allocated": now[0], "reserved": now[1]}, None, None, None))
+                   {"allocated": now[0], "reserved": now[1]}, None, None, None, None))
 
 
 def step() -> None:
@@ -115,7 +178,8 @@ def step() -> None:
     t = now_us()
     with _lock:
         n, _marks = _marks, _marks + 1
-    _emit((HOST_TRACK, "step mark", _MARK, t, t, {"mark": n, "issued": issued}, None, None, None))
+    _emit((HOST_TRACK, "step mark", _MARK, t, t, {"mark": n, "issued": issued}, None, None, None,
+           None))
     _sample_memory(t)
 
 
@@ -132,7 +196,7 @@ def range(name: str):  # noqa: A001 - torch's record_function / nvtx range, by i
     try:
         yield
     finally:
-        _emit((HOST_TRACK, str(name), "range", t0, now_us(), None, None, None, None))
+        _emit((HOST_TRACK, str(name), "range", t0, now_us(), None, None, None, None, None))
 
 
 def _process_label() -> tuple[int, str]:
@@ -159,7 +223,7 @@ def _dump(path: str, events: list) -> None:
         out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": track,
                     "args": {"name": tname}})
     last_mark = None
-    for track, name, cat, t0, t1, args, site, task, cpu in events:
+    for track, name, cat, t0, t1, args, site, task, cpu, delay in events:
         if cat == _COUNTER:
             out.append({"name": name, "ph": "C", "pid": pid, "tid": track, "ts": round(t0, 3),
                         "args": args})
@@ -183,6 +247,8 @@ def _dump(path: str, events: list) -> None:
                 a["task"] = task
             if cpu is not None:
                 a["cpu_us"] = round(cpu, 1)
+            if delay is not None:
+                a["delay_us"] = round(delay, 1)
             ev["args"] = a
         out.append(ev)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
