@@ -217,6 +217,11 @@ TABLE = Table("runtime", [
         "runtime (at import)", shown="0", choices=(
             ("off", ("0", "off", "false", "no")), ("raise", ("1", "on", "raise", "true", "yes")),
             ("warn", ("warn",)))),
+    Var("ASCEND_MEM_CHECK", "choice", "off", "CANN's switch to detect unsynchronized device "
+        "memory accesses between streams: here the stream sanitizer, as NPUSIM_STREAM_CHECK "
+        "(same values), which wins when both are set", "runtime (at import)", shown="0",
+        choices=(("off", ("0", "off", "false", "no")),
+                 ("raise", ("1", "on", "raise", "true", "yes")), ("warn", ("warn",)))),
     Var("NPUSIM_BIND", "switch", None, "1: npurun binds each rank to one core (consecutive local "
         "ranks share one) and says so on its first line; 0: never; unset: npurun's watcher binds "
         "crowded ranks one core per pair while no other program uses the cores, to the cores "
@@ -363,8 +368,11 @@ def rank() -> int | None:
 
 def stream_check() -> str:
     """NPUSIM_STREAM_CHECK: the stream sanitizer's mode (runtime/sanitizer.py): "raise" (1, on,
-    raise: a race raises StreamRaceError), "warn" (reports and goes on) or "off" (unset, 0, off)."""
-    return TABLE.get("NPUSIM_STREAM_CHECK")
+    raise: a race raises StreamRaceError), "warn" (reports and goes on) or "off" (unset, 0, off).
+    Unset, CANN's ASCEND_MEM_CHECK (the same values) decides; both refuse a value named."""
+    mode = TABLE.get("NPUSIM_STREAM_CHECK")
+    cann = TABLE.get("ASCEND_MEM_CHECK")
+    return cann if raw("NPUSIM_STREAM_CHECK") is None else mode
 
 
 def bind() -> bool | None:
