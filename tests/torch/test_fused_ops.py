@@ -171,8 +171,9 @@ def test_fusion_attention_tnd_varlen(causal, dtype):
     ref = torch.cat(outs)
     close(res[0], ref, dtype)
     rmax = torch.cat(maxes, dim=1)                           # (N, T)
-    assert res[1].shape == (N, T, 8) and tnd[1].shape == (T, N, 8)
-    close(res[1][..., 0], rmax, dtype)
+    # default: shape (T, N, 8) with NTD storage; softmax_layout="TND": (T, N, 8) in order
+    assert res[1].shape == (T, N, 8) and tnd[1].shape == (T, N, 8)
+    close(res[1].view(N, T, 8)[..., 0], rmax, dtype)
     close(tnd[1][..., 0], rmax.t(), dtype)
     gy = torch.randn(ref.shape, dtype=torch.float64)
     (res[0] * gy.to(dtype).to(DEV)).sum().backward()
@@ -219,6 +220,60 @@ def test_fusion_attention_bad_arguments_name_themselves():
         torch_npu.npu_fusion_attention(t, t, t, 2, "TND")
     with pytest.raises(ValueError, match="head_num"):
         torch_npu.npu_fusion_attention(q, q, q, 3, "BNSD")
+
+
+@pytest.mark.parametrize("layout,smlayout", [("SBH", ""), ("TND", ""), ("TND", "TND")])
+def test_ring_attention_update_merges_two_key_blocks(layout, smlayout):
+    """Attention over keys [0, 4) and [4, 10) merged by the statistics == attention over all."""
+    torch.manual_seed(14)
+    B, N, S, SK, D = 2, 2, 5, 10, 4
+    if layout == "SBH":
+        q, k, v = torch.randn(S, B, N * D), torch.randn(SK, B, N * D), torch.randn(SK, B, N * D)
+        run = lambda kk, vv: torch_npu.npu_fusion_attention(   # noqa: E731
+            q.to(DEV), kk.to(DEV), vv.to(DEV), N, "SBH", scale=0.5)
+        parts = [run(k[:4], v[:4]), run(k[4:], v[4:])]
+        full = run(k, v)
+    else:
+        q, k, v = torch.randn(B * S, N, D), torch.randn(B * SK, N, D), torch.randn(B * SK, N, D)
+        kb, vb = k.view(B, SK, N, D), v.view(B, SK, N, D)
+
+        def run(lo, hi):
+            kk, vv = kb[:, lo:hi].reshape(-1, N, D), vb[:, lo:hi].reshape(-1, N, D)
+            return torch_npu.npu_fusion_attention(
+                q.to(DEV), kk.to(DEV), vv.to(DEV), N, "TND", scale=0.5,
+                actual_seq_qlen=[S * (i + 1) for i in range(B)],
+                actual_seq_kvlen=[(hi - lo) * (i + 1) for i in range(B)], softmax_layout=smlayout)
+        parts, full = [run(0, 4), run(4, SK)], run(0, SK)
+    (o1, m1, s1), (o2, m2, s2) = (p[:3] for p in parts)
+    out, m, s = torch_npu.npu_ring_attention_update(o1, m1, s1, o2, m2, s2, input_layout=layout,
+                                                    input_softmax_layout=smlayout)
+    close(out, full[0], torch.float32)
+    close(m, full[1], torch.float32)
+    close(s, full[2], torch.float32)
+
+
+def test_apply_adam_w_matches_torch_adamw_and_apply_adam_its_formula():
+    torch.manual_seed(15)
+    p0 = torch.randn(6, 5)
+    ref = p0.clone().requires_grad_()
+    opt = torch.optim.AdamW([ref], lr=0.01, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
+    var, m, v = p0.clone().to(DEV), torch.zeros(6, 5, device=DEV), torch.zeros(6, 5, device=DEV)
+    for step in range(1, 4):
+        g = torch.randn(6, 5)
+        ref.grad = g.clone()
+        opt.step()
+        out = torch_npu.npu_apply_adam_w(0.9 ** (step - 1), 0.99 ** (step - 1), 0.01, 0.1, 0.9,
+                                         0.99, 1e-8, g.to(DEV), None, False, False,
+                                         out=(var, m, v))
+        assert out[0] is var
+    torch.testing.assert_close(var.cpu(), ref.detach(), atol=1e-6, rtol=1e-6)
+    var, m, v = p0.clone().to(DEV), torch.zeros(6, 5, device=DEV), torch.zeros(6, 5, device=DEV)
+    g = torch.randn(6, 5)
+    torch_npu.npu_apply_adam(0.9, 0.99, 0.01, 0.9, 0.99, 1e-8, g.to(DEV), False, False,
+                             out=(var, m, v))
+    mr, vr = 0.1 * g, 0.01 * g * g
+    expect = p0 - 0.01 * math.sqrt(1 - 0.99) / (1 - 0.9) * mr / (vr.sqrt() + 1e-8)
+    torch.testing.assert_close(var.cpu(), expect, atol=1e-6, rtol=1e-6)
 
 
 def test_prompt_and_incre_flash_attention():

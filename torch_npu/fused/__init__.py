@@ -13,6 +13,7 @@ module                              operators
 ==================================  =========================================================
 attention                           npu_fusion_attention, npu_fusion_attention_grad
 attention_infer                     npu_prompt_flash_attention, npu_incre_flash_attention
+ring                                npu_ring_attention_update
 norm                                npu_rms_norm, npu_add_rms_norm, npu_gemma_rms_norm,
                                     npu_layer_norm_eval
 rope                                npu_rotary_mul, npu_apply_rotary_pos_emb
@@ -21,6 +22,7 @@ activation                          npu_swiglu, npu_geglu, npu_gelu_mul, npu_cli
 moe                                 npu_grouped_matmul, npu_moe_token_permute,
                                     npu_moe_token_unpermute, npu_moe_gating_top_k_softmax,
                                     npu_moe_compute_expert_tokens
+optim_ops                           npu_apply_adam_w, npu_apply_adam
 misc                                npu_format_cast, npu_format_cast_, get_npu_format,
                                     npu_confusion_transpose, npu_transpose, npu_broadcast,
                                     npu_dtype_cast, npu_linear, npu_bmmV2, npu_slice, npu_max,
@@ -49,6 +51,8 @@ from .misc import (get_npu_format, npu_bmmV2, npu_broadcast, npu_confusion_trans
 from .moe import (npu_grouped_matmul, npu_moe_compute_expert_tokens, npu_moe_gating_top_k_softmax,
                   npu_moe_token_permute, npu_moe_token_unpermute)
 from .norm import npu_add_rms_norm, npu_gemma_rms_norm, npu_layer_norm_eval, npu_rms_norm
+from .optim_ops import npu_apply_adam, npu_apply_adam_w
+from .ring import npu_ring_attention_update
 from .rope import npu_apply_rotary_pos_emb, npu_rotary_mul
 from .unsupported import STUBS as _STUBS
 
@@ -62,7 +66,8 @@ IMPLEMENTED = (
     "npu_format_cast_", "get_npu_format", "npu_confusion_transpose", "npu_transpose",
     "npu_broadcast", "npu_dtype_cast", "npu_linear", "npu_bmmV2", "npu_slice", "npu_max",
     "npu_min", "npu_scaled_masked_softmax", "npu_dropout_with_add_softmax",
-    "npu_softmax_cross_entropy_with_logits")
+    "npu_softmax_cross_entropy_with_logits", "npu_ring_attention_update", "npu_apply_adam_w",
+    "npu_apply_adam")
 UNSUPPORTED = tuple(sorted(_STUBS))
 
 from . import ops as _ops

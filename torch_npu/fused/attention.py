@@ -28,8 +28,10 @@ inputs, as the kernel accumulates; the output has the query's dtype.
 
 Returns ``(attention_out, softmax_max, softmax_sum, softmax_out, seed, offset, numels)``:
 softmax_max / softmax_sum are the row maximum of the masked scaled scores and the row sum of
-``exp(score - max)``, float32, repeated 8 times on a last axis: (B, N, Sq, 8), or for TND (N, T, 8)
-("NTD", the default) / (T, N, 8) with ``softmax_layout="TND"``; softmax_out is an empty tensor
+``exp(score - max)``, float32, repeated 8 times on a last axis: (B, N, Sq, 8); for TND, shape
+(T, N, 8) holding (N, T, 8) in storage order by default ("NTD", as the kernel stores it:
+``.view(N, T, 8)`` reads it) and (T, N, 8) in order with ``softmax_layout="TND"``; softmax_out is
+an empty tensor
 (reserved by the real operator). Dropout (``keep_prob < 1``) draws ``seed`` from the device's
 generator (``torch.npu.manual_seed`` makes it reproducible); the keep-mask is a function of the
 seed only, so ``npu_fusion_attention_grad`` given the same seed redraws it. ``offset`` is 0 and
@@ -260,10 +262,12 @@ def _forward(query, key, value, head_num, input_layout, pse, atten_mask, scale, 
         maxes.append(torch.full((nq, tail), torch.finfo(torch.float32).min, device=query.device))
         sums.append(torch.zeros(nq, tail, device=query.device))
     out = torch.cat(outs, dim=0)
-    m, s = torch.cat(maxes, dim=1), torch.cat(sums, dim=1)        # (N, T)
+    m, s = _stats8(torch.cat(maxes, dim=1)), _stats8(torch.cat(sums, dim=1))     # (N, T, 8)
     if softmax_layout == "TND":
-        m, s = m.t(), s.t()
-    return out, _stats8(m), _stats8(s), numels
+        return out, m.transpose(0, 1).contiguous(), s.transpose(0, 1).contiguous(), numels
+    # the default keeps NTD storage under the shape (T, N, 8) (the meta registration's shape)
+    t = query.size(0)
+    return out, m.view(t, nq, 8), s.view(t, nq, 8), numels
 
 
 def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, padding_mask=None,

@@ -52,7 +52,7 @@ REASONS = {
         "npu_moe_finalize_routing", "npu_moe_gating_top_k_backward",
         "npu_moe_gating_top_k_softmax_v2", "npu_moe_init_routing", "npu_mrope",
         "npu_multi_head_attention", "npu_one_hot", "npu_pad", "npu_recurrent_gated_delta_rule",
-        "npu_recurrent_gated_delta_rule_functional", "npu_ring_attention_update",
+        "npu_recurrent_gated_delta_rule_functional",
         "npu_scatter_nd_update", "npu_scatter_nd_update_", "npu_sign_bits_pack",
         "npu_sign_bits_unpack", "npu_sim_exponential_", "npu_transpose_batchmatmul",
         "scatter_update", "scatter_update_")},
