@@ -44,6 +44,19 @@ median to lose the floor missed a rank doing 30 % more work in 5 of 10. Time los
 scheduler is thereby never blamed on an operator; a kernel that sleeps is not flagged either
 (it does no work).
 
+**Device time** (the first measure, where the trace has each task's run delay,
+``args.delay_us``): a task is judged by the time it held its stream less the time its worker
+waited for a core (Linux's per-thread run delay, /proc/thread-self/schedstat). The scheduler's
+share is thereby left out, as the CPU rule above leaves it out, while a delay that burns no CPU
+(a wait, a simulated latency, a host function on the stream) is the operator's, which the CPU
+rule could not see: a kernel sleeping 60 ms at one step of one rank was "fluctuations: none".
+Both rules apply unchanged to device times (``device_time``), neighbours' factors included;
+the floor is not scaled (device time, unlike wall time, does not stretch with load); flags say ``measure="device"``. What a device time still holds beyond the
+work: a thread waiting for the GIL sleeps (no run delay), so GIL waits count; measured in a
+healthy world-2 train_ddp run beside a busy loop, 57 of 1260 ms of kernel wall time (763 ms
+run delay, 440 ms CPU), and the healthy runs flag nothing. Traces without run delays are judged
+by the CPU rule above.
+
 Collectives are left out of both rules: the transfer time of one call is set by when the OS
 runs every member process, and its CPU time holds spinning waits, so neither tells a slow call
 from a descheduled peer (measured: healthy runs on an idle machine had single AllReduces at 6-10

@@ -134,7 +134,10 @@ def main(argv=None) -> int:
     except (OSError, ValueError, card.CardLedgerError) as e:
         print(f"npusim-smi: {e}", file=sys.stderr)
         return 1
-    print("\n".join(lines))
+    try:
+        print("\n".join(lines))
+    except BrokenPipeError:          # `npusim-smi info | head`: the reader has gone
+        sys.stdout = None
     return 0
 
 

@@ -8,6 +8,10 @@ behind: the kernel frees it when the last process holding it exits, whatever kil
 Another process of the same node can still map it (``/proc/<pid>/fd/<fd>``, see ``ipc_handle``),
 which is what a shared-memory data path between ranks needs.
 
+Every reservation is charged to the device's *card* (``runtime/card.py``), which the other
+processes of the node that use the device share: ``reserve`` raises ``card.CardFullError`` (a
+MemoryError, which the pool reports as its OutOfMemoryError) when they leave no room.
+
 Device pointers are addresses in a per-device address space starting at ``(device_id + 1) << 40``,
 so a pointer names its device and 0 is never valid. The address space is twice the capacity so
 that releasing and reserving segments of mixed sizes cannot fragment it into failure before the
