@@ -84,3 +84,37 @@ def test_flash_attention_2_unpadded_and_bf16(layouts):
         logits[impl] = model(input_ids=ids).logits.float().cpu()
     assert layouts == ["BSND", "BSND"]          # no padding: the fixed-length path
     torch.testing.assert_close(logits["flash_attention_2"], logits["sdpa"], atol=3e-2, rtol=3e-2)
+
+
+class _Tokens(torch.utils.data.Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        ids = torch.randint(0, 96, (12,), generator=torch.Generator().manual_seed(i))
+        mask = torch.ones(12, dtype=torch.long)
+        mask[12 - i % 4:] = 0
+        return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
+@pytest.mark.slow
+def test_trainer_adamw_torch_npu_fused_with_fa2_matches_adamw_torch_with_sdpa(tmp_path):
+    """transformers' Trainer: optim="adamw_torch_npu_fused" builds torch_npu.optim.NpuFusedAdamW;
+    with flash_attention_2 it logs the losses adamw_torch with sdpa logs."""
+    from transformers import Trainer, TrainingArguments
+    import torch_npu.optim
+    logs = {}
+    for impl, optim in (("flash_attention_2", "adamw_torch_npu_fused"), ("sdpa", "adamw_torch")):
+        args = TrainingArguments(output_dir=str(tmp_path / impl), per_device_train_batch_size=4,
+                                 max_steps=4, optim=optim, learning_rate=1e-2, report_to=[],
+                                 save_strategy="no", logging_steps=1,
+                                 dataloader_pin_memory=False)
+        trainer = Trainer(model=tiny_llama(impl), args=args, train_dataset=_Tokens())
+        trainer.train()
+        if impl == "flash_attention_2":
+            assert isinstance(trainer.optimizer.optimizer, torch_npu.optim.NpuFusedAdamW) or \
+                isinstance(trainer.optimizer, torch_npu.optim.NpuFusedAdamW)
+        logs[impl] = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(logs["sdpa"]) == 4
+    torch.testing.assert_close(torch.tensor(logs["flash_attention_2"]), torch.tensor(logs["sdpa"]),
+                               atol=1e-4, rtol=1e-4)
