@@ -224,3 +224,112 @@ def test_composite_ops_take_the_cpu_kernel():
             and (has(n, "CompositeImplicitAutograd") or has(n, "CompositeExplicitAutograd"))
             and n not in ("aten::_pin_memory", "aten::is_pinned")]   # npusim's own CPU kernels
     assert left == []
+
+
+# ---------------------------------------------------------------------- 6. autocast as CUDA's
+def _autocast_dtypes(dtype):
+    x = torch.randn(4, 8, device="npu")
+    w = torch.randn(8, 8, device="npu")
+    y = torch.randint(0, 8, (4,), device="npu")
+    F = torch.nn.functional
+    with torch.autocast("npu", dtype=dtype):
+        h = x @ w
+        return {
+            "mm": h, "linear": F.linear(x, w), "bmm": torch.bmm(x[None], w[None]),
+            "sdpa": F.scaled_dot_product_attention(x[None], x[None], x[None]),
+            "softmax": torch.softmax(h, -1), "log_softmax": torch.log_softmax(h, -1),
+            "cross_entropy": F.cross_entropy(h, y), "nll_loss": F.nll_loss(h, y),
+            "mse_loss": F.mse_loss(h, x), "layer_norm": F.layer_norm(h, (8,)),
+            "rms_norm": F.rms_norm(h, (8,)), "group_norm": F.group_norm(h, 2),
+            "exp": h.exp(), "log": h.abs().log(), "pow": h.pow(2), "rsqrt": h.abs().rsqrt(),
+            "sum": h.sum(), "sum_dim": h.sum(0), "cumsum": h.cumsum(0), "prod": h.prod(),
+            "norm": h.norm(), "vector_norm": torch.linalg.vector_norm(h),
+            "logsumexp": h.logsumexp(-1),
+            "addcmul": torch.addcmul(h, x, x), "atan2": torch.atan2(h, x),
+            "add": h + h, "relu": torch.relu(h), "gelu": F.gelu(h), "silu": F.silu(h),
+            "mul_fp32": h * x,
+        }
+
+
+# the output dtype CUDA's autocast gives (torch 2.13, ATen/autocast_mode.h): "low" = the
+# autocast dtype; ops not on a list keep their inputs' (type promotion: bf16 * fp32 = fp32)
+_CUDA_DTYPE = {
+    "mm": "low", "linear": "low", "bmm": "low", "sdpa": "low",
+    "softmax": "fp32", "log_softmax": "fp32", "cross_entropy": "fp32", "nll_loss": "fp32",
+    "mse_loss": "fp32", "layer_norm": "fp32", "rms_norm": "fp32", "group_norm": "fp32",
+    "exp": "fp32", "log": "fp32", "pow": "fp32", "rsqrt": "fp32", "sum": "fp32",
+    "sum_dim": "fp32", "cumsum": "fp32", "prod": "fp32", "norm": "fp32", "vector_norm": "fp32",
+    "logsumexp": "fp32", "addcmul": "fp32", "atan2": "fp32",
+    "add": "low", "relu": "low", "gelu": "low", "silu": "low", "mul_fp32": "fp32",
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_output_dtypes_are_cudas(dtype):
+    got = _autocast_dtypes(dtype)
+    want = {k: dtype if v == "low" else torch.float32 for k, v in _CUDA_DTYPE.items()}
+    assert {k: v.dtype for k, v in got.items()} == want
+    with torch.autocast("npu", dtype=dtype), pytest.raises(RuntimeError, match="unsafe to autocast"):
+        torch.nn.functional.binary_cross_entropy(torch.rand(3, device="npu"),
+                                                 torch.rand(3, device="npu"))
+
+
+class _Head(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.ln, self.fc2 = torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), \
+            torch.nn.Linear(32, 10)
+
+    def forward(self, x, y):
+        h = self.fc2(self.ln(torch.nn.functional.gelu(self.fc1(x))))
+        return torch.nn.functional.cross_entropy(h, y)
+
+
+def _cuda_casts_on_cpu(m, x, y, low):
+    """_Head's forward on CPU with the casts CUDA's autocast makes, written out."""
+    F = torch.nn.functional
+    h = F.linear(x.to(low), m.fc1.weight.to(low), m.fc1.bias.to(low))            # lower
+    h = F.gelu(h)                                                                # no list
+    h = F.layer_norm(h.float(), (32,), m.ln.weight, m.ln.bias)                   # fp32
+    h = F.linear(h.to(low), m.fc2.weight.to(low), m.fc2.bias.to(low))            # lower
+    # cross_entropy decomposes into log_softmax(h, 1, dtype=h.dtype), which keeps its explicit
+    # dtype, and nll_loss, on the fp32 list
+    return F.nll_loss(torch.log_softmax(h, 1, dtype=low).float(), y)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_loss_is_fp32_and_bitwise_cudas_casts(dtype):
+    torch.manual_seed(0)
+    m = _Head()
+    x, y = torch.randn(8, 16), torch.randint(0, 10, (8,))
+    want = _cuda_casts_on_cpu(m, x, y, dtype)
+    want.backward()
+    want_grads = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    m.npu()
+    with torch.autocast("npu", dtype=dtype):
+        loss = m(x.npu(), y.npu())
+    assert loss.dtype == torch.float32
+    loss.backward()
+    _same(loss, want)
+    for p, g in zip(m.parameters(), want_grads):
+        _same(p.grad, g)
+
+
+def test_fp16_grad_scaler_steps_when_nothing_overflows():
+    torch.manual_seed(0)
+    m = _Head().npu()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("npu")
+    x, y = torch.randn(8, 16, device="npu"), torch.randint(0, 10, (8,), device="npu")
+    for step in range(3):
+        opt.zero_grad()
+        with torch.autocast("npu", dtype=torch.float16):
+            loss = m(x, y)
+        assert loss.dtype == torch.float32
+        scaler.scale(loss).backward()
+        before = m.fc1.weight.detach().clone()
+        scaler.step(opt)
+        scaler.update()
+        assert scaler.get_scale() == 2.0 ** 16, step        # no inf found: not backed off
+        assert not torch.equal(before, m.fc1.weight.detach()), step   # and the step was taken
