@@ -38,12 +38,19 @@ TORCH = _real_torch()
 # Each pytest session has simulated cards of its own (runtime/card.py: the processes that share
 # NPUSIM_CARD_DIR share each device's HBM), so that runs side by side on one machine never see
 # each other's memory; the processes a test starts inherit it.
+# Named by the session's pid: a session that was killed leaves its directory, which the next
+# session removes once no process has that pid.
 if not os.environ.get("NPUSIM_CARD_DIR"):
     import atexit
     import shutil
     import tempfile
-    os.environ["NPUSIM_CARD_DIR"] = tempfile.mkdtemp(
-        prefix="npusim.cards.pytest.", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    _cards = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    for _old in os.listdir(_cards):
+        _pid = _old.rpartition(".")[2]
+        if _old.startswith("npusim.cards.pytest.") and _pid.isdigit() and \
+                not os.path.exists(f"/proc/{_pid}"):
+            shutil.rmtree(os.path.join(_cards, _old), True)
+    os.environ["NPUSIM_CARD_DIR"] = os.path.join(_cards, f"npusim.cards.pytest.{os.getpid()}")
     atexit.register(shutil.rmtree, os.environ["NPUSIM_CARD_DIR"], True)
 if not TORCH:
     # Make ``import torch`` fail in this process as it would anywhere else, so that every
