@@ -94,7 +94,8 @@ class _Tokens(torch.utils.data.Dataset):
         ids = torch.randint(0, 96, (12,), generator=torch.Generator().manual_seed(i))
         mask = torch.ones(12, dtype=torch.long)
         mask[12 - i % 4:] = 0
-        return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+        labels = ids.masked_fill(mask == 0, -100)
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
 @pytest.mark.slow

@@ -504,6 +504,33 @@ def test_moe_gating_and_expert_tokens():
     assert counts.dtype == torch.int32 and counts.cpu().tolist() == [2, 2, 5, 6, 6]
 
 
+def test_moe_init_and_finalize_routing_round_trip():
+    """gating -> init_routing -> one weight per expert -> finalize_routing equals computing each
+    token's k experts directly."""
+    torch.manual_seed(16)
+    rows, H, E, K = 6, 4, 3, 2
+    x = torch.randn(rows, H)
+    weights, bias = torch.randn(E, H, H), torch.randn(E, H)
+    skip = torch.randn(rows, H)
+    scales, experts, row_idx = torch_npu.npu_moe_gating_top_k_softmax(torch.randn(rows, E).to(DEV),
+                                                                      k=K)
+    ex, ex_row, ex_expert = torch_npu.npu_moe_init_routing(x.to(DEV), row_idx, experts, rows)
+    assert ex.shape == (rows * K, H) and ex_row.dtype == ex_expert.dtype == torch.int32
+    assert ex_expert.cpu().tolist() == sorted(experts.cpu().flatten().tolist())
+    per_row = torch.stack([ex.cpu()[j] @ weights[e] for j, e in enumerate(ex_expert.cpu().tolist())])
+    out = torch_npu.npu_moe_finalize_routing(per_row.to(DEV), skip.to(DEV), None, bias.to(DEV),
+                                             scales, ex_row, experts)
+    ref = skip.clone()
+    for i in range(rows):
+        for j in range(K):
+            e = int(experts[i, j])
+            ref[i] += float(scales[i, j]) * (x[i] @ weights[e] + bias[e])
+    close(out, ref, torch.float32)
+    hot = torch_npu.npu_one_hot(torch.tensor([5, 3, 2, 1], dtype=torch.int32).to(DEV), depth=5)
+    assert hot.dtype == torch.float32 and hot.cpu().tolist() == [
+        [0, 0, 0, 0, 0], [0, 0, 0, 1, 0], [0, 0, 1, 0, 0], [0, 1, 0, 0, 0]]
+
+
 # ---------------------------------------------------------------- softmax, layout, misc
 
 @pytest.mark.parametrize("dtype", DTYPES)

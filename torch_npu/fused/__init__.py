@@ -21,12 +21,13 @@ activation                          npu_swiglu, npu_geglu, npu_gelu_mul, npu_cli
                                     npu_fast_gelu, fast_gelu, npu_silu, npu_mish
 moe                                 npu_grouped_matmul, npu_moe_token_permute,
                                     npu_moe_token_unpermute, npu_moe_gating_top_k_softmax,
-                                    npu_moe_compute_expert_tokens
+                                    npu_moe_compute_expert_tokens, npu_moe_init_routing,
+                                    npu_moe_finalize_routing
 optim_ops                           npu_apply_adam_w, npu_apply_adam
 misc                                npu_format_cast, npu_format_cast_, get_npu_format,
                                     npu_confusion_transpose, npu_transpose, npu_broadcast,
-                                    npu_dtype_cast, npu_linear, npu_bmmV2, npu_slice, npu_max,
-                                    npu_min, npu_scaled_masked_softmax,
+                                    npu_dtype_cast, npu_one_hot, npu_linear, npu_bmmV2,
+                                    npu_slice, npu_max, npu_min, npu_scaled_masked_softmax,
                                     npu_dropout_with_add_softmax,
                                     npu_softmax_cross_entropy_with_logits
 unsupported                         the rest of the 119 public operators, each raising
@@ -46,10 +47,12 @@ from .attention import npu_fusion_attention, npu_fusion_attention_grad
 from .attention_infer import npu_incre_flash_attention, npu_prompt_flash_attention
 from .misc import (get_npu_format, npu_bmmV2, npu_broadcast, npu_confusion_transpose,
                    npu_dropout_with_add_softmax, npu_dtype_cast, npu_format_cast,
+                   npu_one_hot,
                    npu_format_cast_, npu_linear, npu_max, npu_min, npu_scaled_masked_softmax,
                    npu_slice, npu_softmax_cross_entropy_with_logits, npu_transpose)
-from .moe import (npu_grouped_matmul, npu_moe_compute_expert_tokens, npu_moe_gating_top_k_softmax,
-                  npu_moe_token_permute, npu_moe_token_unpermute)
+from .moe import (npu_grouped_matmul, npu_moe_compute_expert_tokens, npu_moe_finalize_routing,
+                  npu_moe_gating_top_k_softmax, npu_moe_init_routing, npu_moe_token_permute,
+                  npu_moe_token_unpermute)
 from .norm import npu_add_rms_norm, npu_gemma_rms_norm, npu_layer_norm_eval, npu_rms_norm
 from .optim_ops import npu_apply_adam, npu_apply_adam_w
 from .ring import npu_ring_attention_update
@@ -67,7 +70,7 @@ IMPLEMENTED = (
     "npu_broadcast", "npu_dtype_cast", "npu_linear", "npu_bmmV2", "npu_slice", "npu_max",
     "npu_min", "npu_scaled_masked_softmax", "npu_dropout_with_add_softmax",
     "npu_softmax_cross_entropy_with_logits", "npu_ring_attention_update", "npu_apply_adam_w",
-    "npu_apply_adam")
+    "npu_apply_adam", "npu_moe_init_routing", "npu_moe_finalize_routing", "npu_one_hot")
 UNSUPPORTED = tuple(sorted(_STUBS))
 
 from . import ops as _ops

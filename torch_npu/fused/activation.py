@@ -51,7 +51,8 @@ def npu_clipped_swiglu(x, *, group_index=None, dim=-1, alpha=1.702, limit=7.0, b
                        interleaved=True):
     """torch_npu.npu_clipped_swiglu: ``A * sigmoid(alpha * A) * (B + bias)`` with A clamped
     above at ``limit`` and B into [-limit, limit]; x is merged to [pre, dim * after] and A/B are
-    its even/odd elements (``interleaved``) or first/second halves; with ``group_index`` only the first sum(group_index) rows of the axes before
+    its even/odd elements (``interleaved``) or first/second halves; with ``group_index`` only
+    the first sum(group_index) rows of the axes before
     ``dim`` are computed (the rest of y is 0)."""
     op = "npu_clipped_swiglu"
     check(x.dim() > 1, op, f"x must have more than 1 axis, got {x.dim()}")

@@ -1,7 +1,7 @@
 """Layout, softmax and small operators: ``npu_format_cast`` / ``npu_format_cast_`` /
 ``get_npu_format``, ``npu_confusion_transpose``, ``npu_transpose``, ``npu_broadcast``,
-``npu_dtype_cast``, ``npu_linear``, ``npu_bmmV2``, ``npu_slice``, ``npu_max`` / ``npu_min``,
-``npu_scaled_masked_softmax``, ``npu_dropout_with_add_softmax``,
+``npu_dtype_cast``, ``npu_one_hot``, ``npu_linear``, ``npu_bmmV2``, ``npu_slice``,
+``npu_max`` / ``npu_min``, ``npu_scaled_masked_softmax``, ``npu_dropout_with_add_softmax``,
 ``npu_softmax_cross_entropy_with_logits``.
 
 Storage formats: an Ascend tensor has a storage format (ND, NCHW, FRACTAL_NZ...) that decides its
@@ -92,7 +92,7 @@ def npu_bmmV2(self, mat2, output_sizes=()):
 
 
 def npu_slice(self, offsets, size):
-    """torch_npu.npu_slice(x, offsets, size) -> x[offsets[i]:offsets[i]+size[i], ...], contiguous."""
+    """torch_npu.npu_slice(x, offsets, size) -> ``x[o0:o0+s0, o1:o1+s1, ...]``, contiguous."""
     check(len(offsets) == len(size) == self.dim(), "npu_slice", f"offsets and size need "
           f"{self.dim()} entries, got {len(offsets)} and {len(size)}")
     return self[tuple(slice(o, o + s) for o, s in zip(offsets, size))].contiguous()
@@ -108,6 +108,17 @@ def npu_min(self, dim, keepdim=False):
     """torch_npu.npu_min(x, dim, keepdim=False) -> (values, int32 indices)."""
     v, i = torch.min(self, dim, keepdim)
     return v, i.to(torch.int32)
+
+
+def npu_one_hot(input, num_classes=-1, depth=1, on_value=1, off_value=0):
+    """torch_npu.npu_one_hot(x, num_classes=-1, depth=1, on_value=1, off_value=0) -> float32
+    tensor with a new axis of ``depth`` (at ``num_classes``, -1: last): ``on_value`` where the
+    class is x's value, ``off_value`` elsewhere (values outside [0, depth) give an all-off row)."""
+    classes = torch.arange(depth, device=input.device)
+    hit = input.long().unsqueeze(-1) == classes
+    out = torch.where(hit, torch.tensor(float(on_value), device=input.device),
+                      torch.tensor(float(off_value), device=input.device))
+    return out if num_classes in (-1, input.dim()) else out.movedim(-1, num_classes)
 
 
 def npu_scaled_masked_softmax(x, mask, scale=1.0, fixed_triu_mask=False):

@@ -177,3 +177,52 @@ def npu_moe_compute_expert_tokens(sorted_experts, num_experts=1):
     bounds = torch.arange(num_experts, device=sorted_experts.device,
                           dtype=sorted_experts.dtype)
     return torch.searchsorted(sorted_experts.contiguous(), bounds, right=True).to(torch.int32)
+
+
+def npu_moe_init_routing(x, row_idx, expert_idx, active_num):
+    """torch_npu.npu_moe_init_routing(x, row_idx, expert_idx, active_num) -> (expanded_x,
+    expanded_row_idx, expanded_expert_idx), its docstring's formula: (expert, row) pairs sorted
+    by expert then row index; ``expanded_row_idx[sorted_row[i]] = i``;
+    ``expanded_x[i] = x[sorted_row[i] % rows]`` for the first min(rows, active_num) * k."""
+    op = "npu_moe_init_routing"
+    check(x.dim() == 2, op, f"x must be 2-d (rows, H), got {x.dim()}-d")
+    check(expert_idx.dim() == 2 and row_idx.shape == expert_idx.shape, op, "row_idx and "
+          "expert_idx must both be (rows, k)")
+    rows, k = expert_idx.shape
+    experts, srcs = expert_idx.reshape(-1).long(), row_idx.reshape(-1).long()
+    order = torch.argsort(experts * (rows * k) + srcs, stable=True)
+    sorted_row = srcs[order]
+    expanded_row_idx = torch.empty_like(sorted_row).scatter_(
+        0, sorted_row, torch.arange(rows * k, device=sorted_row.device))
+    n = min(rows, int(active_num)) * k
+    # sorted_row % rows, spelled without aten.remainder: on npu tensors torch.remainder(t, int)
+    # currently fails in the device's fallback (the scalar reaches remainder.Tensor as an int)
+    src = sorted_row[:n] - torch.div(sorted_row[:n], rows, rounding_mode="floor") * rows
+    expanded_x = x.index_select(0, src)
+    return (expanded_x, expanded_row_idx.to(torch.int32), experts[order].to(torch.int32))
+
+
+def npu_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales,
+                             expanded_src_to_dst_row, export_for_source_row, drop_pad_mode=0,
+                             k=1):
+    """torch_npu.npu_moe_finalize_routing -> (rows, H): ``skip1 + skip2 + sum_k scales[i, k] *
+    (expanded_permuted_rows[expanded_src_to_dst_row[i + k * rows]] + bias[expert[i, k]])``."""
+    op = "npu_moe_finalize_routing"
+    if drop_pad_mode not in (0, None):
+        raise NotImplementedError(f"{op}: drop_pad_mode={drop_pad_mode} is not supported on "
+                                  "npusim (only 0, dropless)")
+    check(skip1 is not None or skip2 is None, op, "skip2 needs skip1")
+    k = scales.size(1) if scales is not None else int(k)
+    rows = expanded_src_to_dst_row.numel() // k
+    ct = compute_dtype(expanded_permuted_rows.dtype)
+    picked = expanded_permuted_rows.to(ct).index_select(
+        0, expanded_src_to_dst_row.long()).view(k, rows, -1)            # [k, rows, H]
+    if bias is not None:
+        check(export_for_source_row is not None, op, "bias needs export_for_source_row")
+        picked = picked + bias.to(ct)[export_for_source_row.long().t()]
+    weights = scales.to(ct).t().unsqueeze(-1) if scales is not None else 1.0
+    out = (picked * weights).sum(dim=0)
+    for skip in (skip1, skip2):
+        if skip is not None:
+            out = out + skip.to(ct)
+    return out.to(expanded_permuted_rows.dtype)

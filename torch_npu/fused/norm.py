@@ -31,7 +31,7 @@ def npu_rms_norm(self, gamma, epsilon=1e-06):
 
 
 def npu_gemma_rms_norm(self, gamma, epsilon=1e-06):
-    """torch_npu.npu_gemma_rms_norm(x, gamma, epsilon=1e-6) -> (y, rstd): ``y = x*rstd*(1+gamma)``."""
+    """torch_npu.npu_gemma_rms_norm(x, gamma, epsilon=1e-6) -> (y, rstd), y = x*rstd*(1+gamma)."""
     xf, rstd = _rstd(self, gamma, epsilon, "npu_gemma_rms_norm")
     y = (xf * rstd * (1 + gamma.to(xf.dtype))).to(self.dtype)
     return y, rstd.float()
