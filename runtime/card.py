@@ -154,12 +154,14 @@ def _own_dir(path: str) -> None:
         os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError as e:
         raise CardLedgerError(f"cannot create the card ledger directory {path}: {e}; set "
-                              "NPUSIM_CARD_DIR to a directory of yours") from None
+                              "NPUSIM_CARD_DIR to a directory of yours, or NPUSIM_CARD_SHARE=0 "
+                              "for a card of this process's own") from None
     st = os.lstat(path)
     import stat
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
         raise CardLedgerError(f"{path} is not a directory of uid {os.getuid()} (a symlink, or "
-                              "another user's): set NPUSIM_CARD_DIR to a directory of yours")
+                              "another user's): set NPUSIM_CARD_DIR to a directory of yours, or "
+                              "NPUSIM_CARD_SHARE=0 for a card of this process's own")
 
 
 def start_time(pid: int) -> int:

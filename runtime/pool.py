@@ -469,13 +469,16 @@ class CachingAllocator:
         largest = self.largest_free_block()
         raw = self._raw_error
         card = raw[1] if raw is not None and hasattr(raw[1], "holders") else None
-        others = card.others if card is not None else 0
+        holders = card.holders if card is not None else []
+        if card is None and getattr(self._raw, "card", None) is not None:
+            holders = self._raw.card.others()    # refused by the limit: the card's state too
+        others = sum(h.reserved for h in holders)
         facts = (f"device {self.device_id}; {format_size(cap)} total capacity; "
                  f"{format_size(alloc)} already allocated; {format_size(res)} reserved in total "
                  f"by the pool; ")
-        if card is not None:
+        if others:
             facts += (f"{format_size(others)} reserved by other processes on this card "
-                      f"({describe_holders(card.holders)}); ")
+                      f"({describe_holders(holders)}); ")
         facts += (f"{format_size(max(cap - res - others, 0))} free; limit {format_size(limit)}; "
                   f"largest free block {format_size(largest)}")
         if card is not None:
@@ -496,9 +499,8 @@ class CachingAllocator:
         err = out_of_memory(msg)                     # also torch's, once torch is imported
         err.device_id = self.device_id
         err.others_reserved = others
-        err.holders = [] if card is None else [
-            {"pid": h.pid, "job": h.job, "rank": h.rank, "reserved": h.reserved}
-            for h in card.holders if h.reserved]
+        err.holders = [{"pid": h.pid, "job": h.job, "rank": h.rank, "reserved": h.reserved}
+                       for h in holders if h.reserved]
         err.requested = nbytes
         err.size = size
         err.capacity = cap

@@ -89,7 +89,7 @@ def test_a_holder_killed_with_sigkill_gives_its_bytes_back(card_dir):
         again.release()
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_a_fraction_of_a_tenth_refuses_150_mib_of_a_1_gib_card(card_dir):
     runtime.set_device(0)
     runtime.set_per_process_memory_fraction(0.1)
@@ -97,7 +97,15 @@ def test_a_fraction_of_a_tenth_refuses_150_mib_of_a_1_gib_card(card_dir):
         runtime.malloc(150 * MiB)
     assert "limit 102.40 MiB" in str(ei.value) and ei.value.limit == int(0.1 * GiB)
     assert ei.value.code == errors.ACL_ERROR_RT_MEMORY_ALLOCATION
+    assert ei.value.holders == [] and "1.00 GiB free" in str(ei.value)
     ok = runtime.malloc(100 * MiB)
+    # refused by the fraction while another process holds memory: the card's numbers too
+    with Holder(0, 200) as other:
+        with pytest.raises(errors.OutOfMemoryError) as ei:
+            runtime.malloc(50 * MiB)
+        assert f"pid {other.pid} of job local: 200.00 MiB" in str(ei.value)
+        assert "724.00 MiB free" in str(ei.value), str(ei.value)
+        other.release()
     runtime.free(ok)
     runtime.set_per_process_memory_fraction(1.0)
 
