@@ -230,6 +230,7 @@ def register() -> None:
     if not _cuda_device_present():     # with a GPU, torch's CUDA pinned memory stays
         _aten.impl("is_pinned", is_pinned, "CPU")
         _aten.impl("_pin_memory", pin_memory, "CPU")
+    S.install_storage_resize()
     from . import attention, autocast, serialization
     attention.register(_aten)
     autocast.register(_aten)

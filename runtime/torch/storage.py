@@ -49,6 +49,7 @@ from runtime.sanitizer import stream_check_enabled
 from .site import user_site
 
 from .device import bind_thread
+from .device import on as _on
 
 _KDL_EXT_DEV = 12                 # DLPack's kDLExtDev: torch's PrivateUse1
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -272,6 +273,68 @@ def forget_cpu_view(t: torch.Tensor) -> None:
     owner = owner_of(t)
     if owner is not None:
         owner.views.pop((t.dtype, t.storage_offset(), t.size(), t.stride()), None)
+
+
+def resize_bytes(st, nbytes) -> None:
+    """``UntypedStorage.resize_(nbytes)`` for an npu storage, in place: every tensor on the
+    storage sees the new bytes (FSDP2 frees a gathered parameter with ``resize_(0)`` and
+    allocates it again with ``resize_(n)``). The first ``min(old, new)`` bytes are kept, as torch
+    keeps them; the old allocation goes back to the pool in its stream's order.
+
+    torch's own ``resize_`` asks the PrivateUse1 hooks (``resizePrivateUse1Bytes``), which a
+    Python backend cannot implement (torch/csrc/acc/Module.cpp forwards three hooks only); the
+    storage's allocation is swapped instead with torch's ``_swap_data_ptr_``, which takes two
+    storages of one device when one of them has 0 bytes. ``install_storage_resize`` routes
+    ``torch.UntypedStorage.resize_`` of npu storages here.
+    """
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+        try:
+            nbytes = int(nbytes)            # a SymInt / numpy integer
+        except (TypeError, ValueError):
+            raise TypeError(f"UntypedStorage.resize_(size={nbytes!r}): expected an int") from None
+    if nbytes < 0:
+        raise ValueError(f"UntypedStorage.resize_(size={nbytes}): size must be >= 0")
+    have = st.nbytes()
+    if nbytes == have:
+        return
+    d = st.device.index
+    with _on(d):
+        new = new_storage_tensor(nbytes, d).untyped_storage() if nbytes else None
+        keep = min(have, nbytes)
+        if keep:
+            s = runtime.current_stream()
+            if not s.idle():
+                s.synchronize()             # the old bytes as the stream's work leaves them
+            ref = _live.get(st.data_ptr())
+            old = ref() if ref is not None else None
+            if old is not None:
+                cpu_bytes(_live[new.data_ptr()]())[:keep].copy_(cpu_bytes(old)[:keep])
+        if have:                            # st gets 0 bytes; the old allocation dies with tmp
+            tmp = _from_dlpack(np.empty(0, np.uint8), d).untyped_storage()
+            st._swap_data_ptr_(tmp)
+            del tmp
+        if new is not None:
+            st._swap_data_ptr_(new)
+
+
+_base_storage_resize = None
+
+
+def install_storage_resize() -> None:
+    """Route ``torch.UntypedStorage.resize_`` of npu storages to ``resize_bytes`` (once); other
+    storages keep torch's method. The one route a Python backend has (see resize_bytes)."""
+    global _base_storage_resize
+    if _base_storage_resize is not None:
+        return
+    _base_storage_resize = torch.UntypedStorage.resize_
+
+    def resize_(self, size):
+        if self.device.type == "npu":
+            resize_bytes(self, size)
+            return self
+        return _base_storage_resize(self, size)
+    resize_.__doc__ = _base_storage_resize.__doc__
+    torch.UntypedStorage.resize_ = resize_
 
 
 def span(t: torch.Tensor, owner: _Owner):

@@ -333,3 +333,76 @@ def test_fp16_grad_scaler_steps_when_nothing_overflows():
         scaler.update()
         assert scaler.get_scale() == 2.0 ** 16, step        # no inf found: not backed off
         assert not torch.equal(before, m.fc1.weight.detach()), step   # and the step was taken
+
+
+# ---------------------------------------------------------------------- 5. storage resize, FSDP2
+def test_untyped_storage_resize_in_place():
+    t = torch.arange(6.0, device="npu")
+    view = t[2:]
+    st = t.untyped_storage()
+    base = torch.npu.memory_allocated()
+    st.resize_(0)                                   # FSDP2's free of a gathered parameter
+    assert st.nbytes() == 0 and t.untyped_storage().nbytes() == 0
+    assert torch.npu.memory_allocated() < base      # the allocation went back to the pool
+    st.resize_(24)                                  # and its allocation again
+    assert t.untyped_storage().nbytes() == 24 and view.untyped_storage().data_ptr() == st.data_ptr()
+    t.copy_(torch.arange(6.0) * 2)
+    _same(view, torch.arange(2.0, 6.0) * 2)
+    st.resize_(12)                                  # shrinking and growing keep the first bytes
+    st.resize_(40)
+    _same(t[:3], torch.tensor([0.0, 2.0, 4.0]))
+    with pytest.raises(ValueError, match="size=-1"):
+        st.resize_(-1)
+    c = torch.ones(3).untyped_storage()             # CPU storages keep torch's method
+    c.resize_(4)
+    assert c.nbytes() == 4
+
+
+def fsdp2_rank(rank: int, device: str = "npu") -> dict:
+    """FSDP2 (fully_shard per Linear and the root) trains 3 steps on ``device``; losses and the
+    full parameters after."""
+    import warnings
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import hccl.torch_backend  # noqa: F401
+    warnings.filterwarnings("ignore")
+    if device == "npu":
+        torch.npu.set_device(rank)
+    dist.init_process_group("hccl" if device == "npu" else "gloo")
+    world = dist.get_world_size()
+    mesh = init_device_mesh(device, (world,))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+    model.to(device)
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)           # reshard after forward: storage.resize_(0)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(world * 4, 8, generator=g), torch.randint(0, 3, (world * 4,), generator=g)
+    losses = []
+    for _ in range(3):
+        rows = slice(rank * 4, rank * 4 + 4)
+        loss = torch.nn.functional.cross_entropy(model(x[rows].to(device)), y[rows].to(device))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    params = [p.full_tensor().cpu().tolist() for p in model.parameters()]
+    dist.destroy_process_group()
+    return {"losses": losses, "params": params}
+
+
+@pytest.mark.timeout(400)
+def test_fsdp2_fully_shard_on_npu_bitwise_gloo():
+    import functools
+
+    import launcher
+    npu = launcher.spawn(fsdp2_rank, 2, timeout=180)
+    cpu = launcher.spawn(functools.partial(fsdp2_rank, device="cpu"), 2, timeout=180)
+    assert npu[0]["losses"][-1] < npu[0]["losses"][0]
+    assert npu == cpu                               # losses and parameters, every rank, bitwise
