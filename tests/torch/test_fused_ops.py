@@ -295,6 +295,20 @@ def test_prompt_and_incre_flash_attention():
         input_layout="BNSD", scale_value=0.3, actual_seq_lengths=[5, 3])
     keep = torch.arange(S).view(1, 1, 1, S) < torch.tensor([5, 3]).view(B, 1, 1, 1)
     close(out, ref_attention(q1.double(), kc.double(), vc.double(), keep, 0.3)[0], torch.float32)
+    # the fused infer operator: BNSD in, BSND out, causal from the bottom-right, with its lse
+    qs = torch.randn(B, N, 3, D)
+    out, lse = torch_npu.npu_fused_infer_attention_score(
+        qs.to(DEV), kc.to(DEV), vc.to(DEV), num_heads=N, num_key_value_heads=NKV,
+        input_layout="BNSD_BSND", scale=0.3, sparse_mode=3, softmax_lse_flag=True,
+        atten_mask=torch.ones(2048, 2048, device=DEV).triu(1).bool())
+    keep = keep_matrix(3, 3, S)
+    ref, scores = ref_attention(qs.double(), kc.double(), vc.double(), keep, 0.3)
+    close(out, ref.transpose(1, 2), torch.float32)
+    assert lse.shape == (B, N, 3, 1)
+    close(lse, torch.logsumexp(scores, -1, keepdim=True), torch.float32)
+    assert torch_npu.npu_fused_infer_attention_score(qs.to(DEV), kc.to(DEV), vc.to(DEV),
+                                                     num_heads=N, num_key_value_heads=NKV,
+                                                     input_layout="BNSD")[1].numel() == 0
 
 
 # ---------------------------------------------------------------- norms, rope, activations

@@ -12,7 +12,8 @@ Ascend's kernels.
 module                              operators
 ==================================  =========================================================
 attention                           npu_fusion_attention, npu_fusion_attention_grad
-attention_infer                     npu_prompt_flash_attention, npu_incre_flash_attention
+attention_infer                     npu_prompt_flash_attention, npu_incre_flash_attention,
+                                    npu_fused_infer_attention_score
 ring                                npu_ring_attention_update
 norm                                npu_rms_norm, npu_add_rms_norm, npu_gemma_rms_norm,
                                     npu_layer_norm_eval
@@ -44,7 +45,8 @@ from __future__ import annotations
 from .activation import (fast_gelu, npu_clipped_swiglu, npu_fast_gelu, npu_geglu, npu_gelu_mul,
                          npu_mish, npu_silu, npu_swiglu)
 from .attention import npu_fusion_attention, npu_fusion_attention_grad
-from .attention_infer import npu_incre_flash_attention, npu_prompt_flash_attention
+from .attention_infer import (npu_fused_infer_attention_score, npu_incre_flash_attention,
+                              npu_prompt_flash_attention)
 from .misc import (get_npu_format, npu_bmmV2, npu_broadcast, npu_confusion_transpose,
                    npu_dropout_with_add_softmax, npu_dtype_cast, npu_format_cast,
                    npu_one_hot,
@@ -70,7 +72,8 @@ IMPLEMENTED = (
     "npu_broadcast", "npu_dtype_cast", "npu_linear", "npu_bmmV2", "npu_slice", "npu_max",
     "npu_min", "npu_scaled_masked_softmax", "npu_dropout_with_add_softmax",
     "npu_softmax_cross_entropy_with_logits", "npu_ring_attention_update", "npu_apply_adam_w",
-    "npu_apply_adam", "npu_moe_init_routing", "npu_moe_finalize_routing", "npu_one_hot")
+    "npu_apply_adam", "npu_moe_init_routing", "npu_moe_finalize_routing", "npu_one_hot",
+    "npu_fused_infer_attention_score")
 UNSUPPORTED = tuple(sorted(_STUBS))
 
 from . import ops as _ops

@@ -1,5 +1,5 @@
-"""Inference attention: ``npu_prompt_flash_attention`` (prefill) and
-``npu_incre_flash_attention`` (decode), on npu_fusion_attention's core.
+"""Inference attention: ``npu_prompt_flash_attention`` (prefill), ``npu_incre_flash_attention``
+(decode) and ``npu_fused_infer_attention_score`` (either), on npu_fusion_attention's core.
 
 ``atten_out = softmax(scale_value * q @ k^T, masked) @ v`` with ``atten_mask`` True (or 1)
 masking out, for layouts BSH, BSND, BNSD (and, for the prompt one, BNSD_BSND: BNSD in, BSND
@@ -59,14 +59,36 @@ def _run(op, query, key, value, num_heads, num_key_value_heads, scale_value, lay
           f"num_key_value_heads={nkv} do not match the inputs' heads {q.size(1)} / {k.size(1)}")
     b, _, sq, _ = q.shape
     keep = keep_fn(b, sq, k.size(2))
-    out = _attend(q, k, v, keep, None, float(scale_value), None, 1.0)[0]
-    return _from_bnsd(out, out_layout)
+    out, m, total = _attend(q, k, v, keep, None, float(scale_value), None, 1.0)
+    return _from_bnsd(out, out_layout), m, total
 
 
 def _seq_keep(b, sq, skv, qlens, kvlens, device):
     rows = torch.arange(sq).view(1, 1, sq, 1) < torch.as_tensor(qlens).view(b, 1, 1, 1)
     cols = torch.arange(skv).view(1, 1, 1, skv) < torch.as_tensor(kvlens).view(b, 1, 1, 1)
     return (rows & cols).to(device)
+
+
+def _prompt_keep(op, device, atten_mask, sparse_mode, pre_tokens, next_tokens, qlens, kvlens,
+                 pse_shift):
+    """The keep-mask builder of the prompt operators: sequence lengths, then sparse_mode."""
+    check(pse_shift is None, op, "pse_shift is not supported on npusim")
+    check(sparse_mode in (0, 1, 2, 3, 4), op, f"sparse_mode must be 0-4, got {sparse_mode}")
+
+    def keep_fn(b, sq, skv):
+        keep = _seq_keep(b, sq, skv, _lengths("actual_seq_lengths", qlens, b, sq, op),
+                         _lengths("actual_seq_lengths_kv", kvlens, b, skv, op), device)
+        if atten_mask is None:
+            return keep
+        off = skv - sq
+        geometry = {2: (_BIG, 0, 0), 3: (_BIG, 0, off), 4: (pre_tokens, next_tokens, off)}
+        if sparse_mode in geometry:
+            return keep & _band(sq, skv, *geometry[sparse_mode]).to(device)
+        keep = keep & _user_mask(atten_mask, b, sq, skv, op)
+        if sparse_mode == 0 and (pre_tokens < max(sq, skv) or next_tokens < max(sq, skv)):
+            keep = keep & _band(sq, skv, pre_tokens, next_tokens, 0).to(device)
+        return keep
+    return keep_fn
 
 
 def npu_prompt_flash_attention(query, key, value, *, pse_shift=None, padding_mask=None,
@@ -79,25 +101,9 @@ def npu_prompt_flash_attention(query, key, value, *, pse_shift=None, padding_mas
     op = "npu_prompt_flash_attention"
     _no_quant(op, deq_scale1=deq_scale1, quant_scale1=quant_scale1, deq_scale2=deq_scale2,
               quant_scale2=quant_scale2, quant_offset2=quant_offset2)
-    check(pse_shift is None, op, "pse_shift is not supported on npusim")
-    check(sparse_mode in (0, 1, 2, 3, 4), op, f"sparse_mode must be 0-4, got {sparse_mode}")
-
-    def keep_fn(b, sq, skv):
-        keep = _seq_keep(b, sq, skv, _lengths("actual_seq_lengths", actual_seq_lengths, b, sq, op),
-                         _lengths("actual_seq_lengths_kv", actual_seq_lengths_kv, b, skv, op),
-                         query.device)
-        if atten_mask is None:
-            return keep
-        off = skv - sq
-        geometry = {2: (_BIG, 0, 0), 3: (_BIG, 0, off), 4: (pre_tokens, next_tokens, off)}
-        if sparse_mode in geometry:
-            return keep & _band(sq, skv, *geometry[sparse_mode]).to(query.device)
-        keep = keep & _user_mask(atten_mask, b, sq, skv, op)
-        if sparse_mode == 0 and (pre_tokens < max(sq, skv) or next_tokens < max(sq, skv)):
-            keep = keep & _band(sq, skv, pre_tokens, next_tokens, 0).to(query.device)
-        return keep
     return _run(op, query, key, value, num_heads, num_key_value_heads, scale_value, input_layout,
-                keep_fn)
+                _prompt_keep(op, query.device, atten_mask, sparse_mode, pre_tokens, next_tokens,
+                             actual_seq_lengths, actual_seq_lengths_kv, pse_shift))[0]
 
 
 def npu_incre_flash_attention(query, key, value, *, padding_mask=None, pse_shift=None,
@@ -125,4 +131,42 @@ def npu_incre_flash_attention(query, key, value, *, padding_mask=None, pse_shift
             keep = keep & _user_mask(atten_mask, b, sq, skv, op)
         return keep
     return _run(op, query, key, value, num_heads, num_key_value_heads, scale_value, input_layout,
-                keep_fn)
+                keep_fn)[0]
+
+
+def npu_fused_infer_attention_score(
+        query, key, value, *, pse_shift=None, atten_mask=None, actual_seq_lengths=None,
+        actual_seq_lengths_kv=None, dequant_scale1=None, quant_scale1=None, dequant_scale2=None,
+        quant_scale2=None, quant_offset2=None, antiquant_scale=None, antiquant_offset=None,
+        block_table=None, query_padding_size=None, kv_padding_size=None,
+        key_antiquant_scale=None, key_antiquant_offset=None, value_antiquant_scale=None,
+        value_antiquant_offset=None, key_shared_prefix=None, value_shared_prefix=None,
+        actual_shared_prefix_len=None, query_rope=None, key_rope=None,
+        key_rope_antiquant_scale=None, num_heads=1, scale=1.0, pre_tokens=2147483647,
+        next_tokens=2147483647, input_layout="BSH", num_key_value_heads=0, sparse_mode=0,
+        inner_precise=0, block_size=0, antiquant_mode=0, softmax_lse_flag=False,
+        key_antiquant_mode=0, value_antiquant_mode=0):
+    """torch_npu.npu_fused_infer_attention_score -> (attention_out, softmax_lse): the prompt
+    operator's semantics (any query length), and with ``softmax_lse_flag`` the float32
+    log-sum-exp of each row's scaled scores, (B, N, Q_S, 1) (empty otherwise). Quantized,
+    paged, shared-prefix, padding-size and rope-split inputs need a compiled kernel."""
+    op = "npu_fused_infer_attention_score"
+    _no_quant(op, dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
+              dequant_scale2=dequant_scale2, quant_scale2=quant_scale2,
+              quant_offset2=quant_offset2, antiquant_scale=antiquant_scale,
+              antiquant_offset=antiquant_offset, block_table=block_table,
+              query_padding_size=query_padding_size, kv_padding_size=kv_padding_size,
+              key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
+              value_antiquant_scale=value_antiquant_scale,
+              value_antiquant_offset=value_antiquant_offset, key_shared_prefix=key_shared_prefix,
+              value_shared_prefix=value_shared_prefix,
+              actual_shared_prefix_len=actual_shared_prefix_len, query_rope=query_rope,
+              key_rope=key_rope, key_rope_antiquant_scale=key_rope_antiquant_scale)
+    out, m, total = _run(op, query, key, value, num_heads, num_key_value_heads, scale,
+                         input_layout,
+                         _prompt_keep(op, query.device, atten_mask, sparse_mode, pre_tokens,
+                                      next_tokens, actual_seq_lengths, actual_seq_lengths_kv,
+                                      pse_shift))
+    if not softmax_lse_flag:
+        return out, torch.empty(0, dtype=torch.float32, device=query.device)
+    return out, (m + torch.log(total)).unsqueeze(-1)
