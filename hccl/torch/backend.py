@@ -68,6 +68,10 @@ _BITWISE = {dist.ReduceOp.BAND: np.bitwise_and, dist.ReduceOp.BOR: np.bitwise_or
 # bool tensors travel as bytes 0 / 1: logical or and and are MAX and MIN, as gloo's bool
 _BOOL = {ReduceOp.SUM: ReduceOp.MAX, ReduceOp.PROD: ReduceOp.MIN}
 
+# what an all_reduce on one dense npu tensor (not bool) takes straight to
+# NpuCollectives.allreduce_one: a reduction that is neither AVG nor bitwise
+_PLAIN = {k: v for k, v in _REDUCE.items() if k != dist.ReduceOp.AVG}
+
 _world_lock = threading.Lock()
 _world: Comm | None = None          # the default group's communicator (sub-groups derive from it)
 
@@ -232,6 +236,16 @@ class HcclProcessGroup(dist.ProcessGroup):
 
     # -- collectives
     def allreduce(self, tensors, opts=None):
+        if opts is not None and len(tensors) == 1:     # the common call, checked at once
+            t = tensors[0]
+            rop = _PLAIN.get(getattr(opts.reduceOp, "op", opts.reduceOp))
+            if rop is not None and t.device.type == "npu" and t.dtype is not torch.bool \
+                    and not t.is_sparse and t.is_contiguous():
+                if self._closed:
+                    raise InvalidArgumentError("allreduce: the process group was shut down")
+                work = self._npu.allreduce_one(t, rop, _user_site())
+                if work is not None:
+                    return work
         opts = opts or dist.AllreduceOptions()
         if any(t.is_sparse for t in tensors):
             return self._sparse.all_reduce(tensors, opts.reduceOp)

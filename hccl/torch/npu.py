@@ -31,12 +31,15 @@ import threading
 import torch
 
 import runtime
+from runtime import graph, sanitizer
+from runtime.context import contexts_by_device, current_stream_of
 from runtime.errors import NpuError
 from runtime.torch import device as npu_device
 from runtime.torch import storage as npu_storage
 
 from .. import collectives as C
 from ..errors import InvalidArgumentError
+from ..types import OpType
 from .work import Work, np_dtype
 
 
@@ -52,6 +55,14 @@ def device_of(tensors, api: str) -> int:
         raise InvalidArgumentError(f"{api}: tensors are on {sorted(devs)}; one collective takes "
                                    "tensors of one device (move them with .to())")
     return tensors[0].device.index
+
+
+_NP: dict = {}      # torch dtype -> numpy dtype, of the dtypes allreduce_one has met
+_KEY = "torch npu allreduce"    # its Calls' keys: (_KEY, address, count, dtype, op, stream)
+
+
+def _nothing() -> None:
+    pass
 
 
 class Streams:
@@ -153,6 +164,52 @@ class NpuCollectives:
         work.order_after(dev, end)
         keep = b.keep
         completer.submit(work, end, lambda: None, keep.clear)
+        return work
+
+    def allreduce_one(self, t: torch.Tensor, rop, site: str) -> Work | None:
+        """The common call (one contiguous npu tensor, no AVG, no capture, no stream check:
+        the backend's ``allreduce`` checked the rest) with only what it needs, or None for
+        the general path (``allreduce``): the communication stream
+        waits for the caller's current stream only when that one has work pending, and a
+        collective that ran whole at its issue (hccl/call.py's ``begin``) completes its Work
+        at once: no events, no completer, nothing for ``wait()`` to order."""
+        dev = t.device.index
+        ctx = contexts_by_device.get(dev)
+        n = t.numel()
+        if ctx is None or not n or sanitizer.on or graph.active:
+            return None
+        stream = self.streams._streams.get(dev) or self.streams.get(dev)
+        cur = current_stream_of(ctx)
+        if stream.capture is not None or cur.capture is not None:
+            return None
+        if not cur.idle():
+            stream.wait_event(cur.record_event())
+        p = npu_storage.owner_of(t)
+        if p is None:
+            return None
+        p = p.dev.ptr + t.storage_offset() * t.element_size()
+        dt = _NP.get(t.dtype)
+        if dt is None:
+            dt = _NP[t.dtype] = np_dtype(t, "allreduce")    # raises for a dtype hccl lacks
+        # the communicator's Call for these very arguments (as a method's repeat finds it:
+        # ``collectives._repeat``), else checked and made, and remembered under this key
+        comm, objs = self._pg.comm, (p, p)
+        key = (_KEY, p.addr, n, dt, rop, stream)
+        call = comm._calls.find(key, objs)
+        if call is not None:
+            call.issue(objs, site)
+        else:
+            C._collective(OpType.ALLREDUCE, C._all_reduce_args, comm, p, p, n, dt, rop, None,
+                          stream, site, key)
+        outputs = [t]
+        work = Work("allreduce", outputs)
+        # idle(): done at the call, every task before it finished, no error pending
+        if stream._done >= stream._issued and stream._error is None and \
+                self._completer.finished(work):
+            return work
+        end = stream.record_event()
+        work.order_after(dev, end)
+        self._completer.submit(work, end, _nothing, outputs.copy().clear)
         return work
 
     # -- collectives: each returns a Work, or None when the npu path does not take the call

@@ -42,6 +42,7 @@ from torch.futures import Future
 
 import runtime
 from runtime import sanitizer
+from runtime.context import contexts_by_device, current_stream_of
 from runtime.dtypes import DtypeMap
 from runtime.torch import device as npu_device
 from runtime.torch.exitgate import GATE
@@ -73,10 +74,13 @@ class Work(dist._Work):
         self.name = name
         self._outputs = outputs
         self._error: BaseException | None = None
-        # completed with None or the error by ``complete``; ``_fut`` follows it at once, in
-        # torch's terms (the callback holds the outputs, never the Work: no cycle through C++)
-        self._done: Future = Future()
-        self._fut: Future = self._done.then(_outcome(outputs))
+        self._finished = False   # complete() ran (and completed the futures, if made)
+        # made at first need (``get_future``, a wait for a Work not finished: most calls
+        # finish at the call and nobody asks): ``_done`` is completed with None or the error
+        # by ``complete``; ``_fut`` follows it at once, in torch's terms (the callback holds
+        # the outputs, never the Work: no cycle through C++)
+        self._done: Future | None = None
+        self._fut: Future | None = None
         self.source = -1         # the sender of a receive from any source
         self._after = None       # (NPU, end event) of a collective on npu tensors (npu.py)
 
@@ -89,37 +93,66 @@ class Work(dist._Work):
         """CPU tensors: block until the results are in them. npu tensors: make the calling
         thread's current stream of their NPU wait for the collective and return at once
         (torch_npu's ProcessGroupHCCL); an error already known is raised."""
-        if self._after is not None:
-            if self._error is not None:
-                raise self._error
-            dev, event = self._after
-            with npu_device.on(dev):
+        if self._after is None:
+            if self._finished and self._error is None:  # done at the call: nothing to wait for
+                return True
+            return self.synchronize()
+        if self._error is not None:
+            raise self._error
+        dev, event = self._after
+        ctx = contexts_by_device.get(dev)
+        point = event.point
+        if ctx is None or sanitizer.on or event.captured_by is not None or point is None:
+            with npu_device.on(dev):            # the runtime's own wait_event: every case
                 runtime.current_stream().wait_event(event)
             return True
-        return self.synchronize()
+        cur = current_stream_of(ctx)
+        src, value = point
+        if src is cur or cur.capture is not None:
+            cur.wait_event(event)
+        elif src._done < value or src._error is not None:   # else: reached, no task
+            # the runtime's wait task, except that whoever runs it (the host's synchronize,
+            # usually) first runs the collective's queued rest itself rather than wait for
+            # the communication stream's worker to wake for it; lazily enqueued: the host
+            # runs it (Stream.enqueue_lazy)
+            cur.enqueue_lazy(_after_stream(src, value), "wait_event", "event")
+        return True
 
     def synchronize(self) -> bool:
         """Block until the collective completed (its results are in the tensors)."""
         # no deadline of its own: every wait inside the collective is bounded by HCCL_EXEC_TIMEOUT.
         # The outer future, not the inner: it completes last (torch runs the callback after
         # waking the inner one's waiters), and is_completed() must be true once this returns
-        try:
-            self._fut.wait()
-        except RuntimeError:        # torch's words for our error: raise npusim's own
-            if self._error is None:
-                raise
+        if not self._finished:
+            try:
+                self.get_future().wait()
+            except RuntimeError:        # torch's words for our error: raise npusim's own
+                if self._error is None:
+                    raise
         if self._error is not None:
             raise self._error
         return True
 
     def get_future(self) -> Future:
-        return self._fut
+        fut = self._fut
+        if fut is not None:
+            return fut
+        with _FUTURES:
+            fut = self._fut
+            if fut is not None:
+                return fut
+            self._done = Future()
+            fut = self._fut = self._done.then(_outcome(self._outputs))
+            fire = self._finished       # complete() came first: it left the futures to us
+        if fire:
+            self._fire()
+        return fut
 
     def is_completed(self) -> bool:
-        return self._fut.done()
+        return self._finished
 
     def is_success(self) -> bool:
-        return self._fut.done() and self._error is None
+        return self._finished and self._error is None
 
     def exception(self):
         return self._error
@@ -129,7 +162,7 @@ class Work(dist._Work):
         return self._outputs
 
     def __repr__(self):
-        state = "failed" if self._error else ("completed" if self._fut.done() else "pending")
+        state = "failed" if self._error else ("completed" if self._finished else "pending")
         return f"<hccl torch Work {self.name} {state}>"
 
     def _source_rank(self) -> int:
@@ -138,12 +171,39 @@ class Work(dist._Work):
 
     def complete(self, error: BaseException | None) -> None:
         """Deliver the outputs (``error`` None) or ``error`` to every waiter."""
-        self._error = error
+        with _FUTURES:
+            self._error = error
+            fire = self._done is not None
+            if not fire:                # no futures yet: get_future() completes them
+                self._finished = True
+        if fire:
+            self._fire()
+            self._finished = True       # once the futures are done: is_completed() follows
+
+    def _fire(self) -> None:
         if GATE.enter():         # not at interpreter exit (runtime/torch/exitgate.py)
             try:
-                self._done.set_result(error)
+                self._done.set_result(self._error)
             finally:
                 GATE.leave()
+
+
+_FUTURES = threading.Lock()     # a Work's futures are made or completed once: by one of
+#                                 get_future() and complete(), whichever sees the other's part
+
+
+def _after_stream(src, value: int):
+    """The task that orders a stream after ``src`` reached ``value`` (``Stream.wait_event``'s
+    ``_block_until``, the same failure rule): it first runs ``src``'s queued tasks up to
+    ``value`` in its own thread when ``src``'s worker has not started them
+    (``Stream._steal``, as a synchronize does), instead of waking that worker and waiting for
+    it (measured: the 1 KiB npu all_reduce + torch.npu.synchronize paid ~300 us for the two
+    threads' hand-off)."""
+    def wait_stream() -> None:
+        if src._done < value:
+            src._steal(value)
+        src._block_until(value)
+    return wait_stream
 
 
 def _outcome(outputs: list):
@@ -188,6 +248,16 @@ class Completer:
                 self._queue.put(item)
                 return
         self._complete(item)
+
+    def finished(self, work: Work) -> bool:
+        """Complete ``work`` now, in the calling thread, if none of the group's Works is
+        queued (its collective ran whole at its issue: nothing to wait for, no copies, no
+        staging); False, having done nothing, otherwise (``submit`` it then)."""
+        with self._lock:
+            if self._queued or sanitizer.on:
+                return False
+        work.complete(self._failed)     # enters the exit gate if it calls into torch
+        return True
 
     def close(self) -> None:
         self._queue.put(None)
