@@ -130,6 +130,64 @@ def test_fusion_attention_sparse_modes(mode, pre, nxt, sq, skv):
         close(a.grad, b.grad, torch.float32)
 
 
+def test_fusion_attention_pse_and_prefix_mode():
+    """pse enters as scale * (q k^T + pse) and gets its gradient; sparse_mode 6 is the
+    bottom-right causal mask plus each batch's first prefix[b] keys."""
+    torch.manual_seed(17)
+    B, N, SQ, SKV, D = 2, 2, 4, 6, 4
+    q0, k0, v0 = torch.randn(B, N, SQ, D), torch.randn(B, N, SKV, D), torch.randn(B, N, SKV, D)
+    pse0 = torch.randn(1, N, SQ, SKV)
+    qn, qr = leaf(q0, torch.float32)
+    kn, kr = leaf(k0, torch.float32)
+    vn, vr = leaf(v0, torch.float32)
+    pn, pr = leaf(pse0, torch.float32)
+    prefix = [1, 3]
+    out = torch_npu.npu_fusion_attention(qn, kn, vn, N, "BNSD", pse=pn, scale=0.5, sparse_mode=6,
+                                         prefix=prefix,
+                                         atten_mask=torch.ones(3072, 2048, device=DEV).bool())[0]
+    keep = torch.zeros(B, 1, SQ, SKV, dtype=torch.bool)
+    for b in range(B):
+        for i in range(SQ):
+            for j in range(SKV):
+                keep[b, 0, i, j] = j <= i + (SKV - SQ) or j < prefix[b]
+    s = (qr @ kr.transpose(-1, -2) + pr) * 0.5
+    p = torch.softmax(s.masked_fill(~keep, float("-inf")), -1)
+    ref = p @ vr
+    close(out, ref, torch.float32)
+    gy = torch.randn(ref.shape, dtype=torch.float64)
+    (out * gy.float().to(DEV)).sum().backward()
+    (ref * gy).sum().backward()
+    for a, b in ((qn, qr), (kn, kr), (vn, vr), (pn, pr)):
+        close(a.grad, b.grad, torch.float32)
+
+
+@pytest.mark.parametrize("mode", [7, 8])
+def test_fusion_attention_varlen_split_modes(mode):
+    """7: every sequence bottom-right causal but the last, a band (pre, next) from the bottom
+    right; 8: every sequence top-left causal but the first, that band."""
+    torch.manual_seed(18)
+    N, D = 2, 4
+    qlens, kvlens = [3, 2, 4], [3, 5, 6]
+    pre, nxt = (6, -2) if mode == 7 else (4, 1)
+    q0 = torch.randn(sum(qlens), N, D)
+    k0, v0 = torch.randn(sum(kvlens), N, D), torch.randn(sum(kvlens), N, D)
+    cum = lambda ls: torch.tensor(ls).cumsum(0).tolist()     # noqa: E731
+    out = torch_npu.npu_fusion_attention(
+        q0.to(DEV), k0.to(DEV), v0.to(DEV), N, "TND", scale=0.5, sparse_mode=mode,
+        pre_tockens=pre, next_tockens=nxt, actual_seq_qlen=cum(qlens), actual_seq_kvlen=cum(kvlens),
+        atten_mask=torch.ones(2048, 2048, device=DEV).triu(1).bool())[0]
+    refs, qa, ka = [], 0, 0
+    for b, (sq, skv) in enumerate(zip(qlens, kvlens)):
+        special = b == (len(qlens) - 1 if mode == 7 else 0)
+        keep = keep_matrix(4 if special else (3 if mode == 7 else 2), sq, skv, pre, nxt)
+        qi = q0[qa:qa + sq].transpose(0, 1)[None].double()
+        ki = k0[ka:ka + skv].transpose(0, 1)[None].double()
+        vi = v0[ka:ka + skv].transpose(0, 1)[None].double()
+        refs.append(ref_attention(qi, ki, vi, keep, 0.5)[0][0].transpose(0, 1))
+        qa, ka = qa + sq, ka + skv
+    close(out, torch.cat(refs), torch.float32)
+
+
 def test_fusion_attention_no_mask_ignores_sparse_mode():
     q = torch.randn(1, 2, 4, 4, device=DEV)
     full = torch_npu.npu_fusion_attention(q, q, q, 2, "BNSD", scale=0.5)[0]
