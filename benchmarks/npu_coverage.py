@@ -6,7 +6,7 @@ they found in benchmarks/ (JSON, with where it came from), the third needs only 
     python -m benchmarks.npu_coverage wheel torch_npu-2.14.0-cp311-...whl   # or its unzipped dir
         -> benchmarks/npu_coverage_wheel.json: torch_npu's public names per group, read from the
            wheel's Python sources with ``ast`` (no import: no CANN needed)
-    python -m benchmarks.npu_coverage usage NAME=PATH ...                   # git dirs or folders
+    python -m benchmarks.npu_coverage usage WHEEL NAME=PATH ...             # git dirs or folders
         -> benchmarks/npu_coverage_usage.json: every torch_npu name those code bases reference
            (``torch_npu.x``, ``torch.npu.x``, ``from torch_npu... import x``), with the bases
            that use each
@@ -188,7 +188,7 @@ def wheel_groups(path: str) -> dict:
                                     if isinstance(n, ast.Assign) and
                                     n.targets[0].id == "__version__").value)
     return {"torch_npu_version": version, "source": os.path.basename(path.rstrip("/")),
-            "groups": groups, "index": sorted(_index(root, exposed, dtypes))}
+            "groups": groups}, _index(root, exposed, dtypes)
 
 
 def _index(root: str, ops: list, dtypes: list) -> set:
@@ -315,12 +315,18 @@ def _source_version(path: str) -> str:
         r = subprocess.run(["git", "--git-dir", path, "log", "-1", "--format=%H %cs"],
                            capture_output=True, text=True, timeout=60)
         return "git " + r.stdout.strip()
-    return "folder " + os.path.abspath(path)
+    init = os.path.join(path, "__init__.py")
+    if os.path.exists(init):
+        with open(init, encoding="utf-8") as f:
+            m = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", f.read())
+        if m:
+            return f"installed package {os.path.basename(path.rstrip('/'))} {m.group(1)}"
+    return "folder " + os.path.basename(path.rstrip("/"))
 
 
-def usage(specs: list, wheel: dict) -> dict:
-    """``specs``: NAME=PATH (a git directory, read at HEAD, or a source folder)."""
-    index = set(wheel["index"])
+def usage(specs: list, wheel: dict, index: set) -> dict:
+    """``specs``: NAME=PATH (a git directory, read at HEAD, or a source folder); ``index``:
+    every name the wheel defines (``wheel_groups``' second result)."""
     names: dict = {}
     missing: dict = {}
     sources = {}
@@ -339,8 +345,16 @@ def usage(specs: list, wheel: dict) -> dict:
                     missing.setdefault(ref, set()).add(base)
                 else:
                     names.setdefault(name, {}).setdefault(base, rel)
-    return {"method": "python -m benchmarks.npu_coverage usage " + " ".join(
+    return {"method": "python -m benchmarks.npu_coverage usage WHEEL " + " ".join(
                 f"{s.split('=')[0]}=<{s.split('=')[0]}>" for s in specs),
+            "note": "a git directory is read at its HEAD (here: snapshots of the public "
+                    "repositories, github.com/<owner>/<name>: huggingface/accelerate, "
+                    "deepspeedai/DeepSpeed, huggingface/trl, huggingface/peft, "
+                    "hiyouga/LLaMA-Factory, torchtitan-npu/torchtitan-npu, Ascend/MindSpeed, "
+                    "Ascend/MindSpeed-LLM, Ascend/ModelZoo-PyTorch); a folder is an installed "
+                    "package (transformers, whose repository snapshot is over 500 MB). Each "
+                    "reference resolves to the longest prefix the wheel defines; references "
+                    "the wheel does not define (older or newer APIs) are in not_in_wheel.",
             "torch_npu_version": wheel["torch_npu_version"], "sources": sources,
             "names": {n: dict(sorted(b.items())) for n, b in sorted(names.items())},
             "not_in_wheel": {n: sorted(b) for n, b in sorted(missing.items())}}
@@ -571,12 +585,15 @@ def main(argv=None) -> int:
         if len(rest) != 1:
             print("usage: python -m benchmarks.npu_coverage wheel WHEEL_OR_DIR", file=sys.stderr)
             return 2
-        _dump(WHEEL_JSON, wheel_groups(rest[0]))
+        _dump(WHEEL_JSON, wheel_groups(rest[0])[0])
         print(f"wrote {WHEEL_JSON}")
     elif cmd == "usage":
-        with open(WHEEL_JSON, encoding="utf-8") as f:
-            wheel = json.load(f)
-        _dump(USAGE_JSON, usage(rest, wheel))
+        if len(rest) < 2:
+            print("usage: python -m benchmarks.npu_coverage usage WHEEL_OR_DIR NAME=PATH ...",
+                  file=sys.stderr)
+            return 2
+        wheel, index = wheel_groups(rest[0])
+        _dump(USAGE_JSON, usage(rest[1:], wheel, index))
         print(f"wrote {USAGE_JSON}")
     elif cmd == "page":
         text, doc = page()
