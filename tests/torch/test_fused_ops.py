@@ -531,6 +531,16 @@ def test_grouped_matmul(dtype):
     close(y[1], torch.nn.functional.silu(xr[3:] @ wr[1]), dtype)
 
 
+def test_grouped_matmul_k_grouped_is_the_weight_gradient():
+    """MindSpeed's grouped-matmul backward: dW_i = x_i^T @ dy_i through group_type=2."""
+    torch.manual_seed(19)
+    x, dy = torch.randn(8, 4), torch.randn(8, 6)
+    dw = torch_npu.npu_grouped_matmul([x.t().to(DEV)], [dy.to(DEV)], group_list=torch.tensor(
+        [3, 8]).to(DEV), split_item=3, group_type=2, group_list_type=0)
+    assert len(dw) == 1 and dw[0].shape == (2, 4, 6)
+    close(dw[0], torch.stack([x[:3].t() @ dy[:3], x[3:].t() @ dy[3:]]), torch.float32)
+
+
 def test_grouped_matmul_quantized_needs_a_kernel():
     x = torch.zeros(2, 4, dtype=torch.int8, device=DEV)
     with pytest.raises(NotImplementedError, match="npu_grouped_matmul"):

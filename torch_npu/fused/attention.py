@@ -42,6 +42,8 @@ Autograd: the composition differentiates itself (dq, dk, dv, dpse);
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from ._common import check, compute_dtype, draw_seed, uniform
@@ -196,8 +198,11 @@ def _forward(query, key, value, head_num, input_layout, pse, atten_mask, scale, 
     """Everything but drawing the seed: (out, softmax_max, softmax_sum, numels)."""
     check(input_layout in LAYOUTS, OP, f"input_layout must be one of {LAYOUTS}, got "
           f"{input_layout!r}")
-    check(isinstance(head_num, int) and head_num > 0, OP, f"head_num must be a positive int, got "
-          f"{head_num!r}")
+    try:
+        head_num = operator.index(head_num)
+    except TypeError:
+        head_num = None
+    check(head_num is not None and head_num > 0, OP, "head_num must be a positive int")
     check(0 < keep_prob <= 1, OP, f"keep_prob must be in (0, 1], got {keep_prob}")
     check(query.dtype == key.dtype == value.dtype, OP, f"query, key and value must share a dtype "
           f"(got {query.dtype}, {key.dtype}, {value.dtype})")

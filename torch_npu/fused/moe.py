@@ -6,7 +6,8 @@ non-quantized formula of torch_npu's docstring). Groups come from ``weight`` (a 
 matrices, or one (g, k, n) tensor) and, when x is one tensor, ``group_list`` splits its rows: a
 list or (``group_list_type=0``) tensor of cumulative ends, or (``group_list_type=1``) a tensor of
 group sizes. ``split_item`` 0/1 returns one tensor per group, 2/3 one tensor of the groups' rows
-concatenated. Quantized variants (int8/int4/fp8 weights, scale, offset, antiquant_*,
+concatenated; ``group_type=2`` groups the K axis instead (the weight gradient of a grouped
+matmul: ``x[:, a:b] @ weight[a:b]`` per group, stacked). Quantized variants (int8/int4/fp8 weights, scale, offset, antiquant_*,
 per_token_scale) need a compiled kernel and raise NotImplementedError.
 
 Token permutation follows the semantics its docstring example shows (Megatron's permute):
@@ -65,8 +66,7 @@ def npu_grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiqua
     check(split_item in (0, 1, 2, 3), op, f"split_item must be 0-3, got {split_item}")
     check(act_type in _ACTS, op, f"act_type must be 0, 1, 2, 4 or 5, got {act_type}")
     if group_type == 2:
-        raise NotImplementedError(f"{op}: group_type=2 (K-axis grouping) is not supported on "
-                                  "npusim")
+        return _k_grouped(x, weight, group_list, group_list_type, split_item, output_dtype, op)
     ws = list(weight[0].unbind(0)) if len(weight) == 1 and weight[0].dim() == 3 else weight
     check(all(w.dim() == 2 for w in ws), op, "each weight must be a (k, n) matrix or weight "
           "one (g, k, n) tensor")
@@ -100,6 +100,22 @@ def npu_grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiqua
     if y.size(0) < rows:    # a tensor group_list may end before x does: those rows are zeros
         y = torch.cat((y, y.new_zeros(rows - y.size(0), y.size(1))), dim=0)
     return [y]
+
+
+def _k_grouped(x, weight, group_list, group_list_type, split_item, output_dtype, op):
+    """group_type=2: the K axis is grouped (a grouped weight gradient, ``x_i^T @ dy_i``): x is
+    (M, K), weight (K, N); group i gives ``x[:, a:b] @ weight[a:b]``, stacked to (g, M, N) for
+    split_item 2/3."""
+    check(len(x) == 1 and len(weight) == 1 and x[0].dim() == 2 and weight[0].dim() == 2, op,
+          "group_type=2 takes one (M, K) x and one (K, N) weight")
+    check(group_list is not None, op, "group_type=2 needs group_list")
+    xm, w = x[0], weight[0]
+    check(xm.size(1) == w.size(0), op, f"x has K={xm.size(1)}, weight {w.size(0)}")
+    ends = _ends(group_list, group_list_type, op)
+    ct = compute_dtype(xm.dtype)
+    ys = [(xm[:, a:b].to(ct) @ w[a:b].to(ct)).to(output_dtype or xm.dtype)
+          for a, b in zip([0] + ends[:-1], ends)]
+    return ys if split_item in (0, 1) else [torch.stack(ys)]
 
 
 def npu_moe_token_permute(tokens, indices, num_out_tokens=None, padded_mode=False):
