@@ -154,7 +154,12 @@ def _redispatch_cpu(op):
 
 def record_stream(self, s):
     """Nothing to do: the pool orders a free after the allocating stream's work, and npusim's
-    stream sanitizer names a free that another stream's work races with."""
+    stream sanitizer names a free that another stream's work races with. ``s`` arrives as a
+    ``torch.Stream`` (a torch.npu.Stream is one); it must be an npu stream, as CUDA's must be a
+    CUDA one."""
+    if s.device.type != "npu":
+        raise RuntimeError(f"record_stream(stream={s!r}): expected a stream of the npu device "
+                           f"of the tensor ({self.device})")
 
 
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,

@@ -406,3 +406,38 @@ def test_fsdp2_fully_shard_on_npu_bitwise_gloo():
     cpu = launcher.spawn(functools.partial(fsdp2_rank, device="cpu"), 2, timeout=180)
     assert npu[0]["losses"][-1] < npu[0]["losses"][0]
     assert npu == cpu                               # losses and parameters, every rank, bitwise
+
+
+# ---------------------------------------------------------------------- 4. torch.Stream / Event
+def test_npu_stream_and_event_are_torch_stream_and_event():
+    t = torch.ones(4, device="npu")
+    cur = torch.npu.current_stream()
+    assert isinstance(cur, torch.Stream) and cur.device_type == 20 and cur.device == t.device
+    assert cur.stream_id == 0 and cur == torch.npu.default_stream()
+    # torch's own answer (its Python device guard knows one stream: id 0) names the same stream
+    assert torch.accelerator.current_stream() == cur
+    t.record_stream(cur)                              # ZeRO-3 does this
+    t.record_stream(torch.accelerator.current_stream())
+    s = torch.npu.Stream()
+    t.record_stream(s)
+    assert s.stream_id != 0 and s != cur
+    same = torch.Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=20)
+    assert s == same and hash(s) == hash(same) and {s: 1}[same] == 1
+    assert torch.npu.Stream(stream_id=s.stream_id, device_index=0, device_type=20) is s
+    with pytest.raises(RuntimeError, match="record_stream.*npu"):
+        t.record_stream(torch.Stream(device="cpu"))
+    # the methods are npusim's: work on s is ordered and waited for
+    e0, e1 = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
+    assert isinstance(e0, torch.Event)
+    with s:                                           # torch.Stream's context manager
+        assert torch.npu.current_stream() is s
+        e0.record()
+        u = t * 3
+        e1.record()
+    assert torch.npu.current_stream() is cur
+    cur.wait_event(e1)
+    cur.wait_stream(s)
+    s.synchronize()
+    assert s.query() and e1.query() and e0.elapsed_time(e1) >= 0.0
+    _same(u, torch.full((4,), 3.0))
+    assert isinstance(s.record_event(), torch.npu.Event)
