@@ -105,6 +105,26 @@ def copy_from_and_resize(src, dst):
     return copy_from(src, dst)
 
 
+def copy_math_bits(src, dst, non_blocking=False):
+    """``_copy_from`` where a tensor has a conjugate or negative bit (a lazy ``conj()``, the
+    gradients of complex operators). torch's fallback for those bits materializes the source
+    with ``clone``, whose copy is this ``_copy_from`` again: without this kernel every such copy
+    (``x.conj().cpu()``) recursed until the stack overflowed. The bits are resolved by computing
+    operators (conj_physical, neg) on views without them, then a plain copy."""
+    s = src
+    if s.is_conj():
+        s = torch.conj_physical(s.conj())
+    if s.is_neg():
+        s = torch.neg(torch._neg_view(s))
+    d = dst
+    if d.is_conj():               # storing into a conjugate view stores the conjugate
+        d, s = d.conj(), torch.conj_physical(s)
+    if d.is_neg():
+        d, s = torch._neg_view(d), torch.neg(s)
+    d.copy_(s, non_blocking)
+    return dst
+
+
 def resize_(self, size, *, memory_format=None):
     """Grow the storage with a new allocation when needed (the old bytes are kept)."""
     size = tuple(size)
@@ -223,6 +243,8 @@ def register() -> None:
     }
     for name, fn in impls.items():
         _aten.impl(name, fn, "PrivateUse1")
+    for key in ("Conjugate", "Negative"):      # above the backend: a bit on either tensor
+        _aten.impl("_copy_from", copy_math_bits, key)
     # operators with a CPU kernel that torch would otherwise decompose for a new backend (other
     # rounding, more calls): they take the CPU kernel too, through the fallback
     for name in _cpu_kernel_ops() + _foreach_ops():

@@ -45,3 +45,24 @@ def test_resize_to_the_same_sizes_keeps_strides():
     assert out.stride() == cpu_out.stride() == (10, 2)
     assert torch.equal(out.cpu().view(torch.int32), cpu_out.view(torch.int32))
     assert torch.equal(base.cpu()[:, 1::2], torch.zeros(5, 5))     # the gaps are not written
+
+
+def test_copy_of_a_conjugate_or_negative_view():
+    """A tensor with a conjugate or negative bit copied to or from the npu (``x.conj().cpu()``,
+    polar's gradient): torch's fallback for the bits made each copy recurse into itself until
+    the process crashed (SIGSEGV); the copy now resolves the bits and is bitwise the CPU's."""
+    torch.npu.set_device(0)
+    x = torch.tensor([1 + 2j, 3 - 4j, -0.0 + 0.5j])
+    n = x.to("npu")
+    assert torch.equal(n.conj().cpu(), x.conj().resolve_conj())
+    assert torch.equal(torch._neg_view(n).cpu(), torch._neg_view(x).resolve_neg())
+    assert torch.equal(torch._neg_view(n.conj()).cpu(),
+                       torch._neg_view(x.conj()).resolve_conj().resolve_neg())
+    y = torch.zeros(3, dtype=torch.complex64, device="npu")
+    y.conj().copy_(x)                   # stores the conjugate
+    assert torch.equal(y.cpu(), x.conj().resolve_conj())
+    a = torch.tensor(0.7, requires_grad=True)
+    b = a.detach().to("npu").requires_grad_()
+    g_cpu, = torch.autograd.grad(torch.polar(a, a).sum().abs(), [a])
+    g_npu, = torch.autograd.grad(torch.polar(b, b).sum().abs(), [b])
+    assert torch.equal(g_npu.cpu().view(torch.int32), g_cpu.view(torch.int32))
