@@ -472,6 +472,9 @@ def test_gated_activations(dtype):
     a, b = xr.chunk(2, dim=-1)
     ref = 0.5 * a * (1 + torch.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3))) * b
     close(y, ref, dtype)
+    y.sum().backward()
+    ref.sum().backward()
+    close(xn.grad, xr.grad, dtype)
     xn, xr = leaf(x0, dtype)
     y = torch_npu.npu_fast_gelu(xn)
     ref = xr / (1 + torch.exp(-1.702 * xr))
@@ -481,11 +484,18 @@ def test_gated_activations(dtype):
     close(xn.grad, xr.grad, dtype)
 
 
-def test_clipped_swiglu():
-    x = torch.randn(3, 8) * 5
-    y = torch_npu.npu_clipped_swiglu(x.to(DEV), alpha=1.702, limit=7.0, bias=1.0)
-    a, b = x[:, 0::2].clamp(max=7.0), x[:, 1::2].clamp(-7.0, 7.0)
-    close(y, a * torch.sigmoid(1.702 * a) * (b + 1.0), torch.float32)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_clipped_swiglu(dtype):
+    torch.manual_seed(20)
+    xn, xr = leaf(torch.randn(3, 8) * 5, dtype)
+    y = torch_npu.npu_clipped_swiglu(xn, alpha=1.702, limit=7.0, bias=1.0)
+    a, b = xr[:, 0::2].clamp(max=7.0), xr[:, 1::2].clamp(-7.0, 7.0)
+    ref = a * torch.sigmoid(1.702 * a) * (b + 1.0)
+    close(y, ref, dtype)
+    y.sum().backward()
+    ref.sum().backward()
+    close(xn.grad, xr.grad, dtype)
+    x = xr.detach().float()
     y = torch_npu.npu_clipped_swiglu(x.to(DEV), interleaved=False,
                                      group_index=torch.tensor([1, 1]))
     a, b = x[:2, :4].clamp(max=7.0), x[:2, 4:].clamp(-7.0, 7.0)
@@ -547,23 +557,25 @@ def test_grouped_matmul_quantized_needs_a_kernel():
         torch_npu.npu_grouped_matmul([x], [x.t()])
 
 
-def test_moe_token_permute_unpermute_doc_example():
-    tokens = torch.tensor([[1., 1, 1], [2, 2, 2], [3, 3, 3], [0, 0, 0]], dtype=torch.bfloat16)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_moe_token_permute_unpermute_doc_example(dtype):
+    tokens = torch.tensor([[1., 1, 1], [2, 2, 2], [3, 3, 3], [0, 0, 0]], dtype=dtype)
     indices = torch.tensor([[0, 4], [4, 3], [4, 2], [1, 1]])
     tn = tokens.to(DEV).requires_grad_()
     perm, sorted_idx = torch_npu.npu_moe_token_permute(tn, indices.to(DEV), indices.numel())
     assert sorted_idx.dtype == torch.int32
     assert sorted_idx.cpu().tolist() == [0, 6, 7, 5, 3, 1, 2, 4]
     assert perm.cpu().float()[:, 0].tolist() == [1, 0, 0, 3, 2, 1, 2, 3]
-    probs = torch.tensor([[0.25, 0.75], [0.5, 0.5], [1.0, 0.0], [0.3, 0.7]], dtype=torch.bfloat16)
+    probs = torch.tensor([[0.25, 0.75], [0.5, 0.5], [1.0, 0.0], [0.3, 0.7]], dtype=dtype)
     pn = probs.to(DEV).requires_grad_()
     back = torch_npu.npu_moe_token_unpermute(perm, sorted_idx, probs=pn)
+    assert back.dtype == dtype
     # each token comes back weighted by the sum of its probs
-    close(back, tokens.double() * probs.double().sum(1, keepdim=True), torch.bfloat16)
+    close(back, tokens.double() * probs.double().sum(1, keepdim=True), dtype)
     back.sum().backward()
     # d/dtoken = sum of its probs; d/dprob[t, j] = sum of token t's row
-    close(tn.grad, probs.double().sum(1, keepdim=True).expand(4, 3), torch.bfloat16)
-    close(pn.grad, tokens.double().sum(1, keepdim=True).expand(4, 2), torch.bfloat16)
+    close(tn.grad, probs.double().sum(1, keepdim=True).expand(4, 3), dtype)
+    close(pn.grad, tokens.double().sum(1, keepdim=True).expand(4, 2), dtype)
     # num_out_tokens drops the tail of the sorted order
     perm6, _ = torch_npu.npu_moe_token_permute(tokens.to(DEV), indices.to(DEV), 6)
     assert perm6.shape == (6, 3)
