@@ -441,3 +441,49 @@ def test_npu_stream_and_event_are_torch_stream_and_event():
     assert s.query() and e1.query() and e0.elapsed_time(e1) >= 0.0
     _same(u, torch.full((4,), 3.0))
     assert isinstance(s.record_event(), torch.npu.Event)
+
+
+# ---------------------------------------------------------------------- 8. Dynamo
+def compiled_ddp_rank(rank: int, device: str = "npu") -> dict:
+    """torch.compile(DDP(model), backend="aot_eager"): 2 steps; losses and gradients."""
+    import warnings
+
+    import torch.distributed as dist
+
+    import hccl.torch_backend  # noqa: F401
+    warnings.filterwarnings("ignore")
+    if device == "npu":
+        torch.npu.set_device(rank)
+    dist.init_process_group("hccl" if device == "npu" else "gloo")
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    m.to(device)
+    ddp = torch.nn.parallel.DistributedDataParallel(m)
+    run = torch.compile(ddp, backend="aot_eager") if device == "npu" else ddp
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(rank))
+    out = {"losses": [], "grads": []}
+    for _ in range(2):
+        m.zero_grad()
+        loss = run(x.to(device)).square().mean()
+        loss.backward()
+        out["losses"].append(loss.item())
+        out["grads"].append([p.grad.cpu().tolist() for p in m.parameters()])
+        with torch.no_grad():
+            for p in m.parameters():
+                p -= 0.1 * p.grad
+    dist.destroy_process_group()
+    return out
+
+
+@pytest.mark.timeout(400)
+def test_compiled_ddp_on_npu_never_traces_npusim():
+    import functools
+
+    import launcher
+    # npusim's packages are on Dynamo's skip list once Dynamo is imported
+    import torch._dynamo.trace_rules as trace_rules
+    for pkg in ("runtime", "hccl", "torch_npu"):
+        assert trace_rules.check_file(__import__(pkg).__file__).skipped, pkg
+    npu = launcher.spawn(compiled_ddp_rank, 1, timeout=300)
+    cpu = launcher.spawn(functools.partial(compiled_ddp_rank, device="cpu"), 1, timeout=120)
+    assert npu == cpu                 # compiled on npu, bitwise DDP eager on CPU gloo
