@@ -577,7 +577,8 @@ class Agent:
         stopped = self._stop_live(f"node {detail.get('node')} failed")
         self._pump.wait_idle(2.0)
         say(f"npurun: node {self.job.node_rank}: stopping: node {detail.get('node')} failed: "
-             f"{detail.get('message')} (see that node's summary)"
+             f"{detail.get('message')}"
+             + ("" if detail.get("lost") else " (see that node's summary)")
              + (f"; stopped ranks {', '.join(map(str, stopped))}" if stopped else ""))
         return RunResult(WorkerState.FAILED, int(detail.get("exitcode") or 1), self.attempt,
                          message=str(detail.get("message")))

@@ -114,6 +114,7 @@ class Layout:
     master_port: int          # 0 = a free port (single node only)
     nproc_per_node: int
     from_slurm: bool = False
+    run_id: str | None = None   # under SLURM: slurm-<job>.<step>, when --run-id is not given
 
 
 RDZV_BACKENDS = ("static", "c10d")
@@ -209,7 +210,9 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> Layout:
     if not 0 <= node_rank < nnodes:
         raise ConfigError(f"--node-rank {node_rank} is not in [0, {nnodes - 1}] "
                           f"(--nnodes {nnodes})")
-    return Layout(nnodes, node_rank, master_addr, port, nproc, from_slurm and nnodes > 1)
+    slurm_job = from_slurm and nnodes > 1
+    return Layout(nnodes, node_rank, master_addr, port, nproc, slurm_job,
+                  sl.run_id if slurm_job and sl.run_id else None)
 
 
 def _check_entry(args: argparse.Namespace) -> None:
@@ -280,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                     if layout.from_slurm else "")
             rdzv = NodeRendezvous(nnodes=layout.nnodes, node_rank=layout.node_rank,
                                   master_addr=layout.master_addr, master_port=layout.master_port,
-                                  nproc_per_node=layout.nproc_per_node, run_id=args.run_id,
+                                  nproc_per_node=layout.nproc_per_node,
+                                  run_id=args.run_id or layout.run_id,
                                   max_restarts=args.max_restarts,
                                   timeout=config.connect_timeout(), hint=hint)
         agent = Agent(spec, rdzv)

@@ -241,6 +241,40 @@ class Diagnoser:
         end = min(deadline, time.time() + EXIT_GRACE)
         while time.time() < end and self.agent.poll_live():
             time.sleep(0.05)
+        self._settle_lost_nodes(t0)
+
+    def _settle_lost_nodes(self, t0: float) -> None:
+        """A node lost with its ranks (SIGKILLed, powered off): its ranks' states were fresh when
+        the failure came, and would read as ranks alive in user code. When a rank of another node
+        published nothing since ``t0`` and its node's npurun stopped beating too (no heartbeat
+        for 2.5 s), wait (at most ``verdict.STALE_MIN`` + 1 s) until their states are stale, so
+        that the verdict names them unreachable on that node (issue 53)."""
+        from launcher.rendezvous import HEARTBEAT, K  # noqa: PLC0415
+        rdzv, job = self.agent.rdzv, self.agent.job
+        client = getattr(rdzv, "client", None)
+        if client is None or job is None or job.nnodes < 2:
+            return
+        local = {w.rank for w in self.agent.workers}
+        states = self.states()
+        quiet = {r: st for r, st in states.items()
+                 if r not in local and float(st.get("time") or 0) <= t0}
+        if not quiet:
+            return
+        nodes = {r // job.nproc_per_node for r in quiet}
+        try:
+            first = {i: client.add(f"{K}hb/{i}", 0) for i in nodes}
+            time.sleep(2.5 * HEARTBEAT)
+            lost = {i for i in nodes if client.add(f"{K}hb/{i}", 0) == first[i]}
+        except Exception:       # the store is gone too: node 0's own loss is reported as such
+            return
+        wait = [st for r, st in quiet.items() if r // job.nproc_per_node in lost]
+        if not wait:
+            return
+        limit = max(verdict.STALE_MIN, *(10 * float(st.get("interval") or 0.5) for st in wait))
+        end = time.time() + verdict.STALE_MIN + 1.0
+        while time.time() < end and any(time.time() - float(st.get("time") or 0) <= limit + 0.2
+                                        for st in wait):
+            time.sleep(0.1)
 
     # -- while the job runs -----------------------------------------------------------------
     def _cycle_stable(self) -> bool:

@@ -239,6 +239,7 @@ class NodeRendezvous:
         self._wait_keys([f"{K}node/{i}" for i in range(self.nnodes)], deadline)
         self._joined = True
         nodes = {i: json.loads(self.client.get(f"{K}node/{i}")) for i in range(self.nnodes)}
+        self._hosts = {i: str(n.get("host", "?")) for i, n in nodes.items()}
         odd = {i: n["nproc"] for i, n in nodes.items() if n["nproc"] != self.nproc}
         if odd:
             raise RendezvousError(
@@ -281,9 +282,13 @@ class NodeRendezvous:
             if seen is None or seen[0] != count:
                 self._beats[i] = (count, now)
             elif now - seen[1] > limit:
+                lo = i * self.nproc         # the lost node's ranks, named (issue 53)
+                ranks = f"rank {lo}" if self.nproc == 1 else f"ranks {lo}-{lo + self.nproc - 1}"
+                host = getattr(self, "_hosts", {}).get(i)
                 return Verdict("failed", {
-                    "node": i, "rank": None, "exitcode": 1,
-                    "message": f"node {i}'s npurun stopped answering (no heartbeat for "
+                    "node": i, "rank": None, "exitcode": 1, "lost": True,
+                    "message": f"node {i}{f' ({host})' if host else ''} is lost, with its "
+                               f"{ranks}: its npurun stopped answering (no heartbeat for "
                                f"{limit:g} s, NPUSIM_NODE_TIMEOUT)"})
         return None
 

@@ -94,6 +94,15 @@ class SlurmDefaults:
     master_addr: str
     master_port: int
     job_id: str
+    step_id: str = ""
+
+    @property
+    def run_id(self) -> str:
+        """The default run id (TORCHELASTIC_RUN_ID, the log directory's name): the SLURM job and
+        step, ``slurm-1234.0``; empty without a job id."""
+        if not self.job_id:
+            return ""
+        return f"slurm-{self.job_id}" + (f".{self.step_id}" if self.step_id else "")
 
 
 def defaults(environ: Mapping[str, str]) -> SlurmDefaults | None:
@@ -120,5 +129,6 @@ def defaults(environ: Mapping[str, str]) -> SlurmDefaults | None:
     hosts = parse_nodelist(nodelist)
     job_id = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID") or ""
     port = 20000 + (int(job_id) % 20000 if job_id.isdigit() else 9500)
+    step_id = environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID") or ""
     return SlurmDefaults(nnodes=n, node_rank=rank, master_addr=hosts[0], master_port=port,
-                         job_id=job_id)
+                         job_id=job_id, step_id=step_id)
