@@ -191,6 +191,10 @@ def _patch_cuda() -> None:
 
 
 def _patch_torch() -> None:
+    import torch.utils._device as _udev
+    # the set of factories `with torch.device(...)` applies to is cached on first use: fill it
+    # with torch's own functions before they are wrapped (torch_npu does the same)
+    _udev._device_constructors()
     _wrap_all(torch, TORCH_FN_WHITE_LIST)
     torch.UntypedStorage.__new__ = _wrap_cuda(torch.UntypedStorage.__new__)
     _set(torch, "Generator", _GeneratorProxy)
@@ -222,7 +226,6 @@ def _patch_torch() -> None:
     _set(torch, "set_autocast_gpu_dtype", torch_npu.npu.set_autocast_dtype)
     _wrap_all(torch.amp, ("custom_fwd", "custom_bwd"))
     _wrap_all(torch.fft, ("fftfreq", "rfftfreq"))
-    import torch.utils._device as _udev
     _udev.DeviceContext.__init__ = _wrap_cuda(_udev.DeviceContext.__init__)
     import torch._utils as _tu
     _set(_tu, "_get_available_device_type", lambda: "npu")
@@ -260,9 +263,6 @@ def _patch_distributed() -> None:
     _set(device_mesh, "init_device_mesh", _wrap_cuda(device_mesh.init_device_mesh))
     if hasattr(dist, "init_device_mesh"):
         _set(dist, "init_device_mesh", device_mesh.init_device_mesh)
-    dmap = getattr(dist.Backend, "default_device_backend_map", None)
-    if isinstance(dmap, dict):
-        dmap.pop("cuda", None)
     from torch.distributed.fsdp import fully_sharded_data_parallel as fsdp
     fsdp.FullyShardedDataParallel.__init__ = _wrap_cuda(fsdp.FullyShardedDataParallel.__init__)
     from torch.distributed.pipelining import stage
@@ -270,6 +270,9 @@ def _patch_distributed() -> None:
     _wrap_all(stage, ("build_stage",))
     from torch.nn.parallel import DistributedDataParallel as DDP
     DDP.__init__ = _wrap_cuda(DDP.__init__)
+    dmap = getattr(dist.Backend, "default_device_backend_map", None)
+    if isinstance(dmap, dict):          # after the imports above (one registers a fake "cuda")
+        dmap.pop("cuda", None)
 
 
 def _patch_profiler() -> None:
