@@ -685,6 +685,56 @@ def test_dropout_with_add_softmax_and_cross_entropy():
     close(loss, -(labels * torch.log_softmax(feats, -1)).sum(-1), torch.float32)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_group_norm_silu_and_swish(dtype):
+    torch.manual_seed(21)
+    x0, w0, b0 = torch.randn(2, 6, 3, 2), torch.rand(6) + 0.5, torch.randn(6)
+    xn, xr = leaf(x0, dtype)
+    wn, wr = leaf(w0, dtype)
+    bn, br = leaf(b0, dtype)
+    g = xr.reshape(2, 3, -1)
+    mean = g.mean(-1)
+    rstd = 1 / torch.sqrt(((g - mean[..., None]) ** 2).mean(-1) + 1e-5)
+    normed = ((g - mean[..., None]) * rstd[..., None]).reshape(2, 6, 3, 2)
+    normed = normed * wr.view(1, 6, 1, 1) + br.view(1, 6, 1, 1)
+    y, m, r = torch_npu.npu_group_norm_silu(xn, wn, bn, 3, 1e-5)
+    ref = normed * torch.sigmoid(normed)
+    assert m.shape == r.shape == (2, 3) and m.dtype == dtype
+    close(y, ref, dtype)
+    close(m, mean, dtype)
+    close(r, rstd, dtype)
+    y.sum().backward()
+    ref.sum().backward()
+    for a, b in ((xn, xr), (wn, wr), (bn, br)):
+        close(a.grad, b.grad, dtype)
+    y2 = torch_npu.npu_group_norm_swish(xn.detach(), 3, wn.detach(), bn.detach(), eps=1e-5,
+                                        swish_scale=2.0)[0]
+    close(y2, normed.detach() * torch.sigmoid(2.0 * normed.detach()), dtype)
+
+
+def test_sign_bits_and_scatter_updates_doc_examples():
+    a = torch.tensor([5, 4, 3, 2, 0, -1, -2, 4, 3, 2, 1, 0, -1, -2], dtype=torch.float32)
+    packed = torch_npu.npu_sign_bits_pack(a.to(DEV), 2)
+    assert packed.dtype == torch.uint8 and packed.cpu().tolist() == [[159], [15]]
+    unpacked = torch_npu.npu_sign_bits_unpack(packed.reshape(-1), 2, torch.float32)
+    assert unpacked.cpu().tolist() == [[1, 1, 1, 1, 1, -1, -1, 1], [1, 1, 1, 1, -1, -1, -1, -1]]
+    data = torch.tensor([[[[1.] * 8, [2.] * 8]]], device=DEV)
+    out = torch_npu.scatter_update(data, torch.tensor([1], device=DEV),
+                                   torch.tensor([[[[3.] * 8]]], device=DEV), axis=-2)
+    assert out.cpu().tolist() == [[[[1.] * 8, [3.] * 8]]]
+    assert data.cpu().tolist() == [[[[1.] * 8, [2.] * 8]]]          # data itself is unchanged
+    assert torch_npu.scatter_update_(data, torch.tensor([0], device=DEV),
+                                     torch.full((1, 1, 1, 8), 5.0, device=DEV), -2) is data
+    assert data.cpu()[0, 0, 0].tolist() == [5.] * 8
+    var = torch.zeros(4, 5, 6, device=DEV)
+    upd = torch.randn(3, 6)
+    res = torch_npu.npu_scatter_nd_update(var, torch.tensor([[0, 1], [2, 3], [3, 4]], device=DEV),
+                                          upd.to(DEV))
+    expect = torch.zeros(4, 5, 6)
+    expect[0, 1], expect[2, 3], expect[3, 4] = upd
+    assert torch.equal(res.cpu(), expect) and var.abs().sum().item() == 0
+
+
 def test_unsupported_operators_say_why():
     for name in ("npu_quant_matmul", "npu_mm_all_reduce_base", "npu_iou", "npu_get_float_status"):
         with pytest.raises(NotImplementedError, match=f"torch_npu.{name} is not supported"):

@@ -16,7 +16,8 @@ attention_infer                     npu_prompt_flash_attention, npu_incre_flash_
                                     npu_fused_infer_attention_score
 ring                                npu_ring_attention_update
 norm                                npu_rms_norm, npu_add_rms_norm, npu_gemma_rms_norm,
-                                    npu_layer_norm_eval
+                                    npu_layer_norm_eval, npu_group_norm_silu,
+                                    npu_group_norm_swish
 rope                                npu_rotary_mul, npu_apply_rotary_pos_emb
 activation                          npu_swiglu, npu_geglu, npu_gelu_mul, npu_clipped_swiglu,
                                     npu_fast_gelu, fast_gelu, npu_silu, npu_mish
@@ -30,7 +31,9 @@ misc                                npu_format_cast, npu_format_cast_, get_npu_f
                                     npu_dtype_cast, npu_one_hot, npu_linear, npu_bmmV2,
                                     npu_slice, npu_max, npu_min, npu_scaled_masked_softmax,
                                     npu_dropout_with_add_softmax,
-                                    npu_softmax_cross_entropy_with_logits
+                                    npu_softmax_cross_entropy_with_logits, npu_sign_bits_pack,
+                                    npu_sign_bits_unpack, scatter_update, scatter_update_,
+                                    npu_scatter_nd_update, npu_scatter_nd_update_
 unsupported                         the rest of the 119 public operators, each raising
                                     NotImplementedError with its reason: quantized kernels,
                                     matmul fused with HCCL collectives, detection / vision
@@ -49,13 +52,15 @@ from .attention_infer import (npu_fused_infer_attention_score, npu_incre_flash_a
                               npu_prompt_flash_attention)
 from .misc import (get_npu_format, npu_bmmV2, npu_broadcast, npu_confusion_transpose,
                    npu_dropout_with_add_softmax, npu_dtype_cast, npu_format_cast,
-                   npu_one_hot,
+                   npu_one_hot, npu_scatter_nd_update, npu_scatter_nd_update_,
+                   npu_sign_bits_pack, npu_sign_bits_unpack, scatter_update, scatter_update_,
                    npu_format_cast_, npu_linear, npu_max, npu_min, npu_scaled_masked_softmax,
                    npu_slice, npu_softmax_cross_entropy_with_logits, npu_transpose)
 from .moe import (npu_grouped_matmul, npu_moe_compute_expert_tokens, npu_moe_finalize_routing,
                   npu_moe_gating_top_k_softmax, npu_moe_init_routing, npu_moe_token_permute,
                   npu_moe_token_unpermute)
-from .norm import npu_add_rms_norm, npu_gemma_rms_norm, npu_layer_norm_eval, npu_rms_norm
+from .norm import (npu_add_rms_norm, npu_gemma_rms_norm, npu_group_norm_silu,
+                   npu_group_norm_swish, npu_layer_norm_eval, npu_rms_norm)
 from .optim_ops import npu_apply_adam, npu_apply_adam_w
 from .ring import npu_ring_attention_update
 from .rope import npu_apply_rotary_pos_emb, npu_rotary_mul
@@ -73,7 +78,9 @@ IMPLEMENTED = (
     "npu_min", "npu_scaled_masked_softmax", "npu_dropout_with_add_softmax",
     "npu_softmax_cross_entropy_with_logits", "npu_ring_attention_update", "npu_apply_adam_w",
     "npu_apply_adam", "npu_moe_init_routing", "npu_moe_finalize_routing", "npu_one_hot",
-    "npu_fused_infer_attention_score")
+    "npu_fused_infer_attention_score", "npu_group_norm_silu", "npu_group_norm_swish",
+    "npu_sign_bits_pack", "npu_sign_bits_unpack", "scatter_update", "scatter_update_",
+    "npu_scatter_nd_update", "npu_scatter_nd_update_")
 UNSUPPORTED = tuple(sorted(_STUBS))
 
 from . import ops as _ops

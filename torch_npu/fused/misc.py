@@ -157,3 +157,72 @@ def npu_softmax_cross_entropy_with_logits(features, labels):
     ct = compute_dtype(features.dtype)
     loss = -(labels.to(ct) * torch.log_softmax(features.to(ct), dim=-1)).sum(dim=-1)
     return loss.to(features.dtype)
+
+
+def npu_sign_bits_pack(self, size):
+    """torch_npu.npu_sign_bits_pack(x, size) -> uint8 (size, -1): one bit per element of the
+    1-d float x, 1 for x >= 0, little-endian within each byte, padded with -1 (bit 0) to a
+    multiple of 8 (1-bit Adam's compression)."""
+    check(self.dim() == 1, "npu_sign_bits_pack", f"x must be 1-d, got {self.dim()}-d")
+    bits = (self >= 0).to(torch.uint8)
+    pad = (-bits.numel()) % 8
+    if pad:
+        bits = torch.cat((bits, bits.new_zeros(pad)))
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.int32, device=self.device)
+    packed = (bits.view(-1, 8).to(torch.int32) * weights).sum(dim=1).to(torch.uint8)
+    check(packed.numel() % size == 0, "npu_sign_bits_pack", f"{packed.numel()} packed bytes do "
+          f"not split into size={size} rows")
+    return packed.view(size, -1)
+
+
+def npu_sign_bits_unpack(input, size, dtype):
+    """torch_npu.npu_sign_bits_unpack(x, size, dtype) -> (size, -1) of +1 / -1 in ``dtype``
+    (torch.float32 / torch.float16, or 0 / 1 for them) from the bits of uint8 x, little-endian."""
+    if not isinstance(dtype, torch.dtype):
+        check(dtype in (0, 1), "npu_sign_bits_unpack", f"dtype must be a torch dtype or 0 "
+              f"(float32) / 1 (float16), got {dtype!r}")
+        dtype = torch.float16 if dtype == 1 else torch.float32
+    shifts = torch.arange(8, dtype=torch.int32, device=input.device)
+    shifted = torch.bitwise_right_shift(input.reshape(-1, 1).to(torch.int32), shifts)
+    bits = torch.bitwise_and(shifted, torch.ones_like(shifted))   # a tensor: see moe.py's note
+    out = (bits * 2 - 1).to(dtype).reshape(-1)
+    check(out.numel() % size == 0, "npu_sign_bits_unpack", f"{out.numel()} values do not split "
+          f"into size={size} rows")
+    return out.view(size, -1)
+
+
+def scatter_update_(data, indices, updates, axis):
+    """torch_npu.scatter_update_(data, indices, updates, axis) -> data: for each batch b,
+    ``data[b]``'s slice along ``axis`` starting at ``indices[b]`` takes ``updates[b]`` (a KV
+    cache write), in place."""
+    op = "scatter_update"
+    check(data.dim() == updates.dim() and data.dim() >= 2, op, "data and updates must have the "
+          "same rank, at least 2")
+    check(indices.dim() == 1 and indices.numel() == data.size(0), op, f"indices must be 1-d with "
+          f"one start per batch ({data.size(0)}); 2-d indices are not supported on npusim")
+    ax = axis % data.dim()
+    check(ax > 0, op, "axis must not be the batch axis 0")
+    n = updates.size(ax)
+    for b, start in enumerate(indices.tolist()):
+        data[b].narrow(ax - 1, int(start), n).copy_(updates[b])
+    return data
+
+
+def scatter_update(data, indices, updates, axis):
+    """torch_npu.scatter_update: scatter_update_ on a copy; data is unchanged."""
+    return scatter_update_(data.clone(), indices, updates, axis)
+
+
+def npu_scatter_nd_update_(input, indices, updates):
+    """torch_npu.npu_scatter_nd_update_(x, indices, updates) -> x with ``x[indices[..., 0],
+    indices[..., 1], ...] = updates`` (indices' last axis indexes x's leading axes), in place."""
+    check(indices.dim() >= 2 and indices.size(-1) <= input.dim(), "npu_scatter_nd_update",
+          f"indices must be at least 2-d with a last axis <= {input.dim()}")
+    idx = tuple(i for i in indices.long().unbind(-1))
+    input[idx] = updates.to(input.dtype)
+    return input
+
+
+def npu_scatter_nd_update(input, indices, updates):
+    """torch_npu.npu_scatter_nd_update: npu_scatter_nd_update_ on a copy."""
+    return npu_scatter_nd_update_(input.clone(), indices, updates)

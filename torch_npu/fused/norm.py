@@ -50,3 +50,37 @@ def npu_add_rms_norm(x1, x2, gamma, epsilon=1e-06):
 def npu_layer_norm_eval(input, normalized_shape, weight=None, bias=None, eps=1e-05):
     """torch_npu.npu_layer_norm_eval: ``torch.nn.functional.layer_norm``."""
     return torch.nn.functional.layer_norm(input, list(normalized_shape), weight, bias, eps)
+
+
+def _group_norm_stats(input, groups: int, eps: float, op: str):
+    check(input.dim() >= 2 and input.size(1) % groups == 0, op, f"input's axis 1 "
+          f"({input.size(1) if input.dim() > 1 else None}) must split into {groups} groups")
+    ct = compute_dtype(input.dtype)
+    g = input.to(ct).reshape(input.size(0), groups, -1)
+    mean = g.mean(dim=-1)
+    rstd = torch.rsqrt(g.var(dim=-1, unbiased=False) + eps)
+    return mean, rstd, ct
+
+
+def _group_normed(input, weight, bias, groups, eps, op):
+    mean, rstd, ct = _group_norm_stats(input, groups, eps, op)
+    y = torch.nn.functional.group_norm(input.to(ct), groups,
+                                       None if weight is None else weight.to(ct),
+                                       None if bias is None else bias.to(ct), eps)
+    return y, mean, rstd
+
+
+def npu_group_norm_silu(input, weight, bias, group, eps=1e-05):
+    """torch_npu.npu_group_norm_silu(x, weight, bias, group, eps) -> (silu(group_norm(x)), mean,
+    rstd), mean / rstd of shape (N, group) in x's dtype."""
+    y, mean, rstd = _group_normed(input, weight, bias, group, eps, "npu_group_norm_silu")
+    dt = input.dtype
+    return torch.nn.functional.silu(y).to(dt), mean.to(dt), rstd.to(dt)
+
+
+def npu_group_norm_swish(input, num_groups, weight, bias, eps=1e-05, swish_scale=1.0):
+    """torch_npu.npu_group_norm_swish(x, num_groups, weight, bias, eps=1e-5, swish_scale=1.0)
+    -> (y * sigmoid(swish_scale * y) with y = group_norm(x), mean, rstd)."""
+    y, mean, rstd = _group_normed(input, weight, bias, num_groups, eps, "npu_group_norm_swish")
+    dt = input.dtype
+    return (y * torch.sigmoid(swish_scale * y)).to(dt), mean.to(dt), rstd.to(dt)

@@ -47,15 +47,11 @@ REASONS = {
     **{n: _LATER for n in (
         "_npu_dropout", "empty_with_swapped_memory", "npu_bert_apply_adam",
         "npu_cross_entropy_loss", "npu_fused_attention_score", "npu_fused_causal_conv1d",
-        "npu_group_norm_silu", "npu_group_norm_swish", "npu_indexing", "npu_lstm",
-        "npu_masked_causal_conv1d", "npu_mhc_post", "npu_mhc_post_backward", "npu_mhc_sinkhorn",
-        "npu_moe_gating_top_k_backward",
-        "npu_moe_gating_top_k_softmax_v2", "npu_mrope",
-        "npu_multi_head_attention", "npu_pad", "npu_recurrent_gated_delta_rule",
-        "npu_recurrent_gated_delta_rule_functional",
-        "npu_scatter_nd_update", "npu_scatter_nd_update_", "npu_sign_bits_pack",
-        "npu_sign_bits_unpack", "npu_sim_exponential_", "npu_transpose_batchmatmul",
-        "scatter_update", "scatter_update_")},
+        "npu_indexing", "npu_lstm", "npu_masked_causal_conv1d", "npu_mhc_post",
+        "npu_mhc_post_backward", "npu_mhc_sinkhorn", "npu_moe_gating_top_k_backward",
+        "npu_moe_gating_top_k_softmax_v2", "npu_mrope", "npu_multi_head_attention", "npu_pad",
+        "npu_recurrent_gated_delta_rule", "npu_recurrent_gated_delta_rule_functional",
+        "npu_sim_exponential_", "npu_transpose_batchmatmul",)},
 }
 
 STUBS = {name: unsupported(name, why) for name, why in REASONS.items()}
