@@ -73,7 +73,11 @@ class _TraceHandler:
         now = datetime.now(tz=timezone.utc).astimezone().strftime("%Y%m%d%H%M%S%f")[:-3]
         span = f"{self.worker_name or socket.gethostname()}_{os.getpid()}_{now}_ascend_pt"
         path = os.path.join(os.path.abspath(base), span)
-        os.makedirs(path, exist_ok=True)
+        n = 1
+        while os.path.exists(path):          # two cycles within a millisecond
+            path = os.path.join(os.path.abspath(base), f"{span[:-len('_ascend_pt')]}-{n}_ascend_pt")
+            n += 1
+        os.makedirs(path)
         return path
 
     def __call__(self, prof: "profile") -> None:
