@@ -735,6 +735,49 @@ def test_sign_bits_and_scatter_updates_doc_examples():
     assert torch.equal(res.cpu(), expect) and var.abs().sum().item() == 0
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cross_entropy_loss(dtype):
+    torch.manual_seed(22)
+    x0, target = torch.randn(6, 5), torch.tensor([0, 4, 2, -100, 1, 3])
+    w = torch.rand(5) + 0.5
+    xn, xr = leaf(x0, dtype)
+    loss, log_prob, zloss, lse = torch_npu.npu_cross_entropy_loss(
+        xn, target.to(DEV), weight=w.to(DEV), reduction="mean", ignore_index=-100)
+    lp = xr - torch.logsumexp(xr, -1, keepdim=True)
+    keep = target != -100
+    t = target.clamp(min=0)
+    picked = -lp[torch.arange(6), t] * w.double()[t]
+    ref = picked[keep].sum() / w.double()[t][keep].sum()
+    assert loss.shape == (1,) and zloss.numel() == 0 and lse.numel() == 0
+    close(loss, ref.reshape(1), dtype)
+    close(log_prob, lp, dtype)
+    loss.sum().backward()
+    ref.backward()
+    close(xn.grad, xr.grad, dtype)
+    none = torch_npu.npu_cross_entropy_loss(xn.detach(), target.to(DEV), reduction="none",
+                                            label_smoothing=0.1)[0]
+    close(none, torch.nn.functional.cross_entropy(x0.to(dtype).double(), target,
+                                                  reduction="none", label_smoothing=0.1), dtype)
+
+
+def test_pad_indexing_and_npu_dropout():
+    x = torch.tensor([[20., 20, 10, 10]], device=DEV)
+    assert torch_npu.npu_pad(x, [1, 1, 1, 1]).cpu().tolist() == [
+        [0, 0, 0, 0, 0, 0], [0, 20, 20, 10, 10, 0], [0, 0, 0, 0, 0, 0]]
+    m = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]], dtype=torch.int32, device=DEV)
+    assert torch_npu.npu_indexing(m, [0, 0], [2, 2], [1, 1]).cpu().tolist() == [[1, 2], [5, 6]]
+    assert torch_npu.npu_indexing(m, [1, 0], [2, 4], [1, 2], shrink_axis_mask=1).cpu().tolist() \
+        == [5, 7]
+    torch.npu.manual_seed(3)
+    x = torch.arange(1., 201.).to(DEV)
+    out, mask = torch_npu._npu_dropout(x, 0.3)
+    assert mask.dtype == torch.uint8 and mask.numel() == 256 // 8       # padded to 128 elements
+    bits = torch.tensor([(int(b) >> i) & 1 for b in mask.cpu().tolist() for i in range(8)])
+    keep = bits[:200].bool()
+    assert torch.equal(out.cpu(), torch.where(keep, x.cpu() / 0.7, torch.zeros(200)))
+    assert int(bits[200:].sum()) == 0 and 0.5 < keep.float().mean() < 0.9
+
+
 def test_unsupported_operators_say_why():
     for name in ("npu_quant_matmul", "npu_mm_all_reduce_base", "npu_iou", "npu_get_float_status"):
         with pytest.raises(NotImplementedError, match=f"torch_npu.{name} is not supported"):

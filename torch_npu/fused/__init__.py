@@ -33,7 +33,9 @@ misc                                npu_format_cast, npu_format_cast_, get_npu_f
                                     npu_dropout_with_add_softmax,
                                     npu_softmax_cross_entropy_with_logits, npu_sign_bits_pack,
                                     npu_sign_bits_unpack, scatter_update, scatter_update_,
-                                    npu_scatter_nd_update, npu_scatter_nd_update_
+                                    npu_scatter_nd_update, npu_scatter_nd_update_, npu_pad,
+                                    npu_indexing, _npu_dropout
+loss                                npu_cross_entropy_loss
 unsupported                         the rest of the 119 public operators, each raising
                                     NotImplementedError with its reason: quantized kernels,
                                     matmul fused with HCCL collectives, detection / vision
@@ -50,8 +52,10 @@ from .activation import (fast_gelu, npu_clipped_swiglu, npu_fast_gelu, npu_geglu
 from .attention import npu_fusion_attention, npu_fusion_attention_grad
 from .attention_infer import (npu_fused_infer_attention_score, npu_incre_flash_attention,
                               npu_prompt_flash_attention)
-from .misc import (get_npu_format, npu_bmmV2, npu_broadcast, npu_confusion_transpose,
-                   npu_dropout_with_add_softmax, npu_dtype_cast, npu_format_cast,
+from .loss import npu_cross_entropy_loss
+from .misc import (_npu_dropout, get_npu_format, npu_bmmV2, npu_broadcast, npu_confusion_transpose,
+                   npu_dropout_with_add_softmax, npu_dtype_cast, npu_format_cast, npu_indexing,
+                   npu_pad,
                    npu_one_hot, npu_scatter_nd_update, npu_scatter_nd_update_,
                    npu_sign_bits_pack, npu_sign_bits_unpack, scatter_update, scatter_update_,
                    npu_format_cast_, npu_linear, npu_max, npu_min, npu_scaled_masked_softmax,
@@ -80,7 +84,8 @@ IMPLEMENTED = (
     "npu_apply_adam", "npu_moe_init_routing", "npu_moe_finalize_routing", "npu_one_hot",
     "npu_fused_infer_attention_score", "npu_group_norm_silu", "npu_group_norm_swish",
     "npu_sign_bits_pack", "npu_sign_bits_unpack", "scatter_update", "scatter_update_",
-    "npu_scatter_nd_update", "npu_scatter_nd_update_")
+    "npu_scatter_nd_update", "npu_scatter_nd_update_", "npu_cross_entropy_loss", "npu_pad",
+    "npu_indexing", "_npu_dropout")
 UNSUPPORTED = tuple(sorted(_STUBS))
 
 from . import ops as _ops

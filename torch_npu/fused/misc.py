@@ -226,3 +226,49 @@ def npu_scatter_nd_update_(input, indices, updates):
 def npu_scatter_nd_update(input, indices, updates):
     """torch_npu.npu_scatter_nd_update: npu_scatter_nd_update_ on a copy."""
     return npu_scatter_nd_update_(input.clone(), indices, updates)
+
+
+def npu_pad(input, paddings):
+    """torch_npu.npu_pad(x, paddings) -> x zero-padded: ``paddings`` holds (before, after) for
+    each axis from the first (``[1, 1, 1, 1]`` pads a (1, 4) tensor to (3, 6))."""
+    check(len(paddings) == 2 * input.dim(), "npu_pad", f"paddings needs 2 values per axis "
+          f"({2 * input.dim()}), got {len(paddings)}")
+    pads = []
+    for axis in reversed(range(input.dim())):
+        pads += [int(paddings[2 * axis]), int(paddings[2 * axis + 1])]
+    return torch.nn.functional.pad(input, pads)
+
+
+def npu_indexing(self, begin, end, strides, begin_mask=0, end_mask=0, ellipsis_mask=0,
+                 new_axis_mask=0, shrink_axis_mask=0):
+    """torch_npu.npu_indexing: a strided slice ``x[begin[i]:end[i]:strides[i], ...]``, bit i of
+    begin_mask / end_mask dropping begin[i] / end[i], of shrink_axis_mask taking index begin[i];
+    contiguous. ellipsis_mask / new_axis_mask are not supported."""
+    op = "npu_indexing"
+    if ellipsis_mask or new_axis_mask:
+        raise NotImplementedError(f"{op}: ellipsis_mask / new_axis_mask are not supported on "
+                                  "npusim")
+    check(len(begin) == len(end) == len(strides) <= self.dim(), op, "begin, end and strides "
+          f"need one entry per sliced axis (at most {self.dim()})")
+    index = []
+    for i, (b, e, s) in enumerate(zip(begin, end, strides)):
+        if shrink_axis_mask >> i & 1:
+            index.append(int(b))
+        else:
+            index.append(slice(None if begin_mask >> i & 1 else int(b),
+                               None if end_mask >> i & 1 else int(e), int(s)))
+    return self[tuple(index)].contiguous()
+
+
+def _npu_dropout(self, p):
+    """torch_npu._npu_dropout(x, p) -> (output, mask): each element dropped with probability p
+    (the device generator), the rest scaled by 1/(1-p); mask holds the keep bits, little-endian
+    per byte, padded to a multiple of 128 elements (torch_npu's meta size)."""
+    check(0 <= p < 1, "_npu_dropout", f"p must be in [0, 1), got {p}")
+    n = self.numel()
+    keep = torch.rand(n, generator=generator_of(self)).to(self.device) >= p
+    out = self * keep.view(self.shape).to(self.dtype) / (1.0 - p)
+    bits = torch.cat((keep.to(torch.int32), keep.new_zeros((-n) % 128, dtype=torch.int32)))
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.int32, device=self.device)
+    mask = (bits.view(-1, 8) * weights).sum(dim=1).to(torch.uint8)
+    return out, mask

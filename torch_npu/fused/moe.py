@@ -7,8 +7,9 @@ matrices, or one (g, k, n) tensor) and, when x is one tensor, ``group_list`` spl
 list or (``group_list_type=0``) tensor of cumulative ends, or (``group_list_type=1``) a tensor of
 group sizes. ``split_item`` 0/1 returns one tensor per group, 2/3 one tensor of the groups' rows
 concatenated; ``group_type=2`` groups the K axis instead (the weight gradient of a grouped
-matmul: ``x[:, a:b] @ weight[a:b]`` per group, stacked). Quantized variants (int8/int4/fp8 weights, scale, offset, antiquant_*,
-per_token_scale) need a compiled kernel and raise NotImplementedError.
+matmul: ``x[:, a:b] @ weight[a:b]`` per group, stacked). Quantized variants (int8/int4/fp8
+weights, scale, offset, antiquant_*, per_token_scale) need a compiled kernel and raise
+NotImplementedError.
 
 Token permutation follows the semantics its docstring example shows (Megatron's permute):
 ``sorted_indices = argsort(indices.flatten(), stable)``, row j of the permuted tokens is

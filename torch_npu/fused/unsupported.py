@@ -45,11 +45,10 @@ REASONS = {
         "npu_prefetch", "npu_moe_update_expert", "npu_gather_sparse_index",
         "npu_grouped_matmul_finalize_routing")},
     **{n: _LATER for n in (
-        "_npu_dropout", "empty_with_swapped_memory", "npu_bert_apply_adam",
-        "npu_cross_entropy_loss", "npu_fused_attention_score", "npu_fused_causal_conv1d",
-        "npu_indexing", "npu_lstm", "npu_masked_causal_conv1d", "npu_mhc_post",
+        "empty_with_swapped_memory", "npu_bert_apply_adam", "npu_fused_attention_score",
+        "npu_fused_causal_conv1d", "npu_lstm", "npu_masked_causal_conv1d", "npu_mhc_post",
         "npu_mhc_post_backward", "npu_mhc_sinkhorn", "npu_moe_gating_top_k_backward",
-        "npu_moe_gating_top_k_softmax_v2", "npu_mrope", "npu_multi_head_attention", "npu_pad",
+        "npu_moe_gating_top_k_softmax_v2", "npu_mrope", "npu_multi_head_attention",
         "npu_recurrent_gated_delta_rule", "npu_recurrent_gated_delta_rule_functional",
         "npu_sim_exponential_", "npu_transpose_batchmatmul",)},
 }
