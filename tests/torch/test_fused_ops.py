@@ -446,6 +446,51 @@ def test_rotary_mul_rotate_matrix_and_apply_rotary_pos_emb():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode", ["half", "interleave"])
+def test_mrope(mode, dtype):
+    """Multimodal rope: channel c of the rotary half takes its angle from the temporal, height
+    or width position by mrope_section; each (x_a, x_b) pair rotates by that angle."""
+    torch.manual_seed(23)
+    T, NQ, NK, HS, RD, MAXLEN = 5, 2, 1, 12, 8, 16
+    sections = [1, 1, 2]                                       # sums to RD / 2
+    pos = torch.randint(0, MAXLEN, (3, T))
+    ang = torch.randn(MAXLEN, RD // 2)
+    cache = torch.cat((ang.cos(), ang.sin()), dim=-1)
+    qn, qr = leaf(torch.randn(T, NQ * HS), dtype)
+    kn, kr = leaf(torch.randn(T, NK * HS), dtype)
+    qo, ko = torch_npu.npu_mrope(pos.to(DEV), qn, kn, cache.to(dtype).to(DEV), HS,
+                                 mrope_section=sections, rotary_mode=mode)
+    owner = [0] * sections[0] + [1] * sections[1] + [2] * sections[2]
+    cache_d = cache.to(dtype).double()
+
+    def ref(x, n):
+        x = x.reshape(T, n, HS)
+        out = x.clone()
+        for t in range(T):
+            for c in range(RD // 2):
+                cos = cache_d[pos[owner[c], t], c]
+                sin = cache_d[pos[owner[c], t], RD // 2 + c]
+                a, b = (c, c + RD // 2) if mode == "half" else (2 * c, 2 * c + 1)
+                out[t, :, a] = x[t, :, a] * cos - x[t, :, b] * sin
+                out[t, :, b] = x[t, :, b] * cos + x[t, :, a] * sin
+        return out.reshape(T, n * HS)
+    rq, rk = ref(qr, NQ), ref(kr, NK)
+    close(qo, rq, dtype)
+    close(ko, rk, dtype)
+    (qo.sum() + ko.sum()).backward()
+    (rq.sum() + rk.sum()).backward()
+    close(qn.grad, qr.grad, dtype)
+    close(kn.grad, kr.grad, dtype)
+
+
+def test_transpose_batchmatmul():
+    x, w, b = torch.randn(4, 3, 5), torch.randn(3, 5, 6), torch.randn(6)
+    y = torch_npu.npu_transpose_batchmatmul(x.to(DEV), w.to(DEV), bias=b.to(DEV),
+                                            perm_x1=[1, 0, 2], perm_y=[1, 0, 2])
+    close(y, (x.permute(1, 0, 2) @ w + b).permute(1, 0, 2), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_gated_activations(dtype):
     torch.manual_seed(8)
     x0 = torch.randn(4, 6, 10)

@@ -18,7 +18,7 @@ ring                                npu_ring_attention_update
 norm                                npu_rms_norm, npu_add_rms_norm, npu_gemma_rms_norm,
                                     npu_layer_norm_eval, npu_group_norm_silu,
                                     npu_group_norm_swish
-rope                                npu_rotary_mul, npu_apply_rotary_pos_emb
+rope                                npu_rotary_mul, npu_apply_rotary_pos_emb, npu_mrope
 activation                          npu_swiglu, npu_geglu, npu_gelu_mul, npu_clipped_swiglu,
                                     npu_fast_gelu, fast_gelu, npu_silu, npu_mish
 moe                                 npu_grouped_matmul, npu_moe_token_permute,
@@ -34,7 +34,7 @@ misc                                npu_format_cast, npu_format_cast_, get_npu_f
                                     npu_softmax_cross_entropy_with_logits, npu_sign_bits_pack,
                                     npu_sign_bits_unpack, scatter_update, scatter_update_,
                                     npu_scatter_nd_update, npu_scatter_nd_update_, npu_pad,
-                                    npu_indexing, _npu_dropout
+                                    npu_indexing, _npu_dropout, npu_transpose_batchmatmul
 loss                                npu_cross_entropy_loss
 unsupported                         the rest of the 119 public operators, each raising
                                     NotImplementedError with its reason: quantized kernels,
@@ -59,7 +59,8 @@ from .misc import (_npu_dropout, get_npu_format, npu_bmmV2, npu_broadcast, npu_c
                    npu_one_hot, npu_scatter_nd_update, npu_scatter_nd_update_,
                    npu_sign_bits_pack, npu_sign_bits_unpack, scatter_update, scatter_update_,
                    npu_format_cast_, npu_linear, npu_max, npu_min, npu_scaled_masked_softmax,
-                   npu_slice, npu_softmax_cross_entropy_with_logits, npu_transpose)
+                   npu_slice, npu_softmax_cross_entropy_with_logits, npu_transpose,
+                   npu_transpose_batchmatmul)
 from .moe import (npu_grouped_matmul, npu_moe_compute_expert_tokens, npu_moe_finalize_routing,
                   npu_moe_gating_top_k_softmax, npu_moe_init_routing, npu_moe_token_permute,
                   npu_moe_token_unpermute)
@@ -67,7 +68,7 @@ from .norm import (npu_add_rms_norm, npu_gemma_rms_norm, npu_group_norm_silu,
                    npu_group_norm_swish, npu_layer_norm_eval, npu_rms_norm)
 from .optim_ops import npu_apply_adam, npu_apply_adam_w
 from .ring import npu_ring_attention_update
-from .rope import npu_apply_rotary_pos_emb, npu_rotary_mul
+from .rope import npu_apply_rotary_pos_emb, npu_mrope, npu_rotary_mul
 from .unsupported import STUBS as _STUBS
 
 IMPLEMENTED = (
@@ -85,7 +86,7 @@ IMPLEMENTED = (
     "npu_fused_infer_attention_score", "npu_group_norm_silu", "npu_group_norm_swish",
     "npu_sign_bits_pack", "npu_sign_bits_unpack", "scatter_update", "scatter_update_",
     "npu_scatter_nd_update", "npu_scatter_nd_update_", "npu_cross_entropy_loss", "npu_pad",
-    "npu_indexing", "_npu_dropout")
+    "npu_indexing", "_npu_dropout", "npu_mrope", "npu_transpose_batchmatmul")
 UNSUPPORTED = tuple(sorted(_STUBS))
 
 from . import ops as _ops

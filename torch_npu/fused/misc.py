@@ -1,8 +1,11 @@
-"""Layout, softmax and small operators: ``npu_format_cast`` / ``npu_format_cast_`` /
-``get_npu_format``, ``npu_confusion_transpose``, ``npu_transpose``, ``npu_broadcast``,
-``npu_dtype_cast``, ``npu_one_hot``, ``npu_linear``, ``npu_bmmV2``, ``npu_slice``,
-``npu_max`` / ``npu_min``, ``npu_scaled_masked_softmax``, ``npu_dropout_with_add_softmax``,
-``npu_softmax_cross_entropy_with_logits``.
+"""Layout, softmax and small operators: the storage-format tag (``npu_format_cast`` /
+``npu_format_cast_`` / ``get_npu_format``), reshapes and slices (``npu_confusion_transpose``,
+``npu_transpose``, ``npu_broadcast``, ``npu_slice``, ``npu_indexing``, ``npu_pad``), matmuls
+(``npu_linear``, ``npu_bmmV2``, ``npu_transpose_batchmatmul``), ``npu_dtype_cast``,
+``npu_one_hot``, ``npu_max`` / ``npu_min``, softmax and dropout (``npu_scaled_masked_softmax``,
+``npu_dropout_with_add_softmax``, ``_npu_dropout``, ``npu_softmax_cross_entropy_with_logits``),
+1-bit packing (``npu_sign_bits_pack`` / ``unpack``) and the scatter writes (``scatter_update``,
+``npu_scatter_nd_update`` and their in-place forms).
 
 Storage formats: an Ascend tensor has a storage format (ND, NCHW, FRACTAL_NZ...) that decides its
 bytes' order on the card. npusim keeps every tensor in torch's strided layout, so a format is a
@@ -272,3 +275,23 @@ def _npu_dropout(self, p):
     weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.int32, device=self.device)
     mask = (bits.view(-1, 8) * weights).sum(dim=1).to(torch.uint8)
     return out, mask
+
+
+def npu_transpose_batchmatmul(input, weight, *, bias=None, scale=None, perm_x1=None,
+                              perm_x2=None, perm_y=None, batch_split_factor=1):
+    """torch_npu.npu_transpose_batchmatmul: ``permute(input, perm_x1) @ permute(weight,
+    perm_x2) + bias``, permuted by ``perm_y`` (3-d operands). The quantized ``scale`` and
+    ``batch_split_factor`` > 1 are not supported."""
+    op = "npu_transpose_batchmatmul"
+    if scale is not None:
+        raise NotImplementedError(f"{op}: scale (quantized output) needs a compiled kernel")
+    if batch_split_factor != 1:
+        raise NotImplementedError(f"{op}: batch_split_factor={batch_split_factor} is not "
+                                  "supported on npusim")
+    check(input.dim() == 3 and weight.dim() == 3, op, "input and weight must be 3-d")
+    a = input.permute(*perm_x1) if perm_x1 is not None else input
+    b = weight.permute(*perm_x2) if perm_x2 is not None else weight
+    y = torch.matmul(a, b)
+    if bias is not None:
+        y = y + bias
+    return y.permute(*perm_y).contiguous() if perm_y is not None else y

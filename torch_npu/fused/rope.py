@@ -55,3 +55,45 @@ def npu_apply_rotary_pos_emb(query, key, cos, sin, *, layout="BSND", rotary_mode
     query.copy_(q)
     key.copy_(k)
     return query, key
+
+
+def npu_mrope(positions, query, key, cos_sin_cache, head_size, *, mrope_section=None,
+              rotary_mode="half", cache_mode="default"):
+    """torch_npu.npu_mrope(positions, query, key, cos_sin_cache, head_size, ...) -> (query, key).
+
+    ``cos_sin_cache`` (max_len, rotary_dim) holds cos then sin (rotary_dim / 2 each); row
+    ``positions[t]`` rotates token t's first rotary_dim channels of every head of the 2-d
+    query / key (tokens, heads * head_size). With 2-d positions (3, tokens) and
+    ``mrope_section`` [t, h, w] (multimodal rope), the cos/sin channels come section by section
+    from the temporal, height and width positions. ``rotary_mode`` "half" (NeoX) or
+    "interleave" (GPT-J) pairs the channels.
+    """
+    op = "npu_mrope"
+    check(rotary_mode in MODES, op, f"rotary_mode must be one of {MODES}, got {rotary_mode!r}")
+    if cache_mode != "default":
+        raise NotImplementedError(f"{op}: cache_mode={cache_mode!r} is not supported on npusim")
+    check(query.dim() == 2 and key.dim() == 2, op, "query and key must be 2-d (tokens, heads * "
+          "head_size)")
+    cs = cos_sin_cache[positions.long()]
+    cos, sin = cs.chunk(2, dim=-1)
+    if positions.dim() == 2:
+        sections = list(mrope_section or [])
+        check(len(sections) == 3 and sum(sections) == cos.size(-1), op, f"mrope_section must be "
+              f"3 sizes summing to rotary_dim/2={cos.size(-1)}, got {mrope_section}")
+        cos = torch.cat([c[i] for i, c in enumerate(cos.split(sections, dim=-1))], dim=-1)
+        sin = torch.cat([s[i] for i, s in enumerate(sin.split(sections, dim=-1))], dim=-1)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)           # (tokens, 1, rotary_dim / 2)
+    rd = 2 * cos.size(-1)
+
+    def rotate(x):
+        t = x.size(0)
+        x = x.reshape(t, -1, head_size)
+        rot, rest = x[..., :rd], x[..., rd:]
+        if rotary_mode == "half":
+            x1, x2 = rot.chunk(2, dim=-1)
+            rot = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        else:
+            x1, x2 = rot[..., 0::2], rot[..., 1::2]
+            rot = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+        return torch.cat((rot, rest), dim=-1).reshape(t, -1)
+    return rotate(query), rotate(key)

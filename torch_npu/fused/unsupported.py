@@ -48,9 +48,9 @@ REASONS = {
         "empty_with_swapped_memory", "npu_bert_apply_adam", "npu_fused_attention_score",
         "npu_fused_causal_conv1d", "npu_lstm", "npu_masked_causal_conv1d", "npu_mhc_post",
         "npu_mhc_post_backward", "npu_mhc_sinkhorn", "npu_moe_gating_top_k_backward",
-        "npu_moe_gating_top_k_softmax_v2", "npu_mrope", "npu_multi_head_attention",
+        "npu_moe_gating_top_k_softmax_v2", "npu_multi_head_attention",
         "npu_recurrent_gated_delta_rule", "npu_recurrent_gated_delta_rule_functional",
-        "npu_sim_exponential_", "npu_transpose_batchmatmul",)},
+        "npu_sim_exponential_")},
 }
 
 STUBS = {name: unsupported(name, why) for name, why in REASONS.items()}
