@@ -132,6 +132,8 @@ def table(args) -> int:
     worlds = [int(w) for w in args.worlds.split(",")]
     sides = [("after", None)] if args.base is None else [
         ("before", os.path.abspath(args.base)), ("after", None)]
+    with open("/proc/loadavg") as f:
+        load0 = " ".join(f.read().split()[:3])
     got: dict = {}
     for _ in range(args.jobs):
         for w in worlds:
@@ -158,8 +160,6 @@ def table(args) -> int:
         print("| " + " | ".join(str(c) for c in r) + " |")
     if args.figures:
         from benchmarks import figures as page
-        with open("/proc/loadavg") as f:
-            load = " ".join(f.read().split()[:3])
         cmd = (f"python -m benchmarks.graph_step --worlds {args.worlds} --jobs {args.jobs} "
                f"--rounds {args.rounds} --steps {args.steps} --figures"
                + (" --base BEFORE" if args.base else ""))
@@ -169,8 +169,9 @@ def table(args) -> int:
                 f"interleaved rounds of {args.steps} steps per job; each cell the median over "
                 f"{args.jobs} job(s) of the median over rounds of each round's median step; "
                 f"the ratios are taken within each round (same seconds), then the medians. "
-                f"Load average {load} at the start of the write (the machine is shared: "
-                f"compare ratios, not microseconds across runs)."
+                f"Load average {load0} at the start of the run (the machine is shared: "
+                f"compare ratios, not microseconds across runs; under load every exchange "
+                f"waits for cores, so eager's eight exchanges suffer most)."
                 + (f" *before*: the checkout BEFORE (commit `{_commit(args.base)}`), run just "
                    f"before *after* in every job." if args.base else ""))
         page.write_section("graph-step", "A step of small work: eager against graph replay",

@@ -210,6 +210,8 @@ def main(argv=None) -> int:
     for row in table:
         print(" | ".join(row))
     if args.write:
+        if ROOT not in sys.path:            # run as a script without PYTHONPATH=.
+            sys.path.insert(0, ROOT)
         from benchmarks import figures
         text = (f"World {args.world} under npurun, float32, rank 0's figures: the median of "
                 f"{args.rounds} alternating rounds, each the median call (with --jobs, the "
