@@ -166,9 +166,25 @@ def _rebuild(out, fn):
 
 
 def _dense_strides(r: torch.Tensor) -> tuple:
+    """The strides of a new npu tensor for CPU result ``r``: its own when they are dense (a
+    permuted layout, e.g. the gradients of CPU's fused attention: what torch's ``empty_like``
+    keeps, and what the following operators see), else contiguous ones."""
     if r.is_contiguous() or r.is_contiguous(memory_format=torch.channels_last):
         return r.stride()
+    if _non_overlapping_dense(r.size(), r.stride()):
+        return r.stride()
     return S.contiguous_strides(r.size())
+
+
+def _non_overlapping_dense(size, stride) -> bool:
+    expect = 1
+    for n, st in sorted(zip(size, stride), key=lambda d: d[1]):
+        if n == 1:
+            continue
+        if st != expect:
+            return False
+        expect *= n
+    return True
 
 
 # ---------------------------------------------------------------------- the fallback

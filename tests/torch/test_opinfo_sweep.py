@@ -66,3 +66,124 @@ def test_copy_of_a_conjugate_or_negative_view():
     g_cpu, = torch.autograd.grad(torch.polar(a, a).sum().abs(), [a])
     g_npu, = torch.autograd.grad(torch.polar(b, b).sum().abs(), [b])
     assert torch.equal(g_npu.cpu().view(torch.int32), g_cpu.view(torch.int32))
+
+
+def test_results_keep_the_cpu_kernels_dense_layout():
+    """An npu result has the strides the CPU kernel gave it when they are dense (a permuted
+    layout), as torch's empty_like keeps them: elementwise operators on permuted inputs, and
+    the query gradient of CPU's fused attention (which the sweep found contiguous on npu)."""
+    torch.npu.set_device(0)
+    x = torch.randn(2, 3, 4)
+    c = x.permute(2, 0, 1) + 1
+    n = x.to("npu").permute(2, 0, 1) + 1
+    assert c.stride() == n.stride() == (1, 12, 4)
+    assert torch.equal(n.cpu(), c)
+    q, k, v = (torch.randn(2, 4, 3, 8, requires_grad=True) for _ in range(3))
+    qn, kn, vn = (t.detach().to("npu").requires_grad_() for t in (q, k, v))
+    F = torch.nn.functional
+    gc = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v).sum(), [q, k, v])
+    gn = torch.autograd.grad(F.scaled_dot_product_attention(qn, kn, vn).sum(), [qn, kn, vn])
+    for a, b in zip(gc, gn):
+        assert a.stride() == b.stride()
+        assert torch.equal(b.cpu().view(torch.int32), a.view(torch.int32))
+
+
+# ---------------------------------------------------------------------- the sweep itself
+pytest.importorskip("expecttest", reason="torch's OpInfo database needs expecttest: "
+                                         "pip install expecttest")
+from benchmarks import opinfo_sweep as sweep  # noqa: E402
+
+# The operators a training step spends its calls on (forward, loss, backward, optimizer, data
+# handling), by their OpInfo names: float32 with every variant in CI.
+TRAINING_OPS = [
+    "add", "sub", "mul", "div.no_rounding_mode", "neg", "abs", "pow", "sqrt", "rsqrt", "exp",
+    "log", "tanh", "sigmoid", "clamp", "where", "masked_fill", "lerp", "addcmul", "addcdiv",
+    "mm", "bmm", "matmul", "addmm", "baddbmm", "nn.functional.linear", "einsum",
+    "nn.functional.relu", "nn.functional.gelu", "nn.functional.silu", "nn.functional.mish",
+    "nn.functional.leaky_relu", "nn.functional.softplus", "softmax", "log_softmax",
+    "nn.functional.layer_norm", "nn.functional.rms_norm", "nn.functional.group_norm",
+    "nn.functional.batch_norm", "nn.functional.dropout", "nn.functional.embedding",
+    "nn.functional.scaled_dot_product_attention", "nn.functional.cross_entropy",
+    "nn.functional.nll_loss", "nn.functional.mse_loss",
+    "nn.functional.binary_cross_entropy_with_logits", "nn.functional.conv2d",
+    "nn.functional.max_pool2d", "nn.functional.adaptive_avg_pool2d", "nn.functional.pad.constant",
+    "sum", "mean", "var", "amax", "max.reduction_with_dim", "argmax", "cumsum", "norm",
+    "logsumexp", "topk", "cat", "stack", "split", "chunk", "view", "reshape", "transpose",
+    "permute", "expand", "unsqueeze", "squeeze", "flatten", "contiguous", "clone", "tril",
+    "index_select", "gather", "scatter", "scatter_add", "index_add", "index_put", "__getitem__",
+    "zeros_like", "full_like", "arange", "nn.functional.one_hot", "to",
+]
+
+
+def _unexplained(result) -> str:
+    return "\n".join(f"{r['op']} {r['dtype']} {r['variant']} sample {r['sample']}: "
+                     f"{r['status']}: {r['detail']}" for r in result["listed"]
+                     if r["reason"] == "UNEXPLAINED")
+
+
+@pytest.mark.timeout(600)
+def test_training_ops_bitwise_in_every_variant():
+    """The most used training operators, float32, every variant (forward, gradient, in place,
+    five out= forms): each sample equal to CPU bitwise, or listed with a known reason."""
+    result = sweep.run(TRAINING_OPS, ("float32",), sweep.VARIANTS)
+    s = result["summary"]
+    assert s["unexplained"] == 0, _unexplained(result)
+    assert s["ops"] == len(TRAINING_OPS)          # every operator yielded samples
+    ran = {r["variant"] for r in result["listed"]}
+    assert s["samples"] > 800 and s["equal"] > 0.95 * s["checks"], s
+    for op in ("add", "matmul", "nn.functional.cross_entropy", "nn.functional.layer_norm"):
+        c = result["ops"][op]
+        assert c["equal"] > 2 * c["samples"], (op, c)      # several variants each
+    assert not ran - set(sweep.VARIANTS)
+
+
+def test_a_crashing_op_is_listed_and_the_sweep_goes_on(monkeypatch, tmp_path):
+    """Per-op isolation: a child that dies on an operator is replaced; the operator is listed
+    with the signal, the next ones are checked."""
+    monkeypatch.setenv("NPUSIM_OPINFO_CRASH", "neg")
+    result = sweep.run_isolated(["abs", "neg", "sqrt"], ("float32",), ("fwd",), cap=20)
+    assert set(result["ops"]) == {"abs", "neg", "sqrt"}
+    died = [r for r in result["listed"] if r["op"] == "neg"]
+    assert len(died) == 1 and "SIGSEGV" in died[0]["detail"], result["listed"]
+    assert result["ops"]["sqrt"]["equal"] == result["ops"]["sqrt"]["samples"] > 0
+
+
+# ---------------------------------------------------------------------- the page is current
+def _stored():
+    with open(os.path.join(ROOT, "docs", "opinfo.json")) as f:
+        result = json.load(f)
+    with open(os.path.join(ROOT, "docs", "opinfo.md")) as f:
+        text = f.read()
+    return result, text
+
+
+def test_page_is_the_json_and_the_known_reasons_are_current():
+    """docs/opinfo.md is generated from docs/opinfo.json (the whole sweep, on the committed
+    tree); every listed check there has the reason KNOWN gives it today; no KNOWN entry is
+    stale (explains nothing an op of the sweep listed); nothing unexplained."""
+    result, text = _stored()
+    s = result["summary"]
+    assert s["full"] and s["ops"] >= 500, s
+    assert text == sweep.page(result, sweep.COMMAND)
+    row = (f"| {s['ops']} | {s['samples']} | {s['checks']} | {s['equal']} | {s['listed']} | "
+           f"{s['mismatch']} | {s['error']} | {s['unexplained']} | {s['skipped']} |")
+    assert row in text
+    assert s["listed"] == len(result["listed"]) == s["mismatch"] + s["error"]
+    assert s["equal"] + s["listed"] + s["skipped"] == s["checks"]
+    for r in result["listed"]:
+        _, why = sweep.reason_for(r["op"], r["variant"], r["detail"])
+        assert (why or "UNEXPLAINED") == r["reason"], r
+    assert s["unexplained"] == 0
+    used = {r["reason"] for r in result["listed"]}
+    stale = [e for e in sweep.KNOWN if e[3] not in used]
+    assert not stale, f"KNOWN entries that explain nothing in docs/opinfo.json: {stale}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(7200)
+def test_whole_sweep_has_nothing_unexplained():
+    """The whole sweep (every OpInfo, float32 / bfloat16 / int64 / bool, every variant), each
+    operator in a child process: nothing unexplained (docs/opinfo.md has its figures)."""
+    result = sweep.run_isolated(None, sweep.DTYPES, sweep.VARIANTS)
+    assert result["summary"]["ops"] >= 500
+    assert result["summary"]["unexplained"] == 0, _unexplained(result)
