@@ -48,7 +48,7 @@ from ..comm import Comm
 from ..errors import InvalidArgumentError
 from . import p2p as torch_p2p
 from . import rendezvous as torch_rendezvous
-from .npu import NpuCollectives, on_npu
+from .npu import NpuCollectives, npu_index, on_npu
 from .sparse import SparseAllReduce
 from .rendezvous import DEFAULT_TIMEOUT, JobStore
 from .work import (Completer, Staging, Work, check_list, check_numel, np_dtype, put,
@@ -239,11 +239,12 @@ class HcclProcessGroup(dist.ProcessGroup):
         if opts is not None and len(tensors) == 1:     # the common call, checked at once
             t = tensors[0]
             rop = _PLAIN.get(getattr(opts.reduceOp, "op", opts.reduceOp))
-            if rop is not None and t.device.type == "npu" and t.dtype is not torch.bool \
-                    and not t.is_sparse and t.is_contiguous():
+            dev = None if rop is None else npu_index(t)
+            if dev is not None and t.dtype is not torch.bool and not t.is_sparse \
+                    and t.is_contiguous():
                 if self._closed:
                     raise InvalidArgumentError("allreduce: the process group was shut down")
-                work = self._npu.allreduce_one(t, rop, _user_site())
+                work = self._npu.allreduce_one(t, dev, rop, _user_site())
                 if work is not None:
                     return work
         opts = opts or dist.AllreduceOptions()

@@ -48,6 +48,21 @@ def on_npu(tensors) -> bool:
     return any(isinstance(t, torch.Tensor) and t.device.type == "npu" for t in tensors)
 
 
+_DEVICES: dict = {}     # torch.device -> NPU index, of the npu devices met (``npu_index``)
+
+
+def npu_index(t: torch.Tensor) -> int | None:
+    """The NPU of tensor ``t``, None when it is not an npu tensor (a dict lookup by its
+    ``torch.device``: the device's type name costs more than the lookup)."""
+    d = t.device
+    i = _DEVICES.get(d)
+    if i is None:
+        if d.type != "npu":
+            return None
+        i = _DEVICES[d] = d.index if d.index is not None else 0
+    return i
+
+
 def device_of(tensors, api: str) -> int:
     """The one NPU all ``tensors`` are on; InvalidArgumentError naming the devices if not."""
     devs = {str(t.device) for t in tensors}
@@ -166,14 +181,13 @@ class NpuCollectives:
         completer.submit(work, end, lambda: None, keep.clear)
         return work
 
-    def allreduce_one(self, t: torch.Tensor, rop, site: str) -> Work | None:
+    def allreduce_one(self, t: torch.Tensor, dev: int, rop, site: str) -> Work | None:
         """The common call (one contiguous npu tensor, no AVG, no capture, no stream check:
         the backend's ``allreduce`` checked the rest) with only what it needs, or None for
-        the general path (``allreduce``): the communication stream
-        waits for the caller's current stream only when that one has work pending, and a
-        collective that ran whole at its issue (hccl/call.py's ``begin``) completes its Work
+        the general path (``allreduce``); ``dev``: its NPU (``npu_index``). The communication
+        stream waits for the caller's current stream only when that one has work pending, and
+        a collective that ran whole at its issue (hccl/call.py's ``begin``) completes its Work
         at once: no events, no completer, nothing for ``wait()`` to order."""
-        dev = t.device.index
         ctx = contexts_by_device.get(dev)
         n = t.numel()
         if ctx is None or not n or sanitizer.on or graph.active:
