@@ -34,7 +34,13 @@ die() { echo "cluster.sh: $*" >&2; exit 1; }
 log() { echo "cluster.sh: $*" >&2; }
 
 need_root() {
-  [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces, daemons); run: sudo $0 $*"
+  if [ "$(id -u)" -ne 0 ]; then
+    for b in slurmctld slurmd srun munged; do
+      command -v "$b" >/dev/null \
+        || die "needs root, and slurm or munge is missing: sudo apt-get install -y $PKGS; sudo $0 $*"
+    done
+    die "needs root (network namespaces, daemons); run: sudo $0 $*"
+  fi
   command -v ip >/dev/null || die "needs ip (iproute2): apt-get install iproute2"
   command -v unshare >/dev/null || die "needs unshare (util-linux)"
 }
