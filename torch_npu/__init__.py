@@ -69,4 +69,10 @@ else:
     for _n in _dtypes.NAMED:
         globals()[_n] = _dtypes.DType[_n]
     del _n
-    from . import _C, distributed, profiler  # noqa: E402,F401
+    from . import _C, contrib, distributed, profiler, utils  # noqa: E402,F401
+    from . import _op_gaps  # noqa: E402
+    _op_gaps.install(globals())
+    from .npu.amp.sharded_grad_scaler import _ShardedGradScaler  # noqa: E402,F401
+    HiFloat8Tensor = npu.utils.unsupported_class(
+        "HiFloat8Tensor", "HiFloat8 is an Ascend-only number format torch's CPU kernels cannot "
+        "compute in (torch_npu.dtypes)", "torch_npu")

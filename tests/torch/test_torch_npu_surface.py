@@ -38,8 +38,7 @@ def test_every_name_of_torch_npu_npu_all_exists():
 def test_names_without_meaning_raise_saying_why():
     for name in ("NPUGraph", "graph_pool_handle", "stop_device", "MemPool", "init_dump",
                  "caching_allocator_alloc", "npurt", "stress_detect"):
-        with pytest.raises(NotSupportedError, match=f"torch.npu.{name} is not supported by "
-                                                    "npusim: "):
+        with pytest.raises(NotSupportedError, match=f"{name} is not supported by npusim: "):
             getattr(torch.npu, name)()
     assert isinstance(NotSupportedError("x"), NotImplementedError)
 
@@ -314,3 +313,76 @@ def test_distributed_names_and_hccl_options():
     assert r0["rs"] == full[:1] and r1["rs"] == full[1:]
     assert r0["a2a"] == [0.0, 10.0, 11.0, 12.0]    # its own 1 element, then rank 1's 3
     assert r1["a2a"] == [1.0, 2.0, 13.0]           # rank 0's 2 elements, then its own 1
+
+
+# ---------------------------------------------------------------------- utils and contrib
+def test_combine_tensors_and_flops():
+    from torch_npu.utils import (FlopsCounter, get_part_combined_tensor,
+                                 is_combined_tensor_valid, npu_combine_tensors)
+    torch.npu.set_device(0)
+    a = torch.nn.Parameter(torch.arange(4.0, device="npu"))
+    b = torch.ones(2, 3, device="npu")
+    c = npu_combine_tensors([a, b])
+    assert c.tolist() == [0.0, 1.0, 2.0, 3.0] + [1.0] * 6
+    assert is_combined_tensor_valid(c, [a, b])
+    c.mul_(2)                                                  # a and b are views of c
+    assert a.tolist() == [0.0, 2.0, 4.0, 6.0] and b.sum().item() == 12.0
+    assert get_part_combined_tensor(c, 4, 6).tolist() == [2.0] * 6
+    with pytest.raises(RuntimeError, match="must be on NPU"):
+        npu_combine_tensors([torch.ones(2)])
+    fc = FlopsCounter()
+    fc.start()
+    torch.ones(8, 16, device="npu") @ torch.ones(16, 4, device="npu")      # 2*8*16*4 flops
+    fc.pause()
+    torch.ones(8, 16, device="npu") @ torch.ones(16, 4, device="npu")
+    fc.resume()
+    assert fc.get_flops() == [1024, 2048]
+    fc.stop()
+
+
+def test_contrib_helpers():
+    from torch_npu import contrib
+    b1 = torch.tensor([[0.0, 0.0, 2.0, 2.0]], device="npu")
+    b2 = torch.tensor([[1.0, 1.0, 3.0, 3.0], [0.0, 0.0, 2.0, 2.0]], device="npu")
+    iou = contrib.npu_iou(b1, b2, mode="iou")
+    assert iou.shape == (1, 2)
+    assert torch.allclose(iou.cpu(), torch.tensor([[1.001 / 7.001, 1.0]]))
+    x = torch.arange(6.0, device="npu")
+    contrib.npu_fast_condition_index_put(x, x > 3, 0.0)
+    assert x.tolist() == [0.0, 1.0, 2.0, 3.0, 0.0, 0.0]
+    flags = contrib.npu_single_level_responsible_flags(
+        (2, 3), torch.tensor([[16.0, 0.0, 24.0, 8.0]]), (8, 8), 2)    # centre (20, 4): cell (0, 2)
+    assert flags.tolist() == [0, 0, 0, 0, 1, 1] + [0] * 6
+    bn = contrib.FastBatchNorm2d(3)
+    assert isinstance(bn, torch.nn.BatchNorm2d)
+    loader = [(torch.full((2,), float(i)), torch.tensor([i])) for i in range(3)]
+    p = contrib.Prefetcher(loader)
+    got = []
+    while True:
+        inp, tgt = p.next()
+        if inp is None:
+            break
+        got.append((inp.device.type, tgt.item()))
+    assert got == [("npu", 0), ("npu", 1), ("npu", 2)]
+    with pytest.raises(NotSupportedError, match="ModulatedDeformConv is not supported"):
+        contrib.ModulatedDeformConv(3, 3, 3)
+
+
+def test_more_torch_npu_names():
+    with pytest.raises(NotSupportedError, match="torch_npu.HiFloat8Tensor is not supported"):
+        torch_npu.HiFloat8Tensor()
+    from torch_npu._op_gaps import GAPS
+    for name in GAPS:
+        assert callable(getattr(torch_npu, name))
+    if "npu_hans_encode" not in dir(torch_npu.fused):
+        with pytest.raises(NotSupportedError, match="torch_npu.npu_hans_encode is not supported"):
+            torch_npu.npu_hans_encode(torch.ones(2))
+    assert torch_npu._ShardedGradScaler()._device == "npu"
+    import torch_npu.npu._recovery as rec
+    with pytest.raises(NotSupportedError, match="_recovery.update_npu_tensor_to_safe"):
+        rec.update_npu_tensor_to_safe(torch.ones(1))
+    assert torch_npu.utils.collect_env.get_cann_version() == torch.version.cann
+    torch_npu.utils.set_thread_affinity([0, 0])
+    assert os.sched_getaffinity(0) == {0}
+    torch_npu.utils.reset_thread_affinity()
+    assert len(os.sched_getaffinity(0)) >= 1

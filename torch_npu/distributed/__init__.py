@@ -36,6 +36,9 @@ def reinit_process_group(group=None, rebuild_link: bool = True):
                             "recovery is npurun's restart (docs/launcher.md)")
 
 
+reinit_process_group._npusim_not_supported = True
+
+
 class _Done:
     """The work of a collective that already finished."""
 

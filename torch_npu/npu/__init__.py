@@ -21,7 +21,7 @@ import runtime
 from runtime.torch import device as _device
 from runtime.torch import random as _random_gens
 
-from . import aclnn, amp, legacy, memory, mstx as _mstx_module, options, random, utils  # noqa: F401
+from . import _recovery, aclnn, amp, legacy, memory, mstx as _mstx_module, options, random, utils  # noqa: F401,E501
 from .memory import (empty_cache, get_per_process_memory_fraction, max_memory_allocated,
                      max_memory_cached, max_memory_reserved, mem_get_info, memory_allocated,
                      memory_cached, memory_reserved, memory_snapshot, memory_stats,
@@ -36,7 +36,7 @@ from .options import (CubeMathType, config, conv, get_device_limit, get_mm_bmm_f
 from .random import (get_rng_state, get_rng_state_all, initial_seed, manual_seed,
                      manual_seed_all, seed, seed_all, set_rng_state, set_rng_state_all)
 from .streams import Event, Stream
-from .utils import (NotSupportedError, StreamContext, check_uce_in_memory,
+from .utils import (NotSupportedError, StreamContext, unsupported_class, check_uce_in_memory,
                     clear_npu_overflow_flag, current_blas_handle, current_device, current_stream,
                     default_stream, device, device_of, finalize_dump, get_npu_overflow_flag,
                     get_sync_debug_mode, get_task_queue_enable, init_dump, ipc_collect,
@@ -257,30 +257,25 @@ globals().update(legacy.storage_types)
 
 # ---- names with no meaning on a simulated NPU -----------------------------------------------
 
-def _unsupported_class(name: str, why: str):
-    def __init__(self, *args, **kwargs):
-        raise NotSupportedError(f"torch.npu.{name} is not supported by npusim: {why}")
-    return type(name, (), {"__init__": __init__, "__module__": __name__,
-                           "__doc__": f"Not supported by npusim: {why}"})
-
+_unsupported_class = unsupported_class
 
 _GRAPH = ("capturing torch operators into an ACL graph needs CANN's capture; npusim replays "
           "graphs of its own runtime tasks only (runtime.graph)")
-_RECOVERY = "it recovers a real device from a hardware fault (UCE / link down)"
-_ALLOC = "npusim's caching pool (runtime/pool.py) is the only allocator"
 _HOST = "npusim keeps no pool of pinned host blocks to count"
 
 NPUGraph = _unsupported_class("NPUGraph", _GRAPH)
 graph = _unsupported_class("graph", _GRAPH)
 NpuGraphOpHandler = _unsupported_class("NpuGraphOpHandler", _GRAPH)
-MemPool = _unsupported_class("MemPool", _ALLOC)
-NPUPluggableAllocator = _unsupported_class("NPUPluggableAllocator", _ALLOC)
+MemPool, NPUPluggableAllocator = memory.MemPool, memory.NPUPluggableAllocator
+use_mem_pool, change_current_allocator = memory.use_mem_pool, memory.change_current_allocator
 SyncLaunchStream = _unsupported_class("SyncLaunchStream",
                                       "a stream launching synchronously is an ACL runtime mode")
 ExternalStream = _unsupported_class("ExternalStream", "an aclrtStream made outside torch_npu "
                                     "does not exist in a simulation")
 ExternalEvent = _unsupported_class("ExternalEvent", "an aclrtEvent made outside torch_npu does "
                                    "not exist in a simulation")
+
+stop_device, restart_device = _recovery.stop_device, _recovery.restart_device
 
 for _name, _why in {
         "graph_pool_handle": _GRAPH, "make_graphed_callables": _GRAPH,
@@ -289,14 +284,12 @@ for _name, _why in {
         "register_npu_graph_handler": _GRAPH,
         "super_kernel_scope_begin": "super kernels are fused by CANN's graph compiler",
         "super_kernel_scope_end": "super kernels are fused by CANN's graph compiler",
-        "use_mem_pool": _ALLOC, "change_current_allocator": _ALLOC,
         "caching_allocator_alloc": "npu memory is handed out as tensors only (torch.empty)",
         "caching_allocator_delete": "npu memory is handed out as tensors only (torch.empty)",
         "reset_accumulated_memory_stats": "npusim's pool keeps its accumulated counters "
                                           "(reset_peak_memory_stats resets the peaks)",
         "host_memory_stats": _HOST, "host_memory_stats_as_nested_dict": _HOST,
         "reset_accumulated_host_memory_stats": _HOST, "reset_peak_host_memory_stats": _HOST,
-        "stop_device": _RECOVERY, "restart_device": _RECOVERY,
         "npurt": "the ACL runtime's raw API is npusim's runtime package (import runtime)",
         }.items():
     globals()[_name] = not_supported(_name, _why)

@@ -100,3 +100,15 @@ def get_per_process_memory_fraction(device=None) -> float:
     from runtime.memory import _pool
     with _device.on(_dev(device)):
         return _pool().fraction
+
+
+_ALLOC = "npusim's caching pool (runtime/pool.py) is the only allocator"
+
+
+def _unsupported():
+    from .utils import not_supported, unsupported_class
+    return (unsupported_class("MemPool", _ALLOC), unsupported_class("NPUPluggableAllocator", _ALLOC),
+            not_supported("use_mem_pool", _ALLOC), not_supported("change_current_allocator", _ALLOC))
+
+
+MemPool, NPUPluggableAllocator, use_mem_pool, change_current_allocator = _unsupported()

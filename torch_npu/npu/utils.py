@@ -40,13 +40,23 @@ class NotSupportedError(NotImplementedError):
     """A torch_npu name that has no meaning on npusim's simulated NPUs (the message says why)."""
 
 
-def not_supported(name: str, why: str):
-    """A function named ``name`` that raises NotSupportedError: ``torch.npu.<name>`` ... ``why``."""
+def not_supported(name: str, why: str, module: str = "torch.npu"):
+    """A function named ``name`` that raises NotSupportedError: ``<module>.<name>`` ... ``why``."""
     def fn(*args, **kwargs):
-        raise NotSupportedError(f"torch.npu.{name} is not supported by npusim: {why}")
-    fn.__name__ = fn.__qualname__ = name
+        raise NotSupportedError(f"{module}.{name} is not supported by npusim: {why}")
+    fn.__name__ = fn.__qualname__ = name.rsplit(".", 1)[-1]
     fn.__doc__ = f"Not supported by npusim: {why}"
+    fn._npusim_not_supported = True
     return fn
+
+
+def unsupported_class(name: str, why: str, module: str = "torch.npu"):
+    """A class named ``name`` whose construction raises NotSupportedError (``why``)."""
+    def __init__(self, *args, **kwargs):
+        raise NotSupportedError(f"{module}.{name} is not supported by npusim: {why}")
+    return type(name, (), {"__init__": __init__, "__module__": module,
+                           "_npusim_not_supported": True,
+                           "__doc__": f"Not supported by npusim: {why}"})
 
 
 def synchronize(device=None) -> None:
