@@ -33,7 +33,8 @@ def test_a_fused_replay_leaves_a_record_per_member(ranks):
             s.synchronize()
             after = recorder.last(comm.comm_id, comm.rank)
             out.append((before, after, _records(comm, before + 1, after[0])))
-        live = [r for r in recorder.in_flight() if r["comm_id"] == comm.comm_id]
+        live = [r for r in recorder.in_flight()
+                if r["comm_id"] == comm.comm_id and r["rank"] == comm.rank]
         return len(g), out, live, [x.to_host()[0] for x in xs]
 
     for length, out, live, vals in ranks(2, body):
