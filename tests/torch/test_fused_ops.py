@@ -823,6 +823,100 @@ def test_pad_indexing_and_npu_dropout():
     assert int(bits[200:].sum()) == 0 and 0.5 < keep.float().mean() < 0.9
 
 
+def test_fusion_attention_v2_rope_split_and_pse_type():
+    """query_rope / key_rope add q_rope @ k_rope^T to the scores; pse_type 0 adds pse after
+    the scale; the infer v2 operator is v1 under new names."""
+    torch.manual_seed(24)
+    T, N, D, R = 6, 2, 8, 4
+    q, k, v = torch.randn(T, N, D), torch.randn(T, N, D), torch.randn(T, N, D)
+    qr, kr = torch.randn(T, N, R), torch.randn(T, N, R)
+    out = torch_npu.npu_fusion_attention_v2(
+        q.to(DEV), k.to(DEV), v.to(DEV), N, "TND", query_rope=qr.to(DEV), key_rope=kr.to(DEV),
+        atten_mask=torch.ones(2048, 2048, device=DEV).triu(1).bool(), scale=0.3, sparse_mode=3,
+        actual_seq_qlen=[T], actual_seq_kvlen=[T])
+    assert len(out) == 7
+    bn = lambda t: t.transpose(0, 1)[None].double()                 # noqa: E731
+    s = (bn(q) @ bn(k).transpose(-1, -2) + bn(qr) @ bn(kr).transpose(-1, -2)) * 0.3
+    p = torch.softmax(s.masked_fill(~keep_matrix(3, T, T), float("-inf")), -1)
+    close(out[0], (p @ bn(v))[0].transpose(0, 1), torch.float32)
+    qb, kb, vb = (torch.randn(1, N, 4, D) for _ in range(3))
+    pse = torch.randn(1, N, 4, 4)
+    out0 = torch_npu.npu_fusion_attention_v2(qb.to(DEV), kb.to(DEV), vb.to(DEV), N, "BNSD",
+                                             pse=pse.to(DEV), pse_type=0, scale=0.5)[0]
+    p0 = torch.softmax(0.5 * qb.double() @ kb.double().transpose(-1, -2) + pse.double(), -1)
+    close(out0, p0 @ vb.double(), torch.float32)
+    fia2 = torch_npu.npu_fused_infer_attention_score_v2(
+        qb.to(DEV), kb.to(DEV), vb.to(DEV), num_query_heads=N, input_layout="BNSD",
+        softmax_scale=0.5, return_softmax_lse=True)
+    fia1 = torch_npu.npu_fused_infer_attention_score(
+        qb.to(DEV), kb.to(DEV), vb.to(DEV), num_heads=N, input_layout="BNSD", scale=0.5,
+        softmax_lse_flag=True)
+    torch.testing.assert_close(fia2[0].cpu(), fia1[0].cpu())
+    torch.testing.assert_close(fia2[1].cpu(), fia1[1].cpu())
+
+
+def test_backward_operators_equal_autograd():
+    torch.manual_seed(25)
+    x = torch.randn(3, 4, 8, device=DEV, requires_grad=True)
+    g = (torch.rand(8) + 0.5).to(DEV).requires_grad_()
+    dy = torch.randn(3, 4, 8, device=DEV)
+    y, rstd = torch_npu.npu_rms_norm(x, g)
+    y.backward(dy)
+    dx, dg = torch_npu.npu_rms_norm_backward(dy, x, g, rstd)
+    assert dg.dtype == torch.float32
+    torch.testing.assert_close(dx.cpu(), x.grad.cpu())
+    torch.testing.assert_close(dg.cpu(), g.grad.cpu())
+    x.grad = None
+    out = torch_npu.npu_swiglu(x, dim=-1)
+    dyh = torch.randn(out.shape, device=DEV)
+    out.backward(dyh)
+    torch.testing.assert_close(torch_npu.npu_swiglu_backward(dyh, x, -1).cpu(), x.grad.cpu())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_moe_permute_with_routing_map(dtype):
+    torch.manual_seed(26)
+    T, E, H = 5, 3, 4
+    routing = torch.zeros(T, E, dtype=torch.bool)
+    for t, es in enumerate([(0, 2), (1, 2), (0, 1), (2, 0), (1, 0)]):
+        routing[t, list(es)] = True
+    probs = torch.rand(T, E) * routing
+    tn, tr = leaf(torch.randn(T, H), dtype)
+    pn, pr = leaf(probs, dtype)
+    perm, pprobs, idx = torch_npu.npu_moe_token_permute_with_routing_map(
+        tn, routing.to(DEV), probs=pn, num_out_tokens=2 * T)
+    # expert-major, tokens ascending within an expert
+    expect = [t for e in range(E) for t in range(T) if routing[t, e]]
+    assert idx.dtype == torch.int32 and idx.cpu().tolist() == expect
+    close(perm, tr[expect], dtype)
+    close(pprobs, torch.stack([pr[t, e] for e in range(E) for t in range(T) if routing[t, e]]),
+          dtype)
+    back = torch_npu.npu_moe_token_unpermute_with_routing_map(perm, idx, (T, H), probs=pn,
+                                                              routing_map=routing.to(DEV))
+    ref = tr * pr.sum(1, keepdim=True)             # each token back, weighted by its probs
+    close(back, ref, dtype)
+    back.sum().backward()
+    ref.sum().backward()
+    close(tn.grad, tr.grad, dtype)
+    close(pn.grad, pr.grad * routing, dtype)
+    # the doc example: rows go back to tokens 0 and 1 with the identity probs
+    out = torch_npu.npu_moe_token_unpermute_with_routing_map(
+        torch.tensor([[1.] * 4, [2.] * 4], device=DEV), torch.tensor([0, 1], device=DEV),
+        [2, 4], probs=torch.eye(2, device=DEV), routing_map=torch.eye(2, device=DEV).bool())
+    assert out.cpu().tolist() == [[1.] * 4, [2.] * 4]
+
+
+def test_grouped_matmul_add_accumulates_weight_gradients():
+    torch.manual_seed(27)
+    x, dy = torch.randn(7, 3), torch.randn(7, 5)
+    y = torch.ones(2 * 3, 5, device=DEV)
+    out = torch_npu.npu_grouped_matmul_add_(y, x.to(DEV), dy.to(DEV),
+                                            torch.tensor([4, 7], device=DEV))
+    assert out is y
+    expect = torch.cat([x[:4].t() @ dy[:4], x[4:].t() @ dy[4:]]) + 1
+    close(y, expect, torch.float32)
+
+
 def test_unsupported_operators_say_why():
     for name in ("npu_quant_matmul", "npu_mm_all_reduce_base", "npu_iou", "npu_get_float_status"):
         with pytest.raises(NotImplementedError, match=f"torch_npu.{name} is not supported"):

@@ -14,17 +14,22 @@ module                              operators
 attention                           npu_fusion_attention, npu_fusion_attention_grad
 attention_infer                     npu_prompt_flash_attention, npu_incre_flash_attention,
                                     npu_fused_infer_attention_score
+attention_v2                        npu_fusion_attention_v2, npu_fused_infer_attention_score_v2
 ring                                npu_ring_attention_update
 norm                                npu_rms_norm, npu_add_rms_norm, npu_gemma_rms_norm,
                                     npu_layer_norm_eval, npu_group_norm_silu,
-                                    npu_group_norm_swish
+                                    npu_group_norm_swish, npu_rms_norm_backward
 rope                                npu_rotary_mul, npu_apply_rotary_pos_emb, npu_mrope
 activation                          npu_swiglu, npu_geglu, npu_gelu_mul, npu_clipped_swiglu,
-                                    npu_fast_gelu, fast_gelu, npu_silu, npu_mish
+                                    npu_fast_gelu, fast_gelu, npu_silu, npu_mish,
+                                    npu_swiglu_backward
 moe                                 npu_grouped_matmul, npu_moe_token_permute,
                                     npu_moe_token_unpermute, npu_moe_gating_top_k_softmax,
                                     npu_moe_compute_expert_tokens, npu_moe_init_routing,
-                                    npu_moe_finalize_routing
+                                    npu_moe_finalize_routing,
+                                    npu_moe_token_permute_with_routing_map,
+                                    npu_moe_token_unpermute_with_routing_map,
+                                    npu_grouped_matmul_add_
 optim_ops                           npu_apply_adam_w, npu_apply_adam
 misc                                npu_format_cast, npu_format_cast_, get_npu_format,
                                     npu_confusion_transpose, npu_transpose, npu_broadcast,
@@ -48,10 +53,11 @@ unsupported                         the rest of the 119 public operators, each r
 from __future__ import annotations
 
 from .activation import (fast_gelu, npu_clipped_swiglu, npu_fast_gelu, npu_geglu, npu_gelu_mul,
-                         npu_mish, npu_silu, npu_swiglu)
+                         npu_mish, npu_silu, npu_swiglu, npu_swiglu_backward)
 from .attention import npu_fusion_attention, npu_fusion_attention_grad
 from .attention_infer import (npu_fused_infer_attention_score, npu_incre_flash_attention,
                               npu_prompt_flash_attention)
+from .attention_v2 import npu_fused_infer_attention_score_v2, npu_fusion_attention_v2
 from .loss import npu_cross_entropy_loss
 from .misc import (_npu_dropout, get_npu_format, npu_bmmV2, npu_broadcast, npu_confusion_transpose,
                    npu_dropout_with_add_softmax, npu_dtype_cast, npu_format_cast, npu_indexing,
@@ -61,11 +67,13 @@ from .misc import (_npu_dropout, get_npu_format, npu_bmmV2, npu_broadcast, npu_c
                    npu_format_cast_, npu_linear, npu_max, npu_min, npu_scaled_masked_softmax,
                    npu_slice, npu_softmax_cross_entropy_with_logits, npu_transpose,
                    npu_transpose_batchmatmul)
-from .moe import (npu_grouped_matmul, npu_moe_compute_expert_tokens, npu_moe_finalize_routing,
-                  npu_moe_gating_top_k_softmax, npu_moe_init_routing, npu_moe_token_permute,
-                  npu_moe_token_unpermute)
+from .moe import (npu_grouped_matmul, npu_grouped_matmul_add_, npu_moe_compute_expert_tokens,
+                  npu_moe_finalize_routing, npu_moe_gating_top_k_softmax, npu_moe_init_routing,
+                  npu_moe_token_permute, npu_moe_token_permute_with_routing_map,
+                  npu_moe_token_unpermute, npu_moe_token_unpermute_with_routing_map)
 from .norm import (npu_add_rms_norm, npu_gemma_rms_norm, npu_group_norm_silu,
-                   npu_group_norm_swish, npu_layer_norm_eval, npu_rms_norm)
+                   npu_group_norm_swish, npu_layer_norm_eval, npu_rms_norm,
+                   npu_rms_norm_backward)
 from .optim_ops import npu_apply_adam, npu_apply_adam_w
 from .ring import npu_ring_attention_update
 from .rope import npu_apply_rotary_pos_emb, npu_mrope, npu_rotary_mul
@@ -86,7 +94,10 @@ IMPLEMENTED = (
     "npu_fused_infer_attention_score", "npu_group_norm_silu", "npu_group_norm_swish",
     "npu_sign_bits_pack", "npu_sign_bits_unpack", "scatter_update", "scatter_update_",
     "npu_scatter_nd_update", "npu_scatter_nd_update_", "npu_cross_entropy_loss", "npu_pad",
-    "npu_indexing", "_npu_dropout", "npu_mrope", "npu_transpose_batchmatmul")
+    "npu_indexing", "_npu_dropout", "npu_mrope", "npu_transpose_batchmatmul",
+    "npu_fusion_attention_v2", "npu_fused_infer_attention_score_v2", "npu_rms_norm_backward",
+    "npu_swiglu_backward", "npu_moe_token_permute_with_routing_map",
+    "npu_moe_token_unpermute_with_routing_map", "npu_grouped_matmul_add_")
 UNSUPPORTED = tuple(sorted(_STUBS))
 
 from . import ops as _ops

@@ -96,3 +96,11 @@ def npu_silu(self):
 def npu_mish(self):
     """torch_npu.npu_mish(x) -> ``x * tanh(softplus(x))``."""
     return F.mish(self)
+
+
+def npu_swiglu_backward(grad_output, x, dim=-1):
+    """torch_npu.npu_swiglu_backward(dy, x, dim=-1) -> dx, the gradient of npu_swiglu."""
+    with torch.enable_grad():
+        xx = x.detach().requires_grad_()
+        (dx,) = torch.autograd.grad(npu_swiglu(xx, dim), (xx,), grad_output)
+    return dx

@@ -243,3 +243,66 @@ def npu_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales,
         if skip is not None:
             out = out + skip.to(ct)
     return out.to(expanded_permuted_rows.dtype)
+
+
+def npu_moe_token_permute_with_routing_map(tokens, routing_map, *, probs=None,
+                                           num_out_tokens=None, drop_and_pad=False):
+    """torch_npu.npu_moe_token_permute_with_routing_map -> (permuted_tokens, permuted_probs,
+    sorted_indices int32): tokens grouped by expert (expert-major, tokens in order within an
+    expert) from the (tokens, experts) routing_map; sorted_indices holds each row's token."""
+    op = "npu_moe_token_permute_with_routing_map"
+    if drop_and_pad:
+        raise NotImplementedError(f"{op}: drop_and_pad=True is not supported on npusim")
+    check(tokens.dim() == 2 and routing_map.dim() == 2 and
+          routing_map.size(0) == tokens.size(0), op, "tokens (T, H) and routing_map (T, E) "
+          "must share T")
+    mask = routing_map.bool().t()                                    # (E, T)
+    token_ids = torch.arange(tokens.size(0), device=tokens.device).expand_as(mask)
+    sorted_indices = token_ids.masked_select(mask)
+    if num_out_tokens is not None:
+        sorted_indices = sorted_indices[:int(num_out_tokens)]
+    permuted = tokens.index_select(0, sorted_indices)
+    permuted_probs = None
+    if probs is not None:
+        permuted_probs = probs.t().masked_select(mask)[:sorted_indices.numel()]
+    return permuted, permuted_probs, sorted_indices.to(torch.int32)
+
+
+def npu_moe_token_unpermute_with_routing_map(permuted_tokens, sorted_indices, restore_shape, *,
+                                             probs=None, routing_map=None, drop_and_pad=False):
+    """torch_npu.npu_moe_token_unpermute_with_routing_map -> restore_shape tensor: each permuted
+    row (weighted by its probs entry, picked expert-major through routing_map) added back to
+    its token; index -1 is an empty slot."""
+    op = "npu_moe_token_unpermute_with_routing_map"
+    if drop_and_pad:
+        raise NotImplementedError(f"{op}: drop_and_pad=True is not supported on npusim")
+    ct = compute_dtype(permuted_tokens.dtype)
+    rows = permuted_tokens.to(ct)
+    if probs is not None:
+        check(routing_map is not None, op, "probs needs routing_map")
+        weights = probs.t().masked_select(routing_map.bool().t()).to(ct)
+        rows = rows * weights[:rows.size(0)].unsqueeze(-1)
+    idx = sorted_indices.long()
+    valid = idx >= 0
+    if not bool(valid.all()):
+        rows, idx = rows[valid], idx[valid]
+    out = rows.new_zeros(tuple(int(s) for s in restore_shape)).index_add(0, idx, rows)
+    return out.to(permuted_tokens.dtype)
+
+
+def npu_grouped_matmul_add_(y, x1, x2, group_list, *, transpose_x=True, transpose_weight=False,
+                            group_type=2, group_list_type=0):
+    """torch_npu.npu_grouped_matmul_add_(y, x, dy, group_list) -> y, adding each group's
+    ``x[a:b]^T @ dy[a:b]`` (a grouped weight gradient, K grouped: group_type 2) into y viewed as
+    (groups, M, N), in place (MindSpeed accumulates main_grad with it)."""
+    op = "npu_grouped_matmul_add_"
+    check(group_type == 2, op, f"group_type only supports 2, got {group_type}")
+    a = x1.t() if transpose_x else x1                                # (M, K)
+    b = x2.t() if transpose_weight else x2                           # (K, N)
+    ends = _ends(group_list, group_list_type, op)
+    view = y.view(len(ends), a.size(0), b.size(1))
+    with torch.no_grad():
+        for i, (s, e) in enumerate(zip([0] + ends[:-1], ends)):
+            view[i] += (a[:, s:e].to(compute_dtype(a.dtype)) @
+                        b[s:e].to(compute_dtype(b.dtype))).to(y.dtype)
+    return y

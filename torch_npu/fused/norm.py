@@ -84,3 +84,14 @@ def npu_group_norm_swish(input, num_groups, weight, bias, eps=1e-05, swish_scale
     y, mean, rstd = _group_normed(input, weight, bias, num_groups, eps, "npu_group_norm_swish")
     dt = input.dtype
     return (y * torch.sigmoid(swish_scale * y)).to(dt), mean.to(dt), rstd.to(dt)
+
+
+def npu_rms_norm_backward(dy, self, gamma, rstd):
+    """torch_npu.npu_rms_norm_backward(dy, x, gamma, rstd) -> (dx, dgamma float32): the gradients
+    of npu_rms_norm's y (rstd is recomputed from x)."""
+    with torch.enable_grad():
+        x = self.detach().requires_grad_()
+        g = gamma.detach().requires_grad_()
+        y = npu_rms_norm(x, g)[0]
+        dx, dg = torch.autograd.grad(y, (x, g), dy)
+    return dx, dg.float()
