@@ -10,7 +10,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch_npu  # noqa: E402
-from torch_npu.fused import attention as fa_mod  # noqa: E402
 
 DEV = "npu"
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-4), torch.bfloat16: dict(atol=3e-2, rtol=3e-2)}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import check
+from ._common import NoKernel, check
 from .attention import npu_fusion_attention
 from .attention_infer import npu_fused_infer_attention_score
 
@@ -84,7 +84,6 @@ def npu_fused_infer_attention_score_v2(
         ("query_dtype", query_dtype), ("key_dtype", key_dtype), ("value_dtype", value_dtype),
         ("out_dtype", out_dtype)) if v is not None}
     if quant:
-        from ._common import NoKernel
         raise NoKernel(f"{op}: {', '.join(quant)} (quantized attention) need a compiled CANN "
                        "kernel, which npusim does not have")
     if learnable_sink is not None:
