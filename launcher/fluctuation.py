@@ -51,10 +51,15 @@ share is thereby left out, as the CPU rule above leaves it out, while a delay th
 (a wait, a simulated latency, a host function on the stream) is the operator's, which the CPU
 rule could not see: a kernel sleeping 60 ms at one step of one rank was "fluctuations: none".
 Both rules apply unchanged to device times (``device_time``), neighbours' factors included;
-the floor is not scaled (device time, unlike wall time, does not stretch with load); flags say ``measure="device"``. What a device time still holds beyond the
-work: a thread waiting for the GIL sleeps (no run delay), so GIL waits count; measured in a
-healthy world-2 train_ddp run beside a busy loop, 57 of 1260 ms of kernel wall time (763 ms
-run delay, 440 ms CPU), and the healthy runs flag nothing. Traces without run delays are judged
+the floor is not scaled (device time, unlike wall time, does not stretch with load); flags
+say ``measure="device"``. What a device time still holds
+beyond the work and the wait: a worker waiting for the GIL sleeps (no run delay), behind a
+holder that runs or is itself descheduled, and a guest vCPU's stolen time is neither CPU nor run
+delay. Measured in healthy train_ddp runs beside a busy loop, single calls took 2.5-20 times
+their device medians that way (2 runs in 9 flagged one to three calls); a 2 ms kernel took
+24 ms beyond its CPU time. So a call whose device-time excess is not also an excess of CPU work (the CPU
+rule above) is flagged only from STALL_US (30 ms) beyond the operator's usual; a 60 ms
+latency is flagged, a 12 ms one only when it is work. Traces without run delays are judged
 by the CPU rule above.
 
 Collectives are left out of both rules: the transfer time of one call is set by when the OS
@@ -85,6 +90,7 @@ RANK_REL = 0.15         # a rank's median at least this much above the others'
 RANK_SHARE = 0.75       # ... in at least this share of its calls
 MAD_SIGMA = 1.4826
 NEIGHBOURS = 2          # calls of other operators on each side that tell a rank's speed then
+STALL_US = 30000.0      # a call's device-time excess that is not CPU work flags it from 30 ms
 
 
 @dataclass(frozen=True)
@@ -214,10 +220,17 @@ def slow_calls(c: OpCalls, floor_us: float = ABS_FLOOR_US,
     measure = "wall"
     if _has_delay(c):
         # the time the call held its stream, less its worker's waits for a core: a delay that
-        # burns no CPU (a wait, a simulated latency) is the operator's, the scheduler's is not
+        # burns no CPU (a wait, a simulated latency) is the operator's, the scheduler's is not.
+        # An excess that is neither CPU work nor such a wait must reach STALL_US: a worker also
+        # sleeps while it waits for the GIL (the module note has the figures)
         t = device_time(c)
         m = float(np.median(t))
         out = _outliers(t / fw, floor_us)[0]
+        if out.any() and _has_cpu(c):
+            gap = t - c.cpu
+            stall = gap - float(np.median(gap)) >= STALL_US
+            scale = min(1.0, float(np.median(c.cpu)) / m) if m > 0 else 1.0
+            out &= stall | _outliers(c.cpu / fc, floor_us * scale)[0]
         return [Flag("call", c.rank, c.op, c.kind, int(c.step[i]), (int(c.step[i]),),
                      c.site[i], float(t[i]), m, len(t), "device") for i in np.flatnonzero(out)]
     if not _has_cpu(c):
@@ -293,4 +306,5 @@ def slow_ranks(per_rank: list[OpCalls], steps: int, floor_us: float = ABS_FLOOR_
 
 
 RULES = {"min_calls": MIN_CALLS, "k": K, "rel_floor": REL_FLOOR, "abs_floor_us": ABS_FLOOR_US,
-         "step_share": STEP_SHARE, "rank_rel": RANK_REL, "rank_share": RANK_SHARE}
+         "step_share": STEP_SHARE, "rank_rel": RANK_REL, "rank_share": RANK_SHARE,
+         "stall_us": STALL_US}

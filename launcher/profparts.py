@@ -55,7 +55,7 @@ class RankTrace:
     task: np.ndarray = None                       # timeline value on its stream, -1 if none
     site: list = field(default_factory=list)
     coll_key: list = field(default_factory=list)  # (comm, seq, op) of a collective, else None
-    marks: list = field(default_factory=list)     # [(time, {track: issued})]
+    marks: list = field(default_factory=list)     # [(time, {track: issued}, host run delay)]
     memory: list = field(default_factory=list)    # [(time, device, allocated, reserved)]
     peaks: dict = field(default_factory=dict)     # device -> {"allocated", "reserved"}
     # filled by analyze()
@@ -68,6 +68,14 @@ class RankTrace:
     @property
     def steps(self) -> int:
         return 0 if self.ends is None else len(self.ends) - 1
+
+    def host_delays(self) -> np.ndarray | None:
+        """The host thread's run delay (us) between consecutive marks, one per step; None
+        without marks or where the trace did not record it."""
+        d = np.asarray([m[2] for m in self.marks], float)
+        if len(d) < 2 or np.isnan(d).any():
+            return None
+        return np.diff(d)
 
 
 def load(path: str, rank: int | None = None) -> RankTrace:
@@ -106,7 +114,8 @@ def load(path: str, rank: int | None = None) -> RankTrace:
                                else None)
         elif ph == "i" and e.get("name") == "step mark":
             rt.marks.append((float(e["ts"]), {int(k): int(v)
-                                              for k, v in (a.get("issued") or {}).items()}))
+                                              for k, v in (a.get("issued") or {}).items()},
+                             float(a.get("delay_us", np.nan))))
         elif ph == "C" and str(e.get("name", "")).endswith(" memory"):
             dev = str(e["name"])[3:-len(" memory")]
             rt.memory.append((float(e["ts"]), dev, int(a.get("allocated", 0)),

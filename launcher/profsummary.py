@@ -160,8 +160,11 @@ def _slowest(traces, busy: dict, calls: dict, common: int) -> dict | None:
             cpu = float(c.cpu.sum()) / common if key[0] != "collective" and dev is c.time and \
                 not np.isnan(c.cpu).any() else None
             per.setdefault(key, {})[t.rank] = (float(dev.sum()) / common, cpu)
-        per.setdefault(("host", "host time between tasks"), {})[t.rank] = \
-            (float(t.parts[:common, profparts.HOST].mean()), None)
+        host = float(t.parts[:common, profparts.HOST].mean())
+        waits = t.host_delays()
+        if waits is not None and len(waits) >= common:    # less the host's waits for a core,
+            host = max(host - float(waits[:common].mean()), 0.0)    # as operators' device time
+        per.setdefault(("host", "host time between tasks"), {})[t.rank] = (host, None)
     cause, excess = None, 0.0
     for key, by_rank in per.items():
         mine = by_rank.get(rank, (0.0, None))

@@ -9,14 +9,14 @@ docs/profiling.md):
 - each task's call site (``args.site``), its timeline value on its stream (``args.task``), the
   CPU time of the thread that ran it (``args.cpu_us``) and that thread's *run delay* over the
   task (``args.delay_us``: the time it was ready to run but waited for a core, Linux's
-  per-thread schedstat): in a simulation a kernel's wall time also holds the time its thread
-  was descheduled; less its run delay, it is the time the task held its stream on the device,
-  whether it computed or waited (a sleep, a simulated latency). Both are read from one
-  ``/proc/thread-self/schedstat`` descriptor per thread, at a task's start and end and only
-  while a recording is on (``_sched``); where schedstat is missing, the CPU time comes from
-  ``time.thread_time`` and there is no run delay;
+  per-thread schedstat, second field). In a simulation a kernel's wall time also holds the
+  time its thread was descheduled; less its run delay, it is the time the task held its stream
+  on the device, whether it computed or waited (a sleep, a simulated latency). Each thread
+  keeps its ``/proc/thread-self/schedstat`` open and reads it once at a task's start and once
+  at its end, only while a recording is on; the CPU time is ``time.thread_time`` (schedstat's
+  own CPU field lags by up to a scheduler tick). Without schedstat there is no run delay;
 - ``step()`` marks ("i" events named ``step mark``) with every stream's last issued timeline value
-  at the mark, so the summary attributes each task to the step whose host code enqueued it, and
+  at the mark (and the marking thread's run delay so far, ``args.delay_us``), so the summary attributes each task to the step whose host code enqueued it, and
   "X" events ``step N`` between consecutive marks on the host track (tid 0);
 - ``range(name)`` blocks as "X" events on the host track;
 - each device's allocated and reserved bytes as counter events ("C", ``NPU<d> memory``), sampled
@@ -104,9 +104,9 @@ class _SchedLocal(threading.local):
 _sched_tls = _SchedLocal()
 
 
-def _sched():
-    """(CPU seconds, run-delay seconds) of the calling thread from its schedstat (one pread,
-    ~1 us); (thread_time(), None) where the kernel has no schedstat."""
+def _run_delay() -> int | None:
+    """The calling thread's run delay in ns (one pread of its kept schedstat); None where
+    the kernel has no per-thread schedstat."""
     f = _sched_tls.file
     if f is None:
         try:
@@ -114,13 +114,12 @@ def _sched():
         except OSError:
             f = _sched_tls.file = False
     if f is False:
-        return _cpu(), None
+        return None
     try:
-        on_cpu, delay, _ = os.pread(f.fd, 64, 0).split()
-        return int(on_cpu) * 1e-9, int(delay) * 1e-9
-    except (OSError, ValueError):
+        return int(os.pread(f.fd, 64, 0).split()[1])
+    except (OSError, ValueError, IndexError):
         _sched_tls.file = False
-        return _cpu(), None
+        return None
 
 
 def _forget_sched_files() -> None:
@@ -133,18 +132,19 @@ os.register_at_fork(after_in_child=_forget_sched_files)
 
 
 def task_start() -> tuple:
-    """The (trace time, thread CPU time, run delay) a stream takes before running a task it
-    records (seconds; the run delay None where unknown)."""
-    cpu, delay = _sched()
-    return now_us(), cpu, delay
+    """What a stream takes before running a task it records: (trace time, thread CPU time,
+    thread run delay in ns or None)."""
+    return now_us(), _cpu(), _run_delay()
 
 
 def task_end(began: tuple, track: int, name: str, cat: str, args, site, task) -> None:
-    """Record a task that began at ``began`` (``task_start()``) and ends now."""
+    """Record a task that began at ``began`` (``task_start()``) and ends now, with its thread's
+    CPU time and run delay over it."""
+    delay = _run_delay()
+    cpu = (_cpu() - began[1]) * 1e6
     end = now_us()
-    cpu, delay = _sched()
-    d = None if delay is None or began[2] is None else (delay - began[2]) * 1e6
-    record(track, name, cat, began[0], end, args, site, task, (cpu - began[1]) * 1e6, d)
+    d = None if delay is None or began[2] is None else (delay - began[2]) * 1e-3
+    record(track, name, cat, began[0], end, args, site, task, cpu, d)
 
 
 def _sample_memory(t: float) -> None:
@@ -178,8 +178,11 @@ def step() -> None:
     t = now_us()
     with _lock:
         n, _marks = _marks, _marks + 1
-    _emit((HOST_TRACK, "step mark", _MARK, t, t, {"mark": n, "issued": issued}, None, None, None,
-           None))
+    args = {"mark": n, "issued": issued}
+    delay = _run_delay()            # the host thread's waits for a core so far (the summary
+    if delay is not None:           # takes them out of its host time between tasks)
+        args["delay_us"] = round(delay * 1e-3, 1)
+    _emit((HOST_TRACK, "step mark", _MARK, t, t, args, None, None, None, None))
     _sample_memory(t)
 
 

@@ -35,6 +35,19 @@ def test_a_call_that_waits_without_cpu_is_the_operators():
     assert fluctuation.slow_calls(c) == []
 
 
+def test_a_short_stall_without_cpu_is_not_flagged_but_the_same_excess_as_work_is():
+    # a worker also sleeps while it waits for the GIL: up to 24 ms measured in healthy runs
+    c = _calls(0, "norm", 2000.0)
+    c.time[7] += 12000.0
+    assert fluctuation.slow_calls(c) == []
+    c.cpu[7] += 12000.0                  # the same excess, spent computing: work
+    (f,) = fluctuation.slow_calls(c)
+    assert (f.step, f.measure) == (8, "device")
+    c.cpu[7] -= 12000.0
+    c.time[7] += fluctuation.STALL_US    # a stall beyond STALL_US is the operator's
+    assert [f.step for f in fluctuation.slow_calls(c)] == [8]
+
+
 def test_a_call_that_waited_for_a_core_is_the_schedulers():
     c = _calls(0, "mlp", 8000.0, delay=100.0)
     c.time[4] += 60000.0
@@ -137,6 +150,7 @@ def test_the_profiler_records_the_run_delay_and_leaves_it_out_of_device_time(tmp
     sp, sl = ev["spin"], ev["sleepy"]
     a = sp["args"]
     assert a["cpu_us"] >= 40000 and a["delay_us"] > 10000, a       # shared the core
-    assert sp["dur"] - a["delay_us"] == pytest.approx(a["cpu_us"], rel=0.25), (sp["dur"], a)
+    # the rest is CPU time, within a stall (a GIL hand-off, stolen time: docs/profiling.md)
+    assert 0.9 * a["cpu_us"] <= sp["dur"] - a["delay_us"] <= a["cpu_us"] + 15000, (sp["dur"], a)
     b = sl["args"]
     assert sl["dur"] >= 30000 and b["cpu_us"] < 5000 and b["delay_us"] < 0.5 * sl["dur"], sl
