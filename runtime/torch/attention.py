@@ -8,10 +8,11 @@ the CPU's in the last bits (``nn.MultiheadAttention`` and ``nn.TransformerEncode
 Here the operator's composite is replaced for npu at the AutogradPrivateUse1 key (where a
 composite's autograd is decided) by the CPU's decision: torch's own chooser,
 ``_fused_sdp_choice``, runs on CPU views through the fallback and answers what it answers for
-CPU tensors of these shapes. When that is the fused CPU kernel, it runs as on CPU,
-``_scaled_dot_product_flash_attention_for_cpu`` with its own backward, so results are bitwise the
-CPU's; any other case (a mask, dropout, grouped-query attention, another choice) takes torch's
-decomposition as before.
+CPU tensors of these shapes, mask and ``enable_gqa``. When that is the fused CPU kernel, it runs
+as on CPU, ``_scaled_dot_product_flash_attention_for_cpu`` with its own backward (a boolean mask
+made additive first, as torch's sdpa does), so results are bitwise the CPU's, masks and
+grouped-query attention (transformers' Llama) included; any other case (dropout, another
+choice) takes torch's decomposition as before.
 """
 from __future__ import annotations
 
@@ -26,9 +27,15 @@ _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, *, scale=None, enable_gqa=False):
-    if attn_mask is None and dropout_p == 0.0 and not enable_gqa and \
-            _choice(query, key, value, None, dropout_p, is_causal, scale=scale) == _FLASH:
-        return _flash(query, key, value, dropout_p, is_causal, scale=scale)[0]
+    if dropout_p == 0.0:
+        mask = attn_mask
+        if mask is not None and mask.dtype == torch.bool:     # as torch's sdpa converts it
+            mask = torch.zeros((), dtype=query.dtype, device=query.device).masked_fill(
+                mask.logical_not(), float("-inf"))
+        if _choice(query, key, value, mask, dropout_p, is_causal, scale=scale,
+                   enable_gqa=enable_gqa) == _FLASH:
+            return _flash(query, key, value, dropout_p, is_causal, attn_mask=mask,
+                          scale=scale)[0]
     return _sdpa.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                            enable_gqa=enable_gqa)
 
