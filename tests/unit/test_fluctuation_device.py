@@ -75,7 +75,7 @@ def test_the_rank_rule_judges_device_times():
     assert (f.rank, f.measure) == (1, "device") and f.ratio == pytest.approx(1.3, rel=0.03)
 
 
-def _trace(path, rank, sleep_at=None):
+def _trace(path, rank, sleep_at=None, host_wait=0.0):
     ev = [{"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
            "args": {"name": f"rank {rank}"}}]
     t, task = 1.7e15, 0
@@ -90,9 +90,10 @@ def _trace(path, rank, sleep_at=None):
                        "ts": t, "dur": d, "args": {"site": SITE, "task": task,
                                                    "cpu_us": 0.6 * us, "delay_us": delay}})
             t += d
-        t += 500.0
+        t += 500.0 + host_wait               # the host, descheduled this long between tasks
         ev.append({"name": "step mark", "cat": "step mark", "ph": "i", "s": "p", "pid": rank,
-                   "tid": 0, "ts": t, "args": {"mark": it, "issued": {"1": task}}})
+                   "tid": 0, "ts": t, "args": {"mark": it, "issued": {"1": task},
+                                               "delay_us": it * host_wait}})
         t += 500.0
     path.write_text(json.dumps({"traceEvents": ev}))
     return str(path)
@@ -154,3 +155,22 @@ def test_the_profiler_records_the_run_delay_and_leaves_it_out_of_device_time(tmp
     assert 0.9 * a["cpu_us"] <= sp["dur"] - a["delay_us"] <= a["cpu_us"] + 15000, (sp["dur"], a)
     b = sl["args"]
     assert sl["dur"] >= 30000 and b["cpu_us"] < 5000 and b["delay_us"] < 0.5 * sl["dur"], sl
+
+
+def test_the_host_time_competes_less_the_host_threads_waits_for_a_core(tmp_path):
+    # rank 1's host was descheduled 4 ms a step (its run delay, recorded at the marks) and its
+    # attention slept 60 ms once (3 ms a step): the sleep is named, not the host
+    paths = [_trace(tmp_path / "trace_rank0.json", 0),
+             _trace(tmp_path / "trace_rank1.json", 1, sleep_at=9, host_wait=4000.0)]
+    rt = profparts.load(paths[1])
+    assert rt.host_delays() == pytest.approx(np.full(20, 4000.0))
+    s = profsummary.summarize(paths)["slowest"]
+    assert s["rank"] == 1 and s["cause"]["name"] == "attention", s
+    # without the marks' run delays the host's 4 ms a step would be named
+    for p in paths:
+        doc = json.loads(open(p).read())
+        for e in doc["traceEvents"]:
+            if e.get("name") == "step mark":
+                e["args"].pop("delay_us", None)
+        open(p, "w").write(json.dumps(doc))
+    assert profsummary.summarize(paths)["slowest"]["cause"]["kind"] == "host"
