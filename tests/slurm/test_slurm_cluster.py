@@ -204,7 +204,7 @@ def test_npurun_on_a_slurm_cluster(tmp_path):
             assert p.poll() is None, p.communicate()
             k = _sh(CLUSTER, "kill-node", "2", timeout=60)
             assert k.returncode == 0, k.stderr
-            killed = time.monotonic()
+            killed, killed_wall = time.monotonic(), time.time()
             out, err = p.communicate(timeout=120)
             ended = time.monotonic() - killed
         finally:
@@ -225,9 +225,11 @@ def test_npurun_on_a_slurm_cluster(tmp_path):
             assert re.search(r"npurun: node 0: stopping: node 1 failed: node 1 \(node2\) is "
                              r"lost, with its ranks 2-3: its npurun stopped answering \(no "
                              r"heartbeat for 5 s", text), text[-4000:]
-        print(text[-4000:])
-        print(f"cluster up in {took_up:.1f} s; the lost node's job ended {ended:.1f} s after "
-              f"the kill")
+        report = tmp_path / "hang_report.json"      # node1's npurun writes it with its verdict
+        said = (f"npurun's verdict {report.stat().st_mtime - killed_wall:.1f} s, "
+                if by_verdict and report.exists() else "")
+        print(f"cluster up in {took_up:.1f} s; after the node's loss: {said}srun's end "
+              f"{ended:.1f} s (slurm's SlurmdTimeout)")
     finally:
         down = _sh(CLUSTER, "down", timeout=120)
     assert down.returncode == 0, down.stderr
