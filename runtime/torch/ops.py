@@ -219,16 +219,21 @@ def _call(op, i: _Info, args, kwargs, cargs: list, ckwargs: dict):
     try:
         return op(*cargs, **ckwargs), None
     except RuntimeError as e:
-        if not i.out or "not resizable" not in str(e):
+        if not i.written or "not resizable" not in str(e):
             raise
     fresh = {}
 
     def grow(a, c):
         if not isinstance(a, _Tensor) or a.device.type != _NPU:
             return c
-        n = fresh[id(c)] = torch.empty(0, dtype=c.dtype)
+        # a resizable CPU copy of the argument, its sizes, strides and values (not an empty
+        # tensor: a kernel lays out an empty out= its own way, e.g. LAPACK's column-major, and
+        # an in-place one, addbmm_, reads it), from the npu tensor's metadata (the failed call
+        # may have changed the view's)
+        n = fresh[id(c)] = torch.empty_strided(a.size(), a.stride(), dtype=a.dtype).copy_(
+            S.cpu_view(a))
         return n
-    for pos, name in i.out:
+    for pos, name in i.written:
         if pos < len(args):
             a, c, into, key = args[pos], cargs[pos], cargs, pos
         elif name in kwargs:

@@ -88,6 +88,31 @@ def test_results_keep_the_cpu_kernels_dense_layout():
         assert torch.equal(b.cpu().view(torch.int32), a.view(torch.int32))
 
 
+def test_a_written_argument_that_grows_is_laid_out_as_on_cpu():
+    """An out= or in-place argument that the CPU kernel grows is grown from a copy with its
+    sizes, strides and values: an in-place addbmm_ on a broadcast self grows it on CPU (it
+    raised "not resizable" on npu), and an out= given as a 0-d tensor gets the CPU's contiguous
+    layout, not LAPACK's column-major one (cholesky_inverse, geqrf)."""
+    torch.npu.set_device(0)
+    g = torch.Generator().manual_seed(0)
+    b1, b2 = torch.randn(3, 4, 5, generator=g), torch.randn(3, 5, 6, generator=g)
+    for self_shape in ((6,), (1, 6), ()):
+        s = torch.randn(self_shape, generator=g)
+        c = s.clone().addbmm_(b1, b2)
+        n = s.to("npu").addbmm_(b1.to("npu"), b2.to("npu"))
+        assert n.shape == c.shape == (4, 6) and n.stride() == c.stride()
+        assert torch.equal(n.cpu().view(torch.int32), c.view(torch.int32))
+    a = torch.randn(4, 4, generator=g)
+    a = a @ a.T + 4 * torch.eye(4)
+    for fn in (torch.cholesky_inverse, lambda t, out: torch.geqrf(
+            t, out=(out, torch.empty(0, device=t.device)))):
+        co, no = torch.zeros(()), torch.zeros((), device="npu")
+        fn(a, out=co)
+        fn(a.to("npu"), out=no)
+        assert no.shape == co.shape and no.stride() == co.stride(), (no.stride(), co.stride())
+        assert torch.equal(no.cpu().view(torch.int32), co.view(torch.int32))
+
+
 # ---------------------------------------------------------------------- the sweep itself
 pytest.importorskip("expecttest", reason="torch's OpInfo database needs expecttest: "
                                          "pip install expecttest")
