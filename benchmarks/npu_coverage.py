@@ -543,8 +543,17 @@ def _render(doc: dict, bases: list) -> str:
          f"bases use each, {100 * u['present_weighted']:.0f} %.", "",
          "| code base | read at |", "|---|---|"]
     L += [f"| {b} | {doc['sources'][b]} |" for b in bases]
-    L += ["", "## Per group", "", "| group | names | yes | raises | no | tested |",
-          "|---|---|---|---|---|---|"]
+    L += ["", "## Per group", "",
+          "`torch.npu`: `torch_npu.npu.__all__` and the `__all__` of its amp, random, utils, "
+          "aclnn and mstx parts (mstx's methods), aclnn's flags. `transfer_to_npu`: every "
+          "attribute its `_init` sets (`[replace]`) and every function whose device arguments "
+          "it rewrites (`[device args]`), torch's compiler internals (`torch._dynamo`, "
+          "`torch._inductor`) left out; its `no` rows are what npusim's transfer_to_npu leaves "
+          "out on purpose (its module docstring says why). `npu_* operators`: torch_npu's "
+          "public operator list (`exposed_api.public_npu_functions`; torch_npu/fused). "
+          "`torch_npu.profiler`: its `__all__`. `torch_npu.distributed`: its `__all__`, the "
+          "named dtypes, ProcessGroupHCCL and its Options.", "",
+          "| group | names | yes | raises | no | tested |", "|---|---|---|---|---|---|"]
     for g in GROUPS:
         c = doc["counts"][g]
         L.append(f"| {g} | {c['names']} | {c['yes']} | {c['raises']} | "
