@@ -16,6 +16,7 @@ import runtime
 from runtime import profiler
 
 from . import device as _device
+from . import pinned as _pinned
 from . import storage as S
 from .exitgate import gated
 from .ops import fallback
@@ -89,7 +90,10 @@ def copy_from(src, dst, non_blocking=False):
             return dst
         site = user_site(2)
         view = S.cpu_view(dst)
-        staged = src.detach().clone() if src.device.type == "cpu" else src.detach().cpu()
+        if _pinned.is_pinned(src):             # pinned: copied from where it is, as a DMA
+            staged = src.detach()
+        else:
+            staged = src.detach().clone() if src.device.type == "cpu" else src.detach().cpu()
         if runtime.stream_check_enabled():
             o = S.owner_of(dst)
             if o is not None and S.span(dst, o) is not None:
@@ -173,13 +177,19 @@ def _redispatch_cpu(op):
 
 
 def record_stream(self, s):
-    """Nothing to do: the pool orders a free after the allocating stream's work, and npusim's
-    stream sanitizer names a free that another stream's work races with. ``s`` arrives as a
-    ``torch.Stream`` (a torch.npu.Stream is one); it must be an npu stream, as CUDA's must be a
-    CUDA one."""
+    """The tensor's memory is also used by the work enqueued on ``s``: its free waits for that
+    work too, not only for the allocating stream's (npusim's stream sanitizer names a free
+    that another stream's work races with). ``s`` arrives as a ``torch.Stream`` (a
+    torch.npu.Stream is one); it must be an npu stream, as CUDA's must be a CUDA one."""
     if s.device.type != "npu":
         raise RuntimeError(f"record_stream(stream={s!r}): expected a stream of the npu device "
                            f"of the tensor ({self.device})")
+    # ZeRO-3 frees a parameter gathered on its all-gather stream after the default stream
+    # read it: without this the pool reused it under that read (tests/libs/test_record_stream.py)
+    o = S.owner_of(self)
+    if o is not None:
+        from torch_npu.npu.streams import rt_stream
+        runtime.memory.record_stream(o.dev, rt_stream(s))
 
 
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
@@ -198,14 +208,42 @@ def convolution_backward(grad_output, input, weight, stride, padding, dilation, 
 
 
 def is_pinned(self, device=None):
-    return False
+    """Whether a CPU tensor is in npusim's pinned host memory (pinned.py)."""
+    return _pinned.is_pinned(self)
 
 
 def pin_memory(self, device=None):
-    """A host tensor pinned for the npu device: a contiguous host copy. torch's Python route to
-    PrivateUse1 has no pinned-memory allocator hook, and without these CPU kernels
-    ``DataLoader(pin_memory=True)`` (the npu being torch's accelerator) raises."""
-    return self.clone(memory_format=torch.contiguous_format)
+    """A host tensor pinned for the npu device: a copy in npusim's pinned host memory
+    (pinned.py). torch's Python route to PrivateUse1 has no pinned-memory allocator hook, and
+    without these CPU kernels ``t.pin_memory()`` and ``DataLoader(pin_memory=True)`` (the npu
+    being torch's accelerator) raise."""
+    return _pinned.pin(self)
+
+
+def _to_blocking_to_cpu(op):
+    """``Tensor.to`` (``op``, a CompositeImplicitAutograd overload) for npu tensors, at the
+    AutogradPrivateUse1 key: a non-blocking copy to the host is made blocking. torch's
+    ``_to_copy`` would allocate its result in pinned memory for a non-blocking copy from a
+    PrivateUse1 tensor to the CPU, which a Python backend cannot give it (pinned.py); a blocking
+    copy has the same values when it returns (non_blocking is a hint: CUDA's copy into pageable
+    memory blocks too). Anything else runs torch's own composite, autograd included."""
+    names = [a.name for a in op._schema.arguments]
+    pos = names.index("non_blocking")
+    target = names.index("device") if "device" in names else names.index("other")
+
+    def k(*args, **kwargs):
+        nb = args[pos] if pos < len(args) else kwargs.get("non_blocking", False)
+        if nb:
+            to = args[target] if target < len(args) else kwargs.get(names[target])
+            if isinstance(to, torch.Tensor):
+                to = to.device
+            if to is not None and torch.device(to).type == "cpu":
+                if pos < len(args):
+                    args = args[:pos] + (False,) + args[pos + 1:]
+                else:
+                    kwargs = dict(kwargs, non_blocking=False)
+        return op.decompose(*args, **kwargs)
+    return k
 
 
 def _cuda_device_present() -> bool:
@@ -258,6 +296,9 @@ def register() -> None:
         _aten.impl("is_pinned", is_pinned, "CPU")
         _aten.impl("_pin_memory", pin_memory, "CPU")
     S.install_storage_resize()
+    for ov in ("device", "dtype_layout", "other"):
+        _aten.impl(f"to.{ov}", _to_blocking_to_cpu(getattr(torch.ops.aten.to, ov)),
+                   "AutogradPrivateUse1")
     from . import attention, autocast, serialization
     attention.register(_aten)
     autocast.register(_aten)

@@ -485,5 +485,66 @@ def test_compiled_ddp_on_npu_never_traces_npusim():
     for pkg in ("runtime", "hccl", "torch_npu"):
         assert trace_rules.check_file(__import__(pkg).__file__).skipped, pkg
     npu = launcher.spawn(compiled_ddp_rank, 1, timeout=300)
-    cpu = launcher.spawn(functools.partial(compiled_ddp_rank, device="cpu"), 1, timeout=120)
+    cpu = launcher.spawn(functools.partial(compiled_ddp_rank, device="cpu"), 1, timeout=200)
     assert npu == cpu                 # compiled on npu, bitwise DDP eager on CPU gloo
+
+
+# ---------------------------------------------------------------------- 3. pinned, non-blocking
+def _busy(seconds=0.3):
+    """Hold the current stream busy so that npu operators behind it are queued tasks."""
+    import threading
+    go = threading.Event()
+    runtime.launch(lambda: go.wait(seconds), stream=torch.npu.current_stream().npu_stream)
+    return go
+
+
+def test_pin_memory_and_is_pinned():
+    x = torch.arange(12.0).reshape(3, 4)
+    assert not x.is_pinned()
+    p = x.pin_memory()
+    assert p.is_pinned() and p.device.type == "cpu" and p.stride() == x.stride()
+    _same(p, x)
+    t = x.t().pin_memory()                            # a transposed tensor keeps its layout
+    assert t.is_pinned() and t.stride() == (1, 4)
+    _same(t, x.t())
+    assert not p.clone().is_pinned()                  # only the pinned storage itself
+    assert p[1:].is_pinned()                          # a view of it is
+    assert not torch.ones(2, device="npu").is_pinned()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=2,
+                                         pin_memory=True)
+    batches = list(loader)
+    assert all(b[0].is_pinned() for b in batches)
+    _same(torch.cat([b[0] for b in batches]), x)
+
+
+def test_non_blocking_copies_are_right_after_synchronize():
+    x = torch.arange(1000.0)
+    pinned = x.pin_memory()
+    for _ in range(5):
+        go = _busy()
+        d = pinned.to("npu", non_blocking=True)       # queued behind the busy stream
+        y = (d * 2).to("cpu", non_blocking=True)      # npu -> host, non-blocking
+        go.set()
+        torch.npu.synchronize()
+        _same(y, x * 2)
+        e = torch.npu.Event()
+        go = _busy()
+        z = (d + 1).to("cpu", non_blocking=True)
+        e.record()
+        go.set()
+        e.synchronize()
+        _same(z, x + 1)
+    a = torch.randn(3, 4, device="npu", requires_grad=True)
+    b = a.to("cpu", non_blocking=True)                # differentiable, as .to() is
+    (b * 3).sum().backward()
+    _same(a.grad, torch.full((3, 4), 3.0))
+    assert a.grad.device.type == "npu"
+
+
+def test_pinned_factories_have_no_python_route():
+    """torch.empty(..., pin_memory=True) asks the PrivateUse1 hooks for a C++ allocator, which
+    torch 2.13's Python route cannot provide (runtime/torch/pinned.py, docs/torch.md "Device
+    contract"): it raises torch's NotImplementedError naming getPinnedMemoryAllocator. If a
+    torch release adds the route, this test says so."""
+    with pytest.raises(NotImplementedError, match="getPinnedMemoryAllocator"):
+        torch.empty(3, pin_memory=True)

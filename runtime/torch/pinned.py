@@ -1,0 +1,69 @@
+"""Pinned host memory for the npu device: ``Tensor.pin_memory()``, ``Tensor.is_pinned()``.
+
+A pinned tensor is a CPU tensor whose storage is a ``runtime.malloc_host`` buffer (npusim's
+page-locked host memory: an asynchronous copy from it is not staged). ``_live`` maps each
+buffer's address to a weak reference of it, so ``is_pinned`` answers True exactly for storages
+made here, for as long as they live.
+
+What torch 2.13's Python route to a PrivateUse1 backend allows (docs/torch.md, "Device
+contract"): torch asks the backend's C++ hooks for a pinned-memory allocator
+(``PrivateUse1HooksInterface::getPinnedMemoryAllocator``) and for ``isPinnedPtr``, and the Python
+hooks forward neither (torch/csrc/acc/Module.cpp). So pinning reaches npusim only through
+operators it can register: ``_pin_memory`` and ``is_pinned`` for CPU tensors (called only when
+pinning is asked for: no cost elsewhere). Allocating pinned memory in a factory
+(``torch.empty(..., pin_memory=True)``, and C++ callers such as DDP's
+``find_unused_parameters`` path) goes from ``empty``'s CPU kernel straight to the hooks; the one
+Python route to it, a kernel for ``empty`` on the BackendSelect key, would run for every CPU
+allocation in the process (measured: a CPU training step 1.74 -> 2.79 ms), so npusim does not
+take it and those calls keep torch's NotImplementedError.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+
+import runtime
+
+_lock = threading.Lock()
+_live: dict = {}                 # buffer address -> (weakref to the HostBuffer, nbytes)
+
+
+def _forget(addr: int, ref) -> None:
+    with _lock:
+        if _live.get(addr, (None,))[0] is ref:
+            del _live[addr]
+
+
+def empty_pinned(size, stride, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised CPU tensor with these sizes and strides on a new pinned host buffer."""
+    item = torch.empty((), dtype=dtype).element_size()
+    span = 0 if 0 in tuple(size) else 1 + sum((n - 1) * s for n, s in zip(size, stride))
+    buf = runtime.malloc_host(max(span * item, 1))
+    addr = int(buf.__array_interface__["data"][0])
+    ref = weakref.ref(buf, lambda r, a=addr: _forget(a, r))
+    with _lock:
+        _live[addr] = (ref, buf.nbytes)
+    base = torch.from_numpy(buf)                    # its storage keeps the buffer alive
+    return torch.empty((0,), dtype=dtype).set_(base.untyped_storage(), 0, tuple(size),
+                                               tuple(stride))
+
+
+def is_pinned(t: torch.Tensor) -> bool:
+    """True for a tensor whose storage is a live pinned buffer made by ``empty_pinned``."""
+    if t.device.type != "cpu":
+        return False
+    e = _live.get(t.untyped_storage().data_ptr())
+    return e is not None and e[0]() is not None
+
+
+def pin(t: torch.Tensor) -> torch.Tensor:
+    """``t.pin_memory()``: a copy of CPU tensor ``t`` in pinned memory, with its strides (as
+    torch's own ``_pin_memory`` keeps them)."""
+    if t.layout != torch.strided:
+        raise RuntimeError(f"pin_memory: only dense CPU tensors can be pinned (layout={t.layout})")
+    stride = torch.empty_like(t, device="meta").stride()     # dense, in t's layout
+    out = empty_pinned(t.size(), stride, t.dtype)
+    out.copy_(t)
+    return out
