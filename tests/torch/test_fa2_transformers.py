@@ -65,15 +65,22 @@ def test_flash_attention_2_trains_like_sdpa(layouts, left):
             opt.zero_grad()
             out = model(input_ids=ids, attention_mask=mask, labels=labels)
             out.loss.backward()
-            opt.step()
             losses[name].append(out.loss.item())
+        # every step's gradients agree (measured: <= 1.2e-6 where they reach 0.2)
+        for (n, a), b in zip(fa2.named_parameters(), sdpa.parameters()):
+            torch.testing.assert_close(a.grad.cpu(), b.grad.cpu(), atol=1e-5, rtol=1e-4,
+                                       msg=lambda m: f"step {step} {n}: {m}")
+        for opt in opts:
+            opt.step()
     # the padded batches went through the varlen (TND) path, 2 layers x 4 steps
     assert layouts.count("TND") == 8, layouts
     torch.testing.assert_close(torch.tensor(losses["fa2"]), torch.tensor(losses["sdpa"]),
                                atol=1e-5, rtol=1e-5)
     assert losses["fa2"][-1] < losses["fa2"][0]                   # it trains
+    # AdamW's first step turns gradients near its eps into updates near lr, so rounding-level
+    # gradient differences leave ~2e-5 in a few weights (measured); 1e-4 bounds them
     for (n, a), b in zip(fa2.named_parameters(), sdpa.parameters()):
-        torch.testing.assert_close(a.detach().cpu(), b.detach().cpu(), atol=1e-5, rtol=1e-4,
+        torch.testing.assert_close(a.detach().cpu(), b.detach().cpu(), atol=1e-4, rtol=1e-4,
                                    msg=n)
 
 
