@@ -386,3 +386,37 @@ def test_more_torch_npu_names():
     assert os.sched_getaffinity(0) == {0}
     torch_npu.utils.reset_thread_affinity()
     assert len(os.sched_getaffinity(0)) >= 1
+
+
+@pytest.mark.timeout(300)
+def test_deepspeeds_npu_accelerator_without_ascend_home():
+    """DeepSpeed 0.19.8's NPU accelerator and op builder in a fresh interpreter with no
+    ASCEND_HOME_PATH: they died on a KeyError before import torch_npu set it."""
+    pytest.importorskip("deepspeed")
+    code = """
+import json, warnings
+warnings.simplefilter("ignore")
+import torch, torch_npu
+from deepspeed.accelerator import get_accelerator
+from deepspeed.ops.op_builder.npu.builder import NPUOpBuilder
+acc = get_accelerator()
+t = acc.FloatTensor([0.0])
+calls = []
+acc.lazy_call(lambda: calls.append(1))
+print("RESULT", json.dumps({
+    "name": type(acc).__name__, "backend": acc.communication_backend_name(),
+    "float": [str(t.device), isinstance(t, acc.FloatTensor)],
+    "total": acc.total_memory(0) == torch.npu.get_device_properties(0).total_memory,
+    "gen": acc.default_generator(0) is torch.npu.default_generators[0], "lazy": calls,
+    "cann": NPUOpBuilder.installed_cann_path(None)}))
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_")}
+    env["PYTHONPATH"] = ROOT
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=240, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1][7:])
+    assert out["name"] == "NPU_Accelerator" and out["backend"] == "hccl"
+    assert out["float"] == ["npu:0", True] and out["total"] and out["gen"]
+    assert out["lazy"] == [1]
+    assert out["cann"] == os.path.join(ROOT, "torch_npu", "_ascend_home")
