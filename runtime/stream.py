@@ -30,6 +30,10 @@ switches of the caller per call; medians of 6-8 alternating jobs 71 -> 45, 93 ->
 97 -> 75 us in three A/Bs; the data-parallel example, which overlaps its AllReduces,
 unchanged (docs/algorithms.md). An idle stream burns no core.
 
+A graph replay is enqueued lazily (``enqueue_lazy``): the host nearly always synchronizes right
+after it, so the worker is not rung while it patrols (it sleeps at most ``PATROL_S`` at a time
+and runs such work nobody started); the patrol ends after ``PATROL_IDLE`` empty wake-ups.
+
 A task that raises puts the stream in an error state: every task enqueued behind it is
 skipped until the error is raised, once, by the first synchronize that observes it, as
 TaskError chained to the original exception and naming the task and the line that enqueued it.
