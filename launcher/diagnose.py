@@ -255,11 +255,15 @@ class Diagnoser:
         if client is None or job is None or job.nnodes < 2:
             return
         local = {w.rank for w in self.agent.workers}
-        states = self.states()
-        quiet = {r: st for r, st in states.items()
-                 if r not in local and float(st.get("time") or 0) <= t0}
-        if not quiet:
-            return
+        end = time.time() + 1.5     # a live rank publishes every interval (0.5 s by default)
+        while True:
+            quiet = {r: st for r, st in self.states().items()
+                     if r not in local and float(st.get("time") or 0) <= t0}
+            if not quiet:
+                return
+            if time.time() >= end:
+                break
+            time.sleep(0.2)
         nodes = {r // job.nproc_per_node for r in quiet}
         try:
             first = {i: client.add(f"{K}hb/{i}", 0) for i in nodes}
