@@ -116,9 +116,29 @@ def test_config_checks():
         tp._ExperimentalConfig(profiler_level="Level9")
     with pytest.raises(ValueError, match="export_type"):
         tp._ExperimentalConfig(export_type="csv")
+    with pytest.warns(UserWarning, match="reset it to text"):
+        assert tp._ExperimentalConfig(export_type=None).export_type == ["text"]
+    assert tp._ExperimentalConfig(export_type=[tp.ExportType.Db, tp.ExportType.Text]) \
+        .export_type == ["db", "text"]
     with pytest.raises(TypeError, match="l2_cache must be a bool"):
         tp._ExperimentalConfig(l2_cache="yes")
     with pytest.raises(TypeError, match="ProfilerActivity"):
         tp.profile(activities=["npu"])
     with pytest.raises(TypeError, match="schedule must be callable"):
         tp.profile(schedule=3)
+
+
+def test_torchtitan_npu_style_ascend_work_path(tmp_path, monkeypatch):
+    """torchtitan-npu sets ASCEND_WORK_PATH and passes no on_trace_ready: the cycle's trace goes
+    to ASCEND_WORK_PATH/profiling_data/<...>_ascend_pt."""
+    monkeypatch.setenv("ASCEND_WORK_PATH", str(tmp_path))
+    cfg = tp._ExperimentalConfig(profiler_level=tp.ProfilerLevel.Level1,
+                                 aic_metrics=tp.AiCMetrics.ArithmeticUtilization)
+    with tp.profile(activities=[tp.ProfilerActivity.CPU, tp.ProfilerActivity.NPU],
+                    schedule=tp.schedule(wait=0, warmup=0, active=2, repeat=1), record_shapes=True,
+                    experimental_config=cfg) as prof:
+        _train(2, prof)
+    (cycle,) = os.listdir(tmp_path / "profiling_data")
+    assert cycle.endswith("_ascend_pt")
+    assert os.listdir(tmp_path / "profiling_data" / cycle) == ["trace_rank0.json"]
+    assert tp.analyse(str(tmp_path / "profiling_data" / cycle))[0].startswith("profile summary")

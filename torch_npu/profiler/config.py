@@ -80,9 +80,11 @@ class _ExperimentalConfig:
         if profiler_level in (ProfilerLevel.Level0, ProfilerLevel.Level_none) and \
                 aic_metrics != AiCMetrics.AiCoreNone:
             aic_metrics = AiCMetrics.AiCoreNone      # torch_npu resets it too (Level1+ only)
-        types = [export_type] if isinstance(export_type, str) else list(export_type or [])
-        bad = [t for t in types if t not in supported_export_type()]
-        if bad or not types:
+        if not export_type:                           # torch_npu resets it with a warning
+            warnings.warn(f"Invalid parameter export_type: {export_type!r}, reset it to text.")
+            export_type = ExportType.Text
+        types = [export_type] if isinstance(export_type, str) else list(export_type)
+        if any(t not in supported_export_type() for t in types):
             raise ValueError(f"export_type must be ExportType.Text / ExportType.Db or a list of "
                              f"them, got {export_type!r}")
         hosts = list(host_sys or [])
