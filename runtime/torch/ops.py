@@ -61,7 +61,7 @@ _LATER = object()             # _now's answer when the operator needs the genera
 
 class _Info:
     """What the fallback needs to know about one operator, from its schema."""
-    __slots__ = ("name", "view", "written", "out", "sync", "gen", "plain")
+    __slots__ = ("name", "view", "written", "out", "sync", "gen", "plain", "wrapped", "packet")
 
     def __init__(self, op):
         schema = op._schema
@@ -81,6 +81,13 @@ class _Info:
                          if a.name == "generator"), None)
         # neither random nor a factory: the fast path may take it
         self.plain = self.gen is None and not any(a.name == "device" for a in schema.arguments)
+        # Tensor arguments past the first: torch hands a Python number wrapped as a tensor
+        # (``a % 4`` reaches ``remainder.Tensor`` through ``remainder.Scalar``'s composite) to
+        # Python as the number itself, which this overload refuses (see ``fallback``)
+        self.wrapped = tuple((k, a.name) for k, a in enumerate(schema.arguments)
+                             if k and str(a.type) == "Tensor")
+        self.packet = getattr(torch.ops.aten, schema.name.split("::")[-1], None) \
+            if schema.name.startswith("aten::") else None
 
 
 def _tensor_type(t: str) -> bool:
@@ -194,6 +201,8 @@ def fallback(op, *args, **kwargs):
         i = info(op)
     if i.view:
         return op.redispatch(_CPU_KS, *args, **kwargs)
+    if i.wrapped and i.packet is not None and _wrapped_number(i, args, kwargs):
+        op = i.packet             # the overload torch picks for a number (CPU's composite)
     if i.plain and not profiler.active() and not stream_check_enabled():
         out = _now(op, i, args, kwargs)
         if out is not _LATER:
@@ -206,6 +215,15 @@ def fallback(op, *args, **kwargs):
         return _compute(op, i, dev, args, kwargs)
     with _device.on(dev):
         return _compute(op, i, dev, args, kwargs)
+
+
+def _wrapped_number(i: _Info, args, kwargs) -> bool:
+    """True when a Tensor argument came as a Python number (a wrapped scalar, see _Info)."""
+    for pos, name in i.wrapped:
+        a = args[pos] if pos < len(args) else kwargs.get(name)
+        if a is not None and not isinstance(a, _Tensor) and isinstance(a, (int, float, complex)):
+            return True
+    return False
 
 
 def _call(op, i: _Info, args, kwargs, cargs: list, ckwargs: dict):
