@@ -51,8 +51,10 @@ share is thereby left out, as the CPU rule above leaves it out, while a delay th
 (a wait, a simulated latency, a host function on the stream) is the operator's, which the CPU
 rule could not see: a kernel sleeping 60 ms at one step of one rank was "fluctuations: none".
 Both rules apply unchanged to device times (``device_time``), neighbours' factors included;
-the floor is not scaled (device time, unlike wall time, does not stretch with load); flags
-say ``measure="device"``. What a device time still holds
+the floor, which comes from the wall time of the steps, is scaled by the operator's median
+device / wall time (load stretches wall time, not device time; the rank rule scales it so for
+CPU times too: a rank doing 30 % more work lost 2.4 ms a step against a floor of 2.2-2.6 ms at
+steps of 110-130 ms under load); flags say ``measure="device"``. What a device time still holds
 beyond the work and the wait: a worker waiting for the GIL sleeps (no run delay), behind a
 holder that runs or is itself descheduled, and a guest vCPU's stolen time is neither CPU nor run
 delay. Measured in healthy train_ddp runs beside a busy loop, single calls took 2.5-20 times
@@ -225,7 +227,9 @@ def slow_calls(c: OpCalls, floor_us: float = ABS_FLOOR_US,
         # sleeps while it waits for the GIL (the module note has the figures)
         t = device_time(c)
         m = float(np.median(t))
-        out = _outliers(t / fw, floor_us)[0]
+        # the floor comes from the step's wall time, which load stretches and device time not
+        wall = float(np.median(c.time))
+        out = _outliers(t / fw, floor_us * (min(1.0, m / wall) if wall > 0 else 1.0))[0]
         if out.any() and _has_cpu(c):
             gap = t - c.cpu
             stall = gap - float(np.median(gap)) >= STALL_US
@@ -285,6 +289,11 @@ def slow_ranks(per_rank: list[OpCalls], steps: int, floor_us: float = ABS_FLOOR_
         return []
     measure, unit = _measure(per_rank)
     med = np.asarray([np.median(v) for v in measure])
+    # the floor per step comes from the steps' wall time, which load stretches; device and CPU
+    # times it does not: the floor shrinks with them (a healthy job's floor, under load)
+    walls = float(np.median([np.median(c.time) for c in per_rank]))
+    if unit != "wall" and walls > 0:
+        floor_us *= min(1.0, float(np.median(med)) / walls)
     flags = []
     for i, c in enumerate(per_rank):
         others = np.delete(med, i)

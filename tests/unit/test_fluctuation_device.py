@@ -174,3 +174,15 @@ def test_the_host_time_competes_less_the_host_threads_waits_for_a_core(tmp_path)
                 e["args"].pop("delay_us", None)
         open(p, "w").write(json.dumps(doc))
     assert profsummary.summarize(paths)["slowest"]["cause"]["kind"] == "host"
+
+
+def test_the_floor_shrinks_with_device_time_when_load_stretches_the_steps():
+    # the injected job under load: rank 1's mlp does 2.4 ms more a step, the steps took 130 ms
+    # of wall time (floor 2.6 ms), each call 3.5 times its device time
+    ranks = [_calls(0, "mlp", 8000.0, delay=20000.0), _calls(1, "mlp", 10400.0, delay=26000.0)]
+    for c in ranks:
+        c.time += c.delay
+    floor = fluctuation.floor_for(130000.0)
+    assert floor == pytest.approx(2600.0)
+    (f,) = fluctuation.slow_ranks(ranks, 20, floor)
+    assert (f.rank, f.measure) == (1, "device") and f.ratio == pytest.approx(1.3, rel=0.03)
