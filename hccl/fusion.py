@@ -41,8 +41,8 @@ from . import executor, plan, schedule
 from .flight import recorder
 from .types import OpType
 
-_ORDERED = ("oneshot", "star")
-_time = time.time      # AllReduce algorithms that reduce each element in rank order
+_ORDERED = ("oneshot", "star")      # AllReduce algorithms that reduce each element in rank order
+_time = time.time
 
 
 class Member(NamedTuple):
