@@ -27,7 +27,9 @@ _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, *, scale=None, enable_gqa=False):
-    if dropout_p == 0.0:
+    # CPU's chooser answers the math path for a mask that requires grad (the fused kernel has
+    # no gradient for it); the CPU views it sees here carry no requires_grad, so ask first
+    if dropout_p == 0.0 and not (attn_mask is not None and attn_mask.requires_grad):
         mask = attn_mask
         if mask is not None and mask.dtype == torch.bool:     # as torch's sdpa converts it
             mask = torch.zeros((), dtype=query.dtype, device=query.device).masked_fill(

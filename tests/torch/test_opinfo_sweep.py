@@ -113,6 +113,25 @@ def test_a_written_argument_that_grows_is_laid_out_as_on_cpu():
         assert torch.equal(no.cpu().view(torch.int32), co.view(torch.int32))
 
 
+def test_sdpa_with_a_mask_that_requires_grad_takes_the_math_path_as_on_cpu():
+    """CPU's sdpa takes the math path when the additive mask requires grad (its fused kernel has
+    no gradient for the mask); npu took the fused kernel and raised "not differentiable with
+    respect to argument 'attn_mask'"."""
+    torch.npu.set_device(0)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 3, 8, generator=g) for _ in range(3))
+    m = torch.randn(3, 3, generator=g)
+    F = torch.nn.functional
+    cpu = [t.clone().requires_grad_() for t in (q, k, v, m)]
+    npu = [t.to("npu").requires_grad_() for t in (q, k, v, m)]
+    gc = torch.autograd.grad(F.scaled_dot_product_attention(*cpu[:3], attn_mask=cpu[3]).sum(),
+                             cpu)
+    gn = torch.autograd.grad(F.scaled_dot_product_attention(*npu[:3], attn_mask=npu[3]).sum(),
+                             npu)
+    for a, b in zip(gc, gn):
+        assert torch.equal(b.cpu().view(torch.int32), a.view(torch.int32))
+
+
 # ---------------------------------------------------------------------- the sweep itself
 pytest.importorskip("expecttest", reason="torch's OpInfo database needs expecttest: "
                                          "pip install expecttest")
