@@ -245,37 +245,44 @@ class Diagnoser:
 
     def _settle_lost_nodes(self, t0: float) -> None:
         """A node lost with its ranks (SIGKILLed, powered off): its ranks' states were fresh when
-        the failure came, and would read as ranks alive in user code. When a rank of another node
-        published nothing since ``t0`` and its node's npurun stopped beating too (no heartbeat
-        for 2.5 s), wait (at most ``verdict.STALE_MIN`` + 1 s) until their states are stale, so
-        that the verdict names them unreachable on that node (issue 53)."""
-        from launcher.rendezvous import HEARTBEAT, K  # noqa: PLC0415
+        the failure came, and would read as ranks alive in user code. When every rank of another
+        node published nothing since ``t0`` (1.5 s given: they publish every 0.5 s), watch that
+        node's npurun: a heartbeat or its goodbye (``bye/<node>``) clears it at once; silent for
+        NPUSIM_NODE_TIMEOUT (the rendezvous' own rule for a lost node), it is lost, and the wait
+        goes on until its ranks' states are stale, so that the verdict names them unreachable on
+        that node (issue 53). A node alive but slow to beat only delays the verdict."""
+        from launcher.rendezvous import K  # noqa: PLC0415
         rdzv, job = self.agent.rdzv, self.agent.job
         client = getattr(rdzv, "client", None)
         if client is None or job is None or job.nnodes < 2:
             return
-        local = {w.rank for w in self.agent.workers}
-        end = time.time() + 1.5     # a live rank publishes every interval (0.5 s by default)
+        n, me = job.nproc_per_node, job.node_rank
+        end = time.time() + 1.5
         while True:
-            quiet = {r: st for r, st in self.states().items()
-                     if r not in local and float(st.get("time") or 0) <= t0}
-            if not quiet:
+            states = self.states()
+            quiet = {r: st for r, st in states.items() if r // n != me
+                     and float(st.get("time") or 0) <= t0}
+            nodes = {i for i in {r // n for r in quiet}
+                     if all(r in quiet for r in range(i * n, (i + 1) * n) if r in states)}
+            if not nodes:
                 return
             if time.time() >= end:
                 break
             time.sleep(0.2)
-        nodes = {r // job.nproc_per_node for r in quiet}
         try:
             first = {i: client.add(f"{K}hb/{i}", 0) for i in nodes}
-            time.sleep(2.5 * HEARTBEAT)
-            lost = {i for i in nodes if client.add(f"{K}hb/{i}", 0) == first[i]}
+            silent_until = time.time() + config.node_timeout()
+            while nodes and time.time() < silent_until:
+                time.sleep(0.25)
+                nodes = {i for i in nodes if client.add(f"{K}hb/{i}", 0) == first[i]
+                         and not client.check([f"{K}bye/{i}"])}
         except Exception:       # the store is gone too: node 0's own loss is reported as such
             return
-        wait = [st for r, st in quiet.items() if r // job.nproc_per_node in lost]
+        wait = [st for r, st in quiet.items() if r // n in nodes]
         if not wait:
             return
         limit = max(verdict.STALE_MIN, *(10 * float(st.get("interval") or 0.5) for st in wait))
-        end = time.time() + verdict.STALE_MIN + 1.0
+        end = time.time() + limit + 1.0
         while time.time() < end and any(time.time() - float(st.get("time") or 0) <= limit + 0.2
                                         for st in wait):
             time.sleep(0.1)
