@@ -133,8 +133,7 @@ def _transfer_entries(root: str) -> list:
             owner = _dotted(node.args[0])
             arg = node.args[1]
             names = lists[arg.id] if isinstance(arg, ast.Name) else ast.literal_eval(arg)
-            owner = {"torch_npu.profiler._KinetoProfile": "torch.profiler._KinetoProfile",
-                     "torch.npu.memory": "torch.cuda.memory"}.get(owner, owner)
+            owner = {"torch.npu.memory": "torch.cuda.memory"}.get(owner, owner)
             out += [(f"{owner}.{n}", "device args") for n in names]
         elif isinstance(node, ast.Assign):
             for t in node.targets:

@@ -164,8 +164,10 @@ def test_distributed_and_profiler_names():
                                    experimental_config=object())
         out["profile_type"] = type(p).__name__
         out["typed_storage"] = torch.ones(2, device="cuda").storage().is_cuda
+        ev = torch.Event(device="cuda")
+        out["event"] = [ev.device.type, isinstance(ev, torch.Event)]
     """)
     assert out["nccl"] and out["pg"] and not out["map"]
     assert out["backend"] == ["hccl", "cpu:gloo,npu:hccl"]
     assert out["activity"] and out["profile"] and out["profile_type"] == "profile"
-    assert out["typed_storage"] is True
+    assert out["typed_storage"] is True and out["event"] == ["npu", True]

@@ -20,7 +20,8 @@ mirrored below under the same names), and done here the same way:
   ``torch.device(...)`` as a context (DeviceContext) and ``ProcessGroup._get_backend``. A string
   has every "cuda" replaced by "npu"; a ``torch.device("cuda", i)`` becomes ``npu:i``; a dict
   (``map_location``) has its keys and values rewritten.
-- ``torch.Generator(device="cuda")``: a generator for npu tensors. npusim's npu operators run
+- ``torch.Event(device="cuda")`` is an npu ``torch.Event``;
+  ``torch.Generator(device="cuda")``: a generator for npu tensors. npusim's npu operators run
   torch's CPU kernels, so this is a CPU ``torch.Generator``, which they accept.
 - ``Tensor.is_cuda`` is ``Tensor.is_npu`` (True on npu tensors), ``.cuda()`` is ``.npu()``.
 - torch.distributed: backend "nccl" (also inside "cpu:gloo,cuda:nccl") becomes "hccl",
@@ -167,6 +168,16 @@ class _GeneratorProxy(torch.Generator, metaclass=_TypeProxyMeta):
 
 
 _TORCH_GENERATOR = torch.Generator
+_TORCH_EVENT = torch.Event
+
+
+class _EventProxy(torch.Event, metaclass=_TypeProxyMeta):
+    """``torch.Event(device="cuda")``: an npu event (a plain ``torch.Event``, as torch_npu
+    returns one: torch 2.13's ``Stream.record_event`` refuses subclasses)."""
+
+    def __new__(cls, *args, **kwargs):
+        args, kwargs = _rewrite_call(args, kwargs, False)
+        return _TORCH_EVENT(*args, **kwargs)
 
 
 def _copy_all(src, dst) -> None:
@@ -198,6 +209,7 @@ def _patch_torch() -> None:
     _wrap_all(torch, TORCH_FN_WHITE_LIST)
     torch.UntypedStorage.__new__ = _wrap_cuda(torch.UntypedStorage.__new__)
     _set(torch, "Generator", _GeneratorProxy)
+    _set(torch, "Event", _EventProxy)
     ac = torch.amp.autocast_mode.autocast
     ac.__init__ = _wrap_cuda(ac.__init__)
 
@@ -291,6 +303,7 @@ def _patch_profiler() -> None:
     _set(tp, "schedule", p.schedule)
     _set(tp, "tensorboard_trace_handler", p.tensorboard_trace_handler)
     _set(tp, "ProfilerAction", p.ProfilerAction)
+    _wrap_all(p._KinetoProfile, ("export_memory_timeline",))
     for name, member in (("CUDA", p.ProfilerActivity.NPU), ("CPU", p.ProfilerActivity.CPU)):
         try:
             setattr(tp.ProfilerActivity, name, member)
