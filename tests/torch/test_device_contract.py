@@ -549,3 +549,19 @@ def test_pinned_factories_have_no_python_route():
     torch release adds the route, this test says so."""
     with pytest.raises(NotImplementedError, match="getPinnedMemoryAllocator"):
         torch.empty(3, pin_memory=True)
+
+
+def test_out_into_empty_and_wrong_sized_tensors_behind_a_busy_stream():
+    """The same out= cases when the operator is a queued task (its sizes from meta kernels)."""
+    a, b = torch.full((), 1.25), torch.full((1,), -3.5)
+    for _ in range(10):
+        go = _busy()
+        o1, o2 = _empty_out(), torch.empty(5, device="npu")
+        torch.add(a.npu(), b.npu(), out=o1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.mul(torch.ones(2, 3, device="npu"), 2.0, out=o2)
+        go.set()
+        torch.npu.synchronize()
+        _same(o1, torch.add(a, b))
+        _same(o2, torch.full((2, 3), 2.0))
