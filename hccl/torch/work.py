@@ -334,6 +334,10 @@ class Staging:
         self.arrays: list = []
 
     def buffer(self, count: int, dtype: np.dtype):
+        # the pool hands out memory in the current stream's order: work still queued there may
+        # use the block's former tensor, and the host reads and writes staging buffers at once
+        # (after FSDP2's steps on npu, DCP's object collectives read garbage sizes)
+        runtime.current_stream().synchronize()
         a = runtime.empty(count, dtype)
         self.arrays.append(a)
         return a
