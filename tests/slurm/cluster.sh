@@ -195,7 +195,7 @@ up() {
 daemon_pids() {   # every slurmctld / slurmd / slurmstepd / munged this cluster started
   local p
   for p in $(pgrep -x 'slurmctld|slurmd|slurmstepd|munged' || true); do
-    if tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q -- "$DIR/"; then
+    if { tr '\0' ' ' <"/proc/$p/cmdline"; } 2>/dev/null | grep -q -- "$DIR/"; then
       echo "$p"
     elif [ "$(cat /proc/$p/comm 2>/dev/null)" = slurmstepd ]; then
       # a step daemon's command line is bare: it belongs to us if a node of ours runs it
