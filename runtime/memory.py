@@ -13,6 +13,7 @@ after free. The check costs nothing on live memory: it runs once a generation sa
 from __future__ import annotations
 
 import enum
+import threading
 import weakref
 from functools import partial
 
@@ -312,7 +313,7 @@ def malloc(nbytes: int, policy: MemMallocPolicy = MemMallocPolicy.HUGE_FIRST) ->
 def malloc_at(nbytes, policy, site: str) -> DevicePtr:
     """``malloc`` with the caller's ``site`` (file:line) given: the one path of every allocation
     (runtime.malloc and the arrays'), on the current stream of the current device."""
-    if graph.active:
+    if graph.active and getattr(private_pool, "pool", None) is None:
         graph.refuse("malloc (an array's allocation included)")
     ctx, stream = current_context_and_stream()
     lock = ctx.lock
@@ -323,6 +324,8 @@ def malloc_at(nbytes, policy, site: str) -> DevicePtr:
         block = ctx.pool.malloc(nbytes, stream, policy, site)
     finally:
         lock.release()
+    if graph.active and getattr(private_pool, "pool", None) is not None:
+        return private_pool.pool.keep(DevicePtr(ctx, block.addr, block, block.gen))
     return DevicePtr(ctx, block.addr, block, block.gen)
 
 
@@ -392,6 +395,9 @@ def free_from_gc(ptr: DevicePtr) -> None:
     ctx = ptr._ctx
     if contexts_by_device.get(ptr.device_id) is not ctx:
         return
+    if _private and _private.get(id(ptr)) is not None:
+        _private[id(ptr)].held.append(ptr)      # a graph's: kept until the graph goes
+        return
     if ctx.lock.acquire(blocking=False):
         try:
             _drain(ctx)
@@ -400,6 +406,41 @@ def free_from_gc(ptr: DevicePtr) -> None:
             ctx.lock.release()
     else:
         ctx.deferred.append(ptr)
+
+
+# ---------------------------------------------------------------------- graph-private memory
+class PrivatePool:
+    """The memory a torch graph capture allocates (torch.npu.NPUGraph's pool, as a CUDA graph's
+    private mempool; runtime/torch/graphs.py). While it is ``private_pool.pool`` of the
+    capturing thread, ``malloc_at`` allows allocations during the capture and keeps their
+    pointers here; one of them freed by the garbage collector (its tensor died) is held, not
+    given back to the caching pool, since a replay's nodes write at its address. ``release()``
+    gives the held ones back and lets the live ones be freed as usual."""
+
+    def __init__(self):
+        self.live: dict = {}            # id(ptr) -> ptr: allocated while capturing
+        self.held: list = []            # of those, the ones freed by the garbage collector
+
+    def keep(self, ptr: DevicePtr) -> DevicePtr:
+        self.live[id(ptr)] = ptr
+        _private[id(ptr)] = self
+        return ptr
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p._block.size for p in self.live.values())
+
+    def release(self) -> None:
+        for k in list(self.live):
+            _private.pop(k, None)
+        self.live.clear()
+        held, self.held = self.held, []
+        for p in held:
+            free_from_gc(p)
+
+
+private_pool = threading.local()    # .pool: the PrivatePool the thread's capture allocates from
+_private: dict = {}                 # id(ptr) -> its PrivatePool, for free_from_gc
 
 
 def malloc_host(nbytes: int) -> HostBuffer:

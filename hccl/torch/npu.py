@@ -35,6 +35,7 @@ from runtime import graph, sanitizer
 from runtime.context import contexts_by_device, current_stream_of
 from runtime.errors import NpuError
 from runtime.torch import device as npu_device
+from runtime.torch import graphs as npu_graphs
 from runtime.torch import storage as npu_storage
 
 from .. import collectives as C
@@ -178,6 +179,9 @@ class NpuCollectives:
         work = Work(api, outputs)
         work.order_after(dev, end)
         keep = b.keep
+        if end.captured_by is not None:     # in a torch graph capture: done at each replay
+            npu_graphs.captured_work(work, end, keep)
+            return work
         completer.submit(work, end, lambda: None, keep.clear)
         return work
 

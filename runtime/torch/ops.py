@@ -46,6 +46,7 @@ from runtime import profiler
 from runtime.sanitizer import stream_check_enabled
 
 from . import device as _device
+from . import graphs as _graphs
 from . import random as _random
 from . import storage as S
 from .exitgate import gated
@@ -203,7 +204,8 @@ def fallback(op, *args, **kwargs):
         return op.redispatch(_CPU_KS, *args, **kwargs)
     if i.wrapped and i.packet is not None and _wrapped_number(i, args, kwargs):
         op = i.packet             # the overload torch picks for a number (CPU's composite)
-    if i.plain and not profiler.active() and not stream_check_enabled():
+    if i.plain and not profiler.active() and not stream_check_enabled() and \
+            not _graphs._rgraph.active:           # a capture takes the task path (graphs.py)
         out = _now(op, i, args, kwargs)
         if out is not _LATER:
             return out
@@ -340,6 +342,8 @@ def _compute(op, i: _Info, dev: int, args, kwargs):
         args, kwargs = _with_generator(i, dev, args, kwargs)
     if "device" in kwargs:        # a factory: its CPU kernel makes a CPU result, copied after
         kwargs = dict(kwargs, device="cpu")
+    if s.capture is not None:     # the stream captures a graph: a node (graphs.py)
+        return _graphs.capture_op(op, i, dev, s, args, kwargs)
     if s.idle() and not profiler.active() and not runtime.stream_check_enabled() or i.sync:
         if not s.idle():
             s.synchronize()
