@@ -36,8 +36,8 @@ def test_every_name_of_torch_npu_npu_all_exists():
 
 
 def test_names_without_meaning_raise_saying_why():
-    for name in ("NPUGraph", "graph_pool_handle", "stop_device", "MemPool", "init_dump",
-                 "caching_allocator_alloc", "npurt", "stress_detect"):
+    for name in ("super_kernel_scope_begin", "graph_task_group_begin", "stop_device", "MemPool",
+                 "init_dump", "npurt", "stress_detect"):
         with pytest.raises(NotSupportedError, match=f"{name} is not supported by npusim: "):
             getattr(torch.npu, name)()
     assert isinstance(NotSupportedError("x"), NotImplementedError)
@@ -210,6 +210,14 @@ def test_memory_names():
         torch.npu.memory_stats()["allocated_bytes.all.current"]
     assert torch.npu.get_per_process_memory_fraction() == 1.0
     del x
+    before = torch.npu.memory_allocated(0)
+    ptr = torch.npu.caching_allocator_alloc(1 << 16, 0)
+    assert isinstance(ptr, int) and torch.npu.memory_allocated(0) >= before + (1 << 16)
+    torch.npu.caching_allocator_delete(ptr)
+    assert torch.npu.memory_allocated(0) == before
+    with pytest.raises(ValueError, match="was not allocated"):
+        torch.npu.caching_allocator_delete(ptr)
+    assert torch.npu.current_blas_handle() is None
 
 
 # ---------------------------------------------------------------------- mstx

@@ -22,7 +22,8 @@ from runtime.torch import device as _device
 from runtime.torch import random as _random_gens
 
 from . import _recovery, aclnn, amp, legacy, memory, mstx as _mstx_module, options, random, utils  # noqa: F401,E501
-from .memory import (empty_cache, get_per_process_memory_fraction, max_memory_allocated,
+from .memory import (caching_allocator_alloc, caching_allocator_delete, empty_cache,
+                     get_per_process_memory_fraction, max_memory_allocated,
                      max_memory_cached, max_memory_reserved, mem_get_info, memory_allocated,
                      memory_cached, memory_reserved, memory_snapshot, memory_stats,
                      memory_stats_as_nested_dict, memory_summary, reset_max_memory_allocated,
@@ -284,8 +285,6 @@ for _name, _why in {
         "register_npu_graph_handler": _GRAPH,
         "super_kernel_scope_begin": "super kernels are fused by CANN's graph compiler",
         "super_kernel_scope_end": "super kernels are fused by CANN's graph compiler",
-        "caching_allocator_alloc": "npu memory is handed out as tensors only (torch.empty)",
-        "caching_allocator_delete": "npu memory is handed out as tensors only (torch.empty)",
         "reset_accumulated_memory_stats": "npusim's pool keeps its accumulated counters "
                                           "(reset_peak_memory_stats resets the peaks)",
         "host_memory_stats": _HOST, "host_memory_stats_as_nested_dict": _HOST,

@@ -112,3 +112,29 @@ def _unsupported():
 
 
 MemPool, NPUPluggableAllocator, use_mem_pool, change_current_allocator = _unsupported()
+
+
+_raw: dict = {}       # device pointer -> the uint8 npu tensor that owns it
+
+
+def caching_allocator_alloc(size: int, device=None, stream=None) -> int:
+    """``size`` bytes from the NPU's pool, allocated on ``stream`` (the current one if None);
+    returns the device pointer (an int). The block lives until ``caching_allocator_delete(ptr)``
+    (a uint8 npu tensor holds it meanwhile)."""
+    import torch
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ValueError(f"caching_allocator_alloc: size must be an int >= 0, got {size!r}")
+    d = _dev(device)
+    from .utils import StreamContext
+    with _device.on(d), StreamContext(stream):     # the block belongs to ``stream`` (if given)
+        t = torch.empty(size, dtype=torch.uint8, device=torch.device("npu", d))
+    ptr = t.data_ptr()
+    _raw[ptr] = t
+    return ptr
+
+
+def caching_allocator_delete(mem_ptr: int) -> None:
+    """Give back a block from ``caching_allocator_alloc``."""
+    if _raw.pop(mem_ptr, None) is None:
+        raise ValueError(f"caching_allocator_delete: {mem_ptr:#x} was not allocated by "
+                         "caching_allocator_alloc (or was freed already)")

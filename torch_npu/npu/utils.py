@@ -265,7 +265,11 @@ def ipc_collect() -> None:
     """Nothing to collect: npusim shares no npu memory between processes through NPU IPC."""
 
 
-current_blas_handle = not_supported("current_blas_handle", "there is no CANN BLAS handle")
+def current_blas_handle():
+    """None, as torch_npu answers (it has no BLAS handle to give either)."""
+    return None
+
+
 init_dump = not_supported("init_dump", "operator data dump is a CANN (msprobe) feature; "
                           "npusim's trace is runtime.profile / torch_npu.profiler")
 set_dump = not_supported("set_dump", "operator data dump is a CANN (msprobe) feature")
