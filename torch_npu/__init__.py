@@ -72,7 +72,13 @@ else:
     from . import _C, contrib, distributed, profiler, utils  # noqa: E402,F401
     from . import _op_gaps  # noqa: E402
     _op_gaps.install(globals())
-    from .npu.amp.sharded_grad_scaler import _ShardedGradScaler  # noqa: E402,F401
+
+    def __getattr__(name):
+        # torch_npu._ShardedGradScaler imports FSDP (1.6 s): only when asked for
+        if name == "_ShardedGradScaler":
+            from .npu.amp.sharded_grad_scaler import _ShardedGradScaler
+            return _ShardedGradScaler
+        raise AttributeError(f"module 'torch_npu' has no attribute {name!r}")
     HiFloat8Tensor = npu.utils.unsupported_class(
         "HiFloat8Tensor", "HiFloat8 is an Ascend-only number format torch's CPU kernels cannot "
         "compute in (torch_npu.dtypes)", "torch_npu")
