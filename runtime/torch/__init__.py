@@ -17,6 +17,15 @@ from __future__ import annotations
 _registered = False
 
 
+def enable_pinned_factories() -> None:
+    """Let ``torch.empty(..., pin_memory=True)`` and its C++ callers (``DDP(...,
+    find_unused_parameters=True)``) allocate npusim's pinned host memory, at the cost of a
+    Python call on every CPU allocation of the process (pinned.py; docs/torch.md, "Device
+    contract"). Call it after ``import torch_npu``."""
+    from . import pinned
+    pinned.enable_factories()
+
+
 def register(module=None) -> None:
     """Make ``npu`` a torch device backed by npusim; ``module`` becomes ``torch.npu``.
 

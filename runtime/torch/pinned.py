@@ -14,8 +14,9 @@ pinning is asked for: no cost elsewhere). Allocating pinned memory in a factory
 (``torch.empty(..., pin_memory=True)``, and C++ callers such as DDP's
 ``find_unused_parameters`` path) goes from ``empty``'s CPU kernel straight to the hooks; the one
 Python route to it, a kernel for ``empty`` on the BackendSelect key, would run for every CPU
-allocation in the process (measured: a CPU training step 1.74 -> 2.79 ms), so npusim does not
-take it and those calls keep torch's NotImplementedError.
+allocation in the process (measured: a CPU training step 1.74 -> 2.79 ms), so npusim takes it
+only when asked (``runtime.torch.enable_pinned_factories()``, ``enable_factories`` below);
+otherwise those calls keep torch's NotImplementedError.
 """
 from __future__ import annotations
 
@@ -67,3 +68,69 @@ def pin(t: torch.Tensor) -> torch.Tensor:
     out = empty_pinned(t.size(), stride, t.dtype)
     out.copy_(t)
     return out
+
+
+# ---------------------------------------------------------------------- pinned factories, opt-in
+_factories_lib = None
+_CPU_KEY = torch._C.DispatchKey.CPU
+
+
+def _backend_keyset(dtype, layout, device):
+    """The dispatch key torch's BackendSelect kernel computes (c10::computeDispatchKey)."""
+    dev = "cpu" if device is None else torch.device(device).type
+    base = torch._C._dispatch_key_for_device(dev)
+    if layout in (None, torch.strided):
+        name = base
+    elif layout == torch.sparse_coo:
+        name = "Sparse" + base
+    elif layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
+        name = "SparseCsr" + base
+    elif layout == torch._mkldnn:
+        name = "MkldnnCPU"
+    else:
+        raise RuntimeError(f"npusim's pinned-memory factories: unsupported layout {layout}")
+    return torch._C.DispatchKeySet(torch._C._parse_dispatch_key(name))
+
+
+def _wants_pinned(pin_memory, layout, device) -> bool:
+    return bool(pin_memory) and layout in (None, torch.strided) and \
+        (device is None or torch.device(device).type == "cpu")
+
+
+def _empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memory=None,
+                         memory_format=None):
+    if _wants_pinned(pin_memory, layout, device):
+        dtype = dtype or torch.get_default_dtype()
+        stride = torch.empty(size, dtype=dtype, device="meta",
+                             memory_format=memory_format or torch.contiguous_format).stride()
+        return empty_pinned(size, stride, dtype)
+    return torch.ops.aten.empty.memory_format.redispatch(
+        _backend_keyset(dtype, layout, device), size, dtype=dtype, layout=layout, device=device,
+        pin_memory=pin_memory, memory_format=memory_format)
+
+
+def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    if _wants_pinned(pin_memory, layout, device):
+        return empty_pinned(size, stride, dtype or torch.get_default_dtype())
+    return torch.ops.aten.empty_strided.default.redispatch(
+        _backend_keyset(dtype, layout, device), size, stride, dtype=dtype, layout=layout,
+        device=device, pin_memory=pin_memory)
+
+
+def enable_factories() -> None:
+    """Opt in to pinned memory from factories (``torch.empty(..., pin_memory=True)`` and its C++
+    callers: ``DDP(find_unused_parameters=True)``'s reducer, ``static_graph=True``), for the
+    whole process, once. It replaces torch's BackendSelect kernels of ``empty`` and
+    ``empty_strided`` with Python ones: every dispatched CPU allocation of the process then
+    costs a Python call (a small CPU training step measured 1.74 -> 2.79 ms), which is why it is
+    not the default (module note)."""
+    global _factories_lib
+    if _factories_lib is not None:
+        return
+    import warnings
+    lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")         # "Overriding a previously registered kernel"
+        lib.impl("empty.memory_format", _empty_memory_format, "BackendSelect")
+        lib.impl("empty_strided", _empty_strided, "BackendSelect")
+    _factories_lib = lib

@@ -542,11 +542,15 @@ def test_non_blocking_copies_are_right_after_synchronize():
     assert a.grad.device.type == "npu"
 
 
-def test_pinned_factories_have_no_python_route():
+def test_pinned_factories_have_no_python_route_by_default():
     """torch.empty(..., pin_memory=True) asks the PrivateUse1 hooks for a C++ allocator, which
     torch 2.13's Python route cannot provide (runtime/torch/pinned.py, docs/torch.md "Device
-    contract"): it raises torch's NotImplementedError naming getPinnedMemoryAllocator. If a
-    torch release adds the route, this test says so."""
+    contract"): without the opt-in it raises torch's NotImplementedError naming
+    getPinnedMemoryAllocator. If a torch release adds the route, this test says so. (The opt-in
+    changes the whole process: it is tested in rank processes, below.)"""
+    from runtime.torch import pinned
+    if pinned._factories_lib is not None:
+        pytest.skip("this process opted in to pinned factories")
     with pytest.raises(NotImplementedError, match="getPinnedMemoryAllocator"):
         torch.empty(3, pin_memory=True)
 
@@ -565,3 +569,57 @@ def test_out_into_empty_and_wrong_sized_tensors_behind_a_busy_stream():
         torch.npu.synchronize()
         _same(o1, torch.add(a, b))
         _same(o2, torch.full((2, 3), 2.0))
+
+
+def ddp_unused_rank(rank: int, device: str = "npu") -> dict:
+    """DDP(find_unused_parameters=True) (the transformers Trainer's default) with a branch unused
+    in the forward: 3 steps, losses and parameters."""
+    import warnings
+
+    import torch.distributed as dist
+
+    import hccl.torch_backend  # noqa: F401
+    import runtime.torch
+    warnings.filterwarnings("ignore")
+    if device == "npu":
+        runtime.torch.enable_pinned_factories()
+        torch.npu.set_device(rank)
+        assert torch.empty(3, pin_memory=True).is_pinned()
+        assert torch.zeros(2, 3, pin_memory=True).is_pinned()
+        assert not torch.empty(3).is_pinned()
+        assert torch.empty(2, device="npu").device.type == "npu"
+    dist.init_process_group("hccl" if device == "npu" else "gloo")
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.unused = torch.nn.Linear(6, 6), torch.nn.Linear(6, 6)
+
+        def forward(self, x):
+            return self.a(x)
+    torch.manual_seed(0)
+    m = Net().to(device)
+    ddp = torch.nn.parallel.DistributedDataParallel(m, find_unused_parameters=True)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(rank))
+    losses = []
+    for _ in range(3):
+        opt.zero_grad()
+        loss = ddp(x.to(device)).square().mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    params = [p.detach().cpu().tolist() for p in m.parameters()]
+    dist.destroy_process_group()
+    return {"losses": losses, "params": params}
+
+
+@pytest.mark.timeout(300)
+def test_ddp_find_unused_parameters_with_pinned_factories_opt_in():
+    import functools
+
+    import launcher
+    npu = launcher.spawn(ddp_unused_rank, 2, timeout=200)
+    cpu = launcher.spawn(functools.partial(ddp_unused_rank, device="cpu"), 2, timeout=200)
+    assert npu[0]["losses"][-1] < npu[0]["losses"][0]
+    assert npu == cpu
