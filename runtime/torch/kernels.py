@@ -16,6 +16,7 @@ import runtime
 from runtime import profiler
 
 from . import device as _device
+from . import graphs as _graphs
 from . import pinned as _pinned
 from . import storage as S
 from .exitgate import gated
@@ -75,6 +76,8 @@ def copy_from(src, dst, non_blocking=False):
     if src.device.type == "npu":               # device -> host: waits for the stream
         with _device.on(src.device.index):
             s = runtime.current_stream()
+            if s.capture is not None:           # a graph capture computes no data (graphs.py)
+                _graphs.refuse("aten::_copy_from to the host (.cpu(), .to('cpu'), print)", s)
             if not s.idle():
                 s.synchronize()
             if runtime.stream_check_enabled():
@@ -85,7 +88,8 @@ def copy_from(src, dst, non_blocking=False):
     d = dst.device.index
     with _device.on(d):
         s = runtime.current_stream()
-        if s.idle() and not profiler.active() and not runtime.stream_check_enabled():
+        if s.idle() and not profiler.active() and not runtime.stream_check_enabled() and \
+                s.capture is None:              # captured: a node (graphs.py)
             S.cpu_view(dst).copy_(src)
             return dst
         site = user_site(2)

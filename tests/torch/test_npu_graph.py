@@ -86,6 +86,9 @@ def test_sync_operators_are_refused_by_name_and_the_capture_is_discarded():
             y.sum().item()
     assert len(g) == 0 and not torch.npu.is_current_stream_capturing()
     assert float((x + 1).sum().cpu()) == 8.0     # the streams are usable again
+    with pytest.raises(GraphCaptureError, match=r"_copy_from to the host.*not permitted"):
+        with torch.npu.graph(torch.npu.NPUGraph()):
+            (x * 3).cpu()
     with pytest.raises(GraphCaptureError, match="nonzero"):
         with torch.npu.graph(torch.npu.NPUGraph()):
             torch.nonzero(x)
@@ -93,6 +96,33 @@ def test_sync_operators_are_refused_by_name_and_the_capture_is_discarded():
         torch.npu.graph(object())
     with pytest.raises(ValueError, match="capture_error_mode"):
         torch.npu.graph(torch.npu.NPUGraph(), capture_error_mode="loose")
+
+
+def test_a_host_to_device_copy_is_a_node_and_dropout_replays_as_eager():
+    host = torch.arange(6, dtype=torch.float32)
+    dst = torch.zeros(6).to("npu")
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g):
+        dst.copy_(host)                         # staged at the capture, copied at each replay
+        out = dst * 2
+    dst.zero_()
+    g.replay()
+    assert torch.equal(out.cpu(), host * 2)
+    # a random operator draws from the device's generator at each replay, as eager code does
+    x = torch.ones(64).to("npu")
+    torch.manual_seed(11)                       # native_dropout draws from CPU's generator
+    torch.npu.manual_seed(11)
+    eager = [torch.nn.functional.dropout(x, 0.5).cpu() for _ in range(3)]
+    torch.manual_seed(11)
+    torch.npu.manual_seed(11)
+    g2 = torch.npu.NPUGraph()
+    with torch.npu.graph(g2):
+        y = torch.nn.functional.dropout(x, 0.5)
+    got = []
+    for _ in range(3):
+        g2.replay()
+        got.append(y.cpu())
+    assert all(torch.equal(a, b) for a, b in zip(eager, got))
 
 
 def _step(m, opt, x, y):
