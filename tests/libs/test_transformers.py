@@ -6,6 +6,12 @@ a checkpoint every 3 steps), the losses of Trainer B resumed from A's step-3 che
 are A's last three, bitwise, on both devices), A's and B's final parameters (equal to each
 other), GPT-2's tie of lm_head to wte kept, and ``generate()`` (greedy tokens and scores,
 sampled tokens after ``torch.manual_seed``) of the final model on the rank's device.
+
+One argument is not the default: ``ddp_find_unused_parameters=False`` (the Trainer's default
+for a PreTrainedModel is True). DDP's reducer with find_unused_parameters stages a flag map
+in pinned memory from C++, which torch 2.13's Python route to a PrivateUse1 backend cannot
+give (docs/torch.md, "Device contract", pinned memory): on npu the first backward raises
+torch's NotImplementedError (``getPinnedMemoryAllocator``). The test of the default shows it.
 """
 from __future__ import annotations
 
@@ -42,8 +48,9 @@ def _check_run(recs, device, model):
 
 
 def _compare(tmp_path, model):
-    npu = harness.run("trainer_job.py", tmp_path, "npu", "--model", model, "--steps", str(STEPS))
-    cpu = harness.run("trainer_job.py", tmp_path, "cpu", "--model", model, "--steps", str(STEPS))
+    args = ("--model", model, "--steps", str(STEPS), "--no-find-unused")
+    npu = harness.run("trainer_job.py", tmp_path, "npu", *args)
+    cpu = harness.run("trainer_job.py", tmp_path, "cpu", *args)
     _check_run(cpu, "cpu", model)
     _check_run(npu, "npu", model)
     harness.assert_runs_equal(npu, cpu, keys=("losses", "losses_resumed", "greedy",
@@ -60,3 +67,16 @@ def test_trainer_gpt2_tied_npu_is_cpu_gloo_bitwise(tmp_path):
 @pytest.mark.timeout(600)
 def test_trainer_llama_npu_is_cpu_gloo_bitwise(tmp_path):
     _compare(tmp_path, "llama")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.xfail(raises=AssertionError, strict=True,
+                   reason="DDP(find_unused_parameters=True), the Trainer's default, needs a C++ "
+                          "pinned allocator torch 2.13's Python PrivateUse1 route cannot give")
+def test_trainer_default_find_unused_parameters_on_npu(tmp_path):
+    try:
+        harness.run("trainer_job.py", tmp_path, "npu", "--model", "gpt2", "--steps", "2")
+    except AssertionError as e:
+        assert "getPinnedMemoryAllocator" in str(e), str(e)[-3000:]
+        raise
