@@ -455,7 +455,21 @@ def tested(name: str, texts: list) -> bool:
         if parts[-2] == "__init__":
             pats = [rf"\b{re.escape(parts[-3])}\("]
     rx = re.compile("|".join(pats))
-    return any(rx.search(t) for t in texts)
+    if any(rx.search(t) for t in texts):
+        return True
+    # a torch_npu submodule imported under a name of its own (``from torch_npu import profiler
+    # as tp``; ``from torch_npu.distributed import is_hccl_available``): its names used as such
+    if target.startswith("torch_npu.") and len(parts) == 3:
+        mod = parts[1]
+        imported = re.compile(rf"from torch_npu import {mod} as (\w+)")
+        direct = re.compile(rf"from torch_npu\.{mod} import [^\n]*\b{re.escape(leaf)}\b")
+        for t in texts:
+            if direct.search(t):
+                return True
+            for alias in imported.findall(t):
+                if re.search(rf"\b{alias}\.{re.escape(leaf)}\b", t):
+                    return True
+    return False
 
 
 # ============================================================== the page

@@ -75,4 +75,9 @@ def test_the_grep_for_tested():
     assert cov.tested("torch.npu.random.get_rng_state_all", texts) is False
     assert cov.tested("torch_npu.npu_rms_norm", texts)
     assert not cov.tested("torch_npu.npu_swiglu", texts)
+    texts = ["from torch_npu import profiler as tp\nx = tp.schedule(1)\n",
+             "from torch_npu.distributed import is_hccl_available\n"]
+    assert cov.tested("torch_npu.profiler.schedule", texts)
+    assert cov.tested("torch_npu.distributed.is_hccl_available", texts)
+    assert not cov.tested("torch_npu.profiler.HostSystem", texts)
     assert os.path.exists(cov.PAGE)

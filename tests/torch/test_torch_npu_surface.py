@@ -428,3 +428,135 @@ print("RESULT", json.dumps({
     assert out["float"] == ["npu:0", True] and out["total"] and out["gen"]
     assert out["lazy"] == [1]
     assert out["cann"] == os.path.join(ROOT, "torch_npu", "_ascend_home")
+
+
+def test_the_rest_of_torch_npu_as_a_script_calls_it(tmp_path):
+    """The torch.npu names no test above reaches, each called as a script would call it."""
+    npu = torch.npu
+    npu.init()
+    npu.set_device(0)
+    npu.random.manual_seed(3)
+    npu.random.manual_seed_all(3)
+    assert npu.initial_seed() == npu.random.initial_seed() == 3
+    npu.seed()
+    npu.random.seed()
+    npu.seed_all()
+    npu.random.seed_all()
+    s = npu.initial_seed()
+    assert all(g.initial_seed() == s for g in npu.default_generators)
+    t = torch.ones(2, device="npu:1")
+    with npu.device_of(t):
+        assert npu.current_device() == 1
+    with npu.utils.device_of(torch.ones(1)):                # a CPU tensor: no change
+        assert npu.utils.current_device() == 0
+    with npu.utils.device(1):
+        assert npu.utils.current_device() == 1
+    assert npu.utilization(0) == 0
+    x = torch.empty(1 << 20, device="npu")
+    assert npu.max_memory_cached() >= npu.memory_cached() > 0
+    snap = npu.memory_snapshot()
+    assert snap and snap[0]["device"] == 0
+    npu.reset_max_memory_allocated()
+    npu.reset_max_memory_cached()
+    assert npu.max_memory_allocated() == npu.memory_allocated()
+    del x
+    npu.empty_virt_addr_cache()
+    assert npu.memory_reserved() == 0
+    npu.set_aoe(str(tmp_path / "aoe"))
+    assert os.path.isdir(tmp_path / "aoe") and npu.get_option("autotune") == "enable"
+    npu.set_mm_bmm_format_nd(False)
+    assert npu.get_mm_bmm_format_nd() is False
+    npu.set_mm_bmm_format_nd(True)
+    with pytest.warns(UserWarning, match="useless"):
+        npu.clear_npu_overflow_flag()
+    with pytest.warns(UserWarning, match="useless"):
+        npu.utils.clear_npu_overflow_flag()
+    with pytest.raises(RuntimeError, match="Ascend910B1"):
+        npu.utils.get_npu_overflow_flag()
+    assert not npu.utils.is_force_overflow_check()
+    assert npu.get_amp_supported_dtype() == [torch.float16, torch.bfloat16]
+    assert npu.is_bf16_supported() and npu.utils.is_bf16_supported()
+    npu.set_autocast_dtype(torch.bfloat16)
+    npu.set_autocast_enabled(True)
+    assert npu.is_autocast_enabled() and npu.get_autocast_dtype() == torch.bfloat16
+    npu.set_autocast_enabled(False)
+    npu.set_autocast_dtype(torch.float16)
+    assert not npu.is_autocast_enabled()
+
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        @npu.amp.custom_fwd(cast_inputs=torch.float32)
+        def forward(ctx, a):
+            return a * 2
+
+        @staticmethod
+        @npu.amp.custom_bwd
+        def backward(ctx, g):
+            return g * 2
+    a = torch.ones(2, device="npu", requires_grad=True)
+    with torch.autocast("npu", dtype=torch.bfloat16):
+        y = Twice.apply(a.bfloat16())
+    assert y.dtype == torch.float32
+    y.sum().backward()
+    assert a.grad.tolist() == [2.0, 2.0]
+    for name, dtype in (("BoolTensor", torch.bool), ("ByteTensor", torch.uint8),
+                        ("CharTensor", torch.int8), ("DoubleTensor", torch.float64),
+                        ("IntTensor", torch.int32), ("ShortTensor", torch.int16)):
+        v = getattr(npu, name)([1, 0])
+        assert v.dtype == dtype and v.device.type == "npu" and isinstance(v, getattr(npu, name))
+    for name in ("BoolStorage", "ByteStorage", "ShortStorage", "LongStorage", "IntStorage",
+                 "HalfStorage", "CharStorage", "DoubleStorage", "BFloat16Storage"):
+        with pytest.raises(RuntimeError, match=f"torch.npu.{name}: typed npu storages"):
+            getattr(npu, name)()
+    assert npu.check_uce_in_memory(0) == 0 == npu.utils.check_uce_in_memory(0)
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        b = npu.enable_deterministic_with_backward(torch.ones(1))
+        assert torch.are_deterministic_algorithms_enabled() and b.tolist() == [1.0]
+        npu.disable_deterministic_with_backward(b)
+        assert not torch.are_deterministic_algorithms_enabled()
+        npu.set_deterministic_level(1)
+        assert torch.are_deterministic_algorithms_enabled()
+        npu.set_deterministic_level(0)
+        assert not torch.are_deterministic_algorithms_enabled()
+        with pytest.raises(ValueError, match="level must be an int"):
+            npu.set_deterministic_level(-1)
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert npu.get_device_limit(0) == {"cube_core_num": 24, "vector_core_num": 48}
+    npu.set_device_limit(1, cube_num=8)                    # torch_npu allows one call
+    assert npu.get_device_limit(1) == {"cube_core_num": 8, "vector_core_num": 48}
+    with pytest.raises(RuntimeError, match="already been called"):
+        npu.set_device_limit(1, vector_num=8)
+    npu.ipc_collect()
+    npu.utils.ipc_collect()
+    npu.set_op_timeout_ms(500)
+    npu.utils.set_op_timeout_ms(600)
+    assert npu.get_option("OP_TIMEOUT_MS") == "600"
+    with pytest.raises(ValueError, match="timeout_ms"):
+        npu.set_op_timeout_ms(-1)
+    npu.host_empty_cache()
+    npu.use_compatible_impl(True)
+    assert npu.are_compatible_impl_enabled()
+    npu.use_compatible_impl(False)
+    assert not npu.are_compatible_impl_enabled()
+    npu.utils.set_task_queue_enable(1)
+    assert npu.utils.get_task_queue_enable() == 1
+    npu.utils.set_sync_debug_mode("default")
+    assert npu.utils.get_sync_debug_mode() == 0
+    assert npu.utils.current_blas_handle() is None
+    npu.utils.set_device(0)
+    npu.utils.synchronize()
+    s2 = npu.utils.current_stream()
+    assert s2 == npu.utils.default_stream()
+    side = npu.Stream()
+    with npu.utils.stream(side):
+        assert npu.utils.current_stream() == side
+    with npu.utils.StreamContext(None):
+        assert npu.utils.current_stream() == s2
+    npu.utils.set_stream(side)
+    npu.utils.set_stream(s2)
+    with pytest.warns(UserWarning, match="version isn't implemented"):
+        assert npu.aclnn.version() is None
+    assert npu.aclnn.set_flags(False) == (True,) and npu.aclnn.allow_hf32 is False
+    npu.aclnn.set_flags(True)
