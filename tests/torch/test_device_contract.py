@@ -270,7 +270,8 @@ def test_autocast_output_dtypes_are_cudas(dtype):
     got = _autocast_dtypes(dtype)
     want = {k: dtype if v == "low" else torch.float32 for k, v in _CUDA_DTYPE.items()}
     assert {k: v.dtype for k, v in got.items()} == want
-    with torch.autocast("npu", dtype=dtype), pytest.raises(RuntimeError, match="unsafe to autocast"):
+    with torch.autocast("npu", dtype=dtype), \
+            pytest.raises(RuntimeError, match="unsafe to autocast"):
         torch.nn.functional.binary_cross_entropy(torch.rand(3, device="npu"),
                                                  torch.rand(3, device="npu"))
 
