@@ -40,6 +40,9 @@ def empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memor
     if memory_format == torch.channels_last and len(size) == 4:
         n, c, h, w = (max(x, 1) for x in size)
         stride = (h * w * c, 1, w * c, c)
+    elif memory_format == torch.channels_last_3d and len(size) == 5:
+        n, c, d_, h, w = (max(x, 1) for x in size)
+        stride = (d_ * h * w * c, 1, h * w * c, w * c, c)
     else:
         stride = S.contiguous_strides(size)
     return _empty_on(d, size, stride, dtype)
@@ -315,7 +318,9 @@ _CPU_FUSED = [n for n in ("native_layer_norm", "native_layer_norm_backward", "na
                           "_fused_sdp_choice",
                           # its CPU out= kernel writes the elementwise loss into out= first:
                           # the composite's 0-d out= warned "An output ... was resized"
-                          "mse_loss")
+                          "mse_loss",
+                          # a composite that accepts CPU and CUDA tensors only: on CPU views
+                          "mode.values")
               if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + n, "PrivateUse1")]
 
 
