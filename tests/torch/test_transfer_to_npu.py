@@ -83,6 +83,14 @@ def test_cuda_device_arguments_become_npu():
         torch.cuda.random.set_rng_state(s, "cuda:0")
         out["rng"] = int(s.numel())
         out["fftfreq"] = str(torch.fft.fftfreq(4, device="cuda").device)
+        snap = torch.cuda.memory._snapshot("cuda:0")
+        out["snapshot"] = [len(snap["segments"]) > 0, snap["device_traces"][0]]
+        torch.cuda.memory._record_memory_history(enabled=None)
+        try:
+            torch.cuda.memory._record_memory_history(max_entries=100)
+            out["history"] = "recorded"
+        except NotImplementedError as e:
+            out["history"] = str(e)
         # npu storages made directly crash the process (no C++ allocator, issue 50): only the
         # rewrite is checked here
         out["storage"] = getattr(torch.UntypedStorage.__new__, "_npusim_cuda_wrapped", False)
@@ -95,6 +103,7 @@ def test_cuda_device_arguments_become_npu():
     assert out["name"] == out["props"] == "Ascend910B1" and out["mem"]
     assert out["cap"] == [9, 9, 0] and out["rng"] > 0
     assert out["fftfreq"] == "npu:0" and out["storage"] is True
+    assert out["snapshot"] == [True, []] and "keeps no allocation history" in out["history"]
 
 
 @pytest.mark.timeout(300)

@@ -30,10 +30,13 @@ mirrored below under the same names), and done here the same way:
 - torch.profiler: ``profile``, ``schedule``, ``tensorboard_trace_handler``, ``ProfilerAction``
   and ``ProfilerActivity.CUDA / CPU`` are torch_npu.profiler's (npusim's trace and summary).
 
+``torch.cuda.memory._snapshot`` / ``_dump_snapshot`` are npusim's pool's (segments, no
+allocation history: ``_record_memory_history`` raises saying so).
+
 Not done here, though torch_npu does them: disabling ``torch.jit.script``, answering "no
-triton" and "npu" to inductor's GPU-type queries, the memory-history functions of
-``torch.cuda.memory`` (npusim's pool has no history recorder), and the per-library wrappers of
-torch_npu's apis_config.json (none ship in the wheel). ``torch.device("cuda")`` itself still
+triton" and "npu" to inductor's GPU-type queries, replacing torch.cuda.amp's modules (their
+names are set instead: torch._dynamo reads those modules), torch_npu's cpp_extension, and the
+per-library wrappers of torch_npu's apis_config.json (none ship in the wheel). ``torch.device("cuda")`` itself still
 names CUDA: it is translated where passed to the functions above.
 """
 from __future__ import annotations
@@ -197,6 +200,9 @@ def _patch_cuda() -> None:
     _wrap_all(torch.cuda.random, ("get_rng_state", "set_rng_state"))
     npu.device.__init__ = _wrap_cuda(npu.device.__init__)
     _set(torch.cuda, "default_generators", npu.default_generators)
+    _wrap_all(npu.memory, ("_record_memory_history", "_snapshot"))
+    for name in ("_record_memory_history", "_snapshot", "_dump_snapshot"):
+        _set(torch.cuda.memory, name, getattr(npu.memory, name))
     _set(torch.cuda, "DoubleTensor", npu.FloatTensor)
     _set(torch.cuda, "CUDAGraph", npu.NPUGraph)
 

@@ -138,3 +138,37 @@ def caching_allocator_delete(mem_ptr: int) -> None:
     if _raw.pop(mem_ptr, None) is None:
         raise ValueError(f"caching_allocator_delete: {mem_ptr:#x} was not allocated by "
                          "caching_allocator_alloc (or was freed already)")
+
+
+def _snapshot(device=None) -> dict:
+    """torch's memory-snapshot dict (``torch.cuda.memory._snapshot``'s form): ``segments`` from
+    npusim's pool (streams as their ids) and ``device_traces`` (empty: the pool keeps no
+    allocation history)."""
+    segs = []
+    for seg in memory_snapshot():
+        seg = dict(seg)
+        seg["stream"] = getattr(seg.get("stream"), "id", 0)
+        seg["blocks"] = [dict(b, stream=getattr(b.get("stream"), "id", 0))
+                         for b in seg.get("blocks", [])]
+        segs.append(seg)
+    return {"segments": segs, "device_traces": [[] for _ in range(runtime.device_count())],
+            "allocator_settings": {}}
+
+
+def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
+    """Pickle ``_snapshot()`` to ``filename`` (torch's memory_viz reads the segments)."""
+    import pickle
+    with open(filename, "wb") as f:
+        pickle.dump(_snapshot(), f)
+
+
+def _record_memory_history(enabled="all", context="all", stacks="all", max_entries=None,
+                           device=None, **kwargs) -> None:
+    """Turning recording off is accepted; turning it on raises NotSupportedError: npusim's pool
+    keeps no allocation history (``_snapshot`` has its segments and blocks with their sites)."""
+    if enabled in (None, False):
+        return
+    from .utils import NotSupportedError
+    raise NotSupportedError("torch.npu.memory._record_memory_history is not supported by "
+                            "npusim: its pool keeps no allocation history (torch.npu.memory."
+                            "_snapshot() has the segments and blocks, with their sites)")
