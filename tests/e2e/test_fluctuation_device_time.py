@@ -61,7 +61,8 @@ def test_a_kernel_sleeping_60_ms_on_one_rank_at_one_step_is_flagged(tmp_path):
     line = 'late = 60 if (name, rank, it) == ("attention", 1, 9) else 0'
     lineno = [x.strip() for x in SLEEPY.splitlines()].index(line) + 2   # the launch, next
     assert flags[0]["site"].startswith(f"{script}:{lineno}"), flags
-    assert flags[0]["time_us"] >= 60000
+    # the sleep less what the run delay over-counts: 51-60 ms measured (docs/profiling.md)
+    assert flags[0]["time_us"] - flags[0]["usual_us"] >= 45000, flags
     assert "rank 1 step 9: kernel attention took" in text
     # 60 ms in one of 20 steps is 3 ms a step: on a loaded machine the scheduler may make the
     # other rank the one waited for; when it is rank 1, the line names the sleeping kernel
