@@ -87,8 +87,7 @@ class _Info:
         # Python as the number itself, which this overload refuses (see ``fallback``)
         self.wrapped = tuple((k, a.name) for k, a in enumerate(schema.arguments)
                              if k and str(a.type) == "Tensor")
-        self.packet = getattr(torch.ops.aten, schema.name.split("::")[-1], None) \
-            if schema.name.startswith("aten::") else None
+        self.packet = {} if self.wrapped and schema.name.startswith("aten::") else None
 
 
 def _tensor_type(t: str) -> bool:
@@ -202,8 +201,11 @@ def fallback(op, *args, **kwargs):
         i = info(op)
     if i.view:
         return op.redispatch(_CPU_KS, *args, **kwargs)
-    if i.wrapped and i.packet is not None and _wrapped_number(i, args, kwargs):
-        op = i.packet             # the overload torch picks for a number (CPU's composite)
+    if i.packet is not None:
+        numbers = _wrapped_numbers(i, args, kwargs)
+        if numbers:               # the Scalar overload, as torch picks for a number (see _Info)
+            op = i.packet.get(numbers) or i.packet.setdefault(
+                numbers, _scalar_overload(op, numbers))
     if i.plain and not profiler.active() and not stream_check_enabled() and \
             not _graphs._rgraph.active:           # a capture takes the task path (graphs.py)
         out = _now(op, i, args, kwargs)
@@ -219,13 +221,29 @@ def fallback(op, *args, **kwargs):
         return _compute(op, i, dev, args, kwargs)
 
 
-def _wrapped_number(i: _Info, args, kwargs) -> bool:
-    """True when a Tensor argument came as a Python number (a wrapped scalar, see _Info)."""
+def _scalar_overload(op, numbers: tuple):
+    """The overload of ``op``'s packet that takes a Scalar where ``op`` takes a Tensor at the
+    positions ``numbers`` and is otherwise the same (``remainder.Tensor`` -> ``.Scalar``,
+    ``mul_.Tensor`` -> ``mul_.Scalar``): what the CPU runs for a Python number. The packet
+    itself (slower: it resolves the overload per call) when there is none."""
+    packet = getattr(torch.ops.aten, op._schema.name[len("aten::"):])
+    want = [(a.name, "number" if k in numbers else str(a.type))
+            for k, a in enumerate(op._schema.arguments)]
+    for ov in packet.overloads():
+        cand = getattr(packet, ov)
+        if [(a.name, str(a.type)) for a in cand._schema.arguments] == want:
+            return cand
+    return packet
+
+
+def _wrapped_numbers(i: _Info, args, kwargs) -> tuple:
+    """The positions of the Tensor arguments that came as Python numbers (wrapped scalars)."""
+    out = ()
     for pos, name in i.wrapped:
         a = args[pos] if pos < len(args) else kwargs.get(name)
         if a is not None and not isinstance(a, _Tensor) and isinstance(a, (int, float, complex)):
-            return True
-    return False
+            out += (pos,)
+    return out
 
 
 def _call(op, i: _Info, args, kwargs, cargs: list, ckwargs: dict):
@@ -332,6 +350,9 @@ def _follow(a: torch.Tensor, c: torch.Tensor) -> None:
     into CPU memory, or restrided)."""
     a.resize_(c.size())
     if c.stride() != a.stride():
+        span = S.element_span(c.size(), c.stride())
+        if span > a.numel():      # a layout with gaps (LAPACK's leading dimension): more storage
+            a.resize_((span,))
         a.as_strided_(c.size(), c.stride())
     S.cpu_view(a).copy_(c)
 

@@ -33,3 +33,17 @@ def test_python_number_as_tensor_argument_matches_cpu(name):
     ref = f(cpu)
     assert npu.dtype == ref.dtype, (name, npu.dtype, ref.dtype)
     assert torch.equal(npu, ref), (name, npu, ref)
+
+
+def test_the_number_takes_the_scalar_overload_not_the_packet():
+    """The overload is found once per operator and position (no per-call resolution)."""
+    from runtime.torch import ops as O
+    t = torch.arange(6, device="npu")
+    t % 4
+    t & 3
+    found = {i.name: ov for i in list(O._info.values()) if i.packet for ov in i.packet.values()}
+    rem = [ov for name, ov in found.items() if name.startswith("aten::remainder")]
+    band = [ov for name, ov in found.items() if name.startswith("aten::bitwise_and")]
+    assert rem and band, found
+    for ov in rem + band:
+        assert isinstance(ov, torch._ops.OpOverload) and "Scalar" in ov._overloadname, ov
