@@ -2,11 +2,12 @@
 
 Design note (gloo's algorithm objects). ``bind`` turns a schedule, the buffers' byte views and
 the peers' pairs (``hccl.transport``: one per peer, siblings with the same calls) into a
-``Program``: one tuple per step holding the pair, the view of the bytes it moves (a memoryview
-for a send, the typed numpy regions and the reduce function for a receive) and the address
-range it touches. ``Program.run`` loops over those tuples; nothing is sliced, looked up or
-allocated per step beyond what the messages themselves need. Bound with the tag's fixed parts
-(comm_id, fingerprint), a step also holds what its pair prepared for it (``Pair.sender`` /
+``Program``: one small object per step (``BoundSend``, ``BoundRecv``, ``BoundCopy``,
+``BoundReduce``) holding the pair, the view of the bytes it moves (a memoryview for a send, the
+typed numpy regions and the reduce function for a receive) and the address range it touches.
+``Program.run`` and ``Program.begin`` share one loop over those steps (``Program._loop``);
+nothing is sliced, looked up or allocated per step beyond what the messages themselves need.
+Bound with the tag's fixed parts (comm_id, fingerprint), a step also holds what its pair prepared for it (``Pair.sender`` /
 ``Pair.receiver``: the shared-memory ring's writer and reader), called with the sequence number
 alone. A ``hccl.call.Call`` binds its
 program once, when the call is first validated, and runs it at every issue.
@@ -54,7 +55,7 @@ _EMPTY = np.empty(0, np.uint8)
 _EMPTY_MV = memoryview(b"")
 _U8 = np.dtype(np.uint8)
 GIL_COPY_BYTES = 256 << 10      # copies up to this size keep the GIL (see copy_bytes)
-_SEND, _RECV, _COPY, _REDUCE = 0, 1, 2, 3
+_WAIT = object()                # Program._loop's until for run: every step waits
 _END = 1 << 64                  # above every address: ``busy(0, _END)`` asks of every send
 _perf = time.perf_counter
 
@@ -159,6 +160,48 @@ def prepare_buffers(steps, buffers: dict) -> dict[str, np.ndarray]:
     return views
 
 
+class BoundSend:
+    """A bound Send: post ``payload`` (the bytes [lo, hi)) to comm rank ``peer`` through ``pair``
+    with tag ``step``; ``fn(seq)`` is what the pair prepared for it (None: ``pair.send``)."""
+
+    __slots__ = ("pair", "payload", "step", "lo", "hi", "peer", "fn")
+
+    def __init__(self, pair, payload: memoryview, step: int, lo: int, hi: int, peer: int, fn):
+        self.pair, self.payload, self.step, self.lo, self.hi = pair, payload, step, lo, hi
+        self.peer, self.fn = peer, fn
+
+
+class BoundRecv:
+    """A bound Recv: take tag ``step`` from comm rank ``peer`` through ``pair`` into ``consume``
+    (which writes [lo, hi)); ``fn(seq, spin)`` is what the pair prepared (None: the pair's
+    ``try_recv``)."""
+
+    __slots__ = ("pair", "step", "consume", "lo", "hi", "peer", "fn")
+
+    def __init__(self, pair, step: int, consume, lo: int, hi: int, peer: int, fn):
+        self.pair, self.step, self.consume, self.lo, self.hi = pair, step, consume, lo, hi
+        self.peer, self.fn = peer, fn
+
+
+class BoundCopy:
+    """A bound Copy ``dst[:] = src`` (writes [lo, hi)); ``small``: memoryviews, the GIL kept
+    (``copy_bytes``' rule, decided once)."""
+
+    __slots__ = ("dst", "src", "small", "lo", "hi")
+
+    def __init__(self, dst, src, small: bool, lo: int, hi: int):
+        self.dst, self.src, self.small, self.lo, self.hi = dst, src, small, lo, hi
+
+
+class BoundReduce:
+    """A bound LocalReduce ``dst op= src`` on typed numpy views (writes [lo, hi))."""
+
+    __slots__ = ("dst", "src", "op", "lo", "hi")
+
+    def __init__(self, dst: np.ndarray, src: np.ndarray, op, lo: int, hi: int):
+        self.dst, self.src, self.op, self.lo, self.hi = dst, src, op, lo, hi
+
+
 class Program:
     """A schedule bound to views and pairs (``bind``); ``run`` executes it, any number of times
     (one at a time: its scratch is its own)."""
@@ -171,7 +214,7 @@ class Program:
         # calls; bind again after a run to take what the real pair prepares
         self.provisional = provisional
         # the steps before the first receive: ``begin`` may run them before the task does
-        self.lead = next((i for i, op in enumerate(ops) if op[0] == _RECV), len(ops))
+        self.lead = next((i for i, op in enumerate(ops) if type(op) is BoundRecv), len(ops))
 
     def begin(self, comm_id: int, seq: int, fp, timeout: float | None,
               on_wait: Callable[[int, bool], None] | None = None,
@@ -187,43 +230,8 @@ class Program:
         Returns None when the whole program ran (every send delivered: the caller may reuse
         every buffer), else (the index of the first step not run, the pending sends) for
         ``run``'s ``start`` and ``pending``; raises ``StepFailed`` as ``run`` does."""
-        ops = self.ops
-        n = self.lead if until is None else len(ops)
-        i, pending, op = 0, None, None
-        try:
-            while i < n:
-                op = ops[i]
-                kind = op[0]
-                if kind == _SEND:
-                    fn = op[7]
-                    handle = op[1].send(comm_id, seq, op[3], fp, op[2]) if fn is None else \
-                        fn(seq)
-                    if handle is not DONE and op[5] > op[4] and not handle.done():
-                        if pending is None:
-                            pending = _Pending(timeout, on_wait)
-                        pending.items.append((op[4], op[5], handle, op[6], op[3]))
-                    i += 1
-                    continue
-                if pending is not None and pending.items and pending.busy(op[4], op[5]):
-                    break                   # a send still reads the region: the task waits
-                if kind == _RECV:
-                    fn = op[7]
-                    if not (op[1].try_recv(comm_id, seq, op[2], fp, op[3], until - _perf())
-                            if fn is None else fn(seq, until - _perf())):
-                        break               # not there in time: the task waits for it
-                elif kind == _COPY:
-                    if op[3]:
-                        op[1][:] = op[2]
-                    else:
-                        np.copyto(op[1], op[2])
-                else:
-                    reduce_into(op[1], op[2], op[3])
-                i += 1
-        except (TransportError, HcclError) as e:
-            raise StepFailed(e, op) from e
-        if i == len(ops) and (pending is None or not pending.busy(0, _END)):
-            return None
-        return i, pending
+        n = self.lead if until is None else len(self.ops)
+        return self._loop(comm_id, seq, fp, timeout, on_wait, 0, n, None, until)
 
     def run(self, comm_id: int, seq: int, fp, timeout: float | None,
             on_wait: Callable[[int, bool], None] | None = None, start: int = 0,
@@ -231,47 +239,69 @@ class Program:
         """Execute the program for ``seq`` (from step ``start`` with the sends ``pending``
         after a ``begin``); raises ``StepFailed`` (the transport's or the consumer's exception
         and the step it failed in) for ``failure`` to translate."""
+        self._loop(comm_id, seq, fp, timeout, on_wait, start, len(self.ops), pending, _WAIT)
+
+    def _loop(self, comm_id, seq, fp, timeout, on_wait, i, n, pending, until):
+        """The one executor loop: steps ``i`` to ``n``. ``until`` is ``_WAIT`` (``run``: a step
+        waits for what it needs, the pending sends are drained at the end, returns None) or a
+        ``perf_counter`` deadline / None (``begin``: a step that would wait stops the loop)."""
+        ops = self.ops
+        wait = until is _WAIT
         op = None
         try:
-            for op in (self.ops[start:] if start else self.ops):
-                kind = op[0]
-                if kind == _SEND:
-                    fn = op[7]
-                    handle = op[1].send(comm_id, seq, op[3], fp, op[2]) if fn is None else \
-                        fn(seq)
-                    if handle is not DONE and op[5] > op[4] and not handle.done():
+            while i < n:
+                op = ops[i]
+                kind = type(op)
+                if kind is BoundSend:
+                    fn = op.fn
+                    handle = op.pair.send(comm_id, seq, op.step, fp, op.payload) if fn is None \
+                        else fn(seq)
+                    if handle is not DONE and op.hi > op.lo and not handle.done():
                         if pending is None:
                             pending = _Pending(timeout, on_wait)
-                        pending.items.append((op[4], op[5], handle, op[6], op[3]))
-                elif kind == _RECV:
-                    if pending is not None and pending.items:   # the region's readers first: the
-                        pending.settle(op[4], op[5])    # consumer may run inside the pair's poll
-                    fn = op[7]
-                    if not (op[1].try_recv(comm_id, seq, op[2], fp, op[3]) if fn is None
-                            else fn(seq)):
-                        if on_wait is not None:
-                            on_wait(op[6], False)
-                        op[1].recv_into(comm_id, seq, op[2], fp, timeout, op[3])
-                elif kind == _COPY:
-                    if pending is not None and pending.items:
-                        pending.settle(op[4], op[5])
-                    if op[3]:                           # copy_bytes, inline: memoryviews,
-                        op[1][:] = op[2]                # the GIL kept
+                        pending.items.append((op.lo, op.hi, handle, op.peer, op.step))
+                    i += 1
+                    continue
+                if pending is not None and pending.items:   # the region's readers first: the
+                    if wait:                                # consumer may run inside the poll
+                        pending.settle(op.lo, op.hi)
+                    elif pending.busy(op.lo, op.hi):
+                        break               # a send still reads the region: the task waits
+                if kind is BoundRecv:
+                    fn = op.fn
+                    if wait:
+                        if not (op.pair.try_recv(comm_id, seq, op.step, fp, op.consume)
+                                if fn is None else fn(seq)):
+                            if on_wait is not None:
+                                on_wait(op.peer, False)
+                            op.pair.recv_into(comm_id, seq, op.step, fp, timeout, op.consume)
+                    elif not (op.pair.try_recv(comm_id, seq, op.step, fp, op.consume,
+                                               until - _perf())
+                              if fn is None else fn(seq, until - _perf())):
+                        break               # not there in time: the task waits for it
+                elif kind is BoundCopy:
+                    if op.small:                        # copy_bytes, inline: memoryviews,
+                        op.dst[:] = op.src              # the GIL kept
                     else:
-                        np.copyto(op[1], op[2])
+                        np.copyto(op.dst, op.src)
                 else:
-                    if pending is not None and pending.items:
-                        pending.settle(op[4], op[5])
-                    reduce_into(op[1], op[2], op[3])
+                    reduce_into(op.dst, op.src, op.op)
+                i += 1
             op = None
-            if pending is not None:
-                pending.drain()
+            if wait:
+                if pending is not None:
+                    pending.drain()
+                return None
         except (TransportError, HcclError) as e:
             raise StepFailed(e, op) from e
+        if i == len(ops) and (pending is None or not pending.busy(0, _END)):
+            return None
+        return i, pending
 
 
 class StepFailed(Exception):
-    """What ``Program.run`` raises: ``error`` (a TransportError or HcclError) in step ``op``."""
+    """What ``Program.run`` raises: ``error`` (a TransportError or HcclError) in step ``op``
+    (a BoundSend, BoundRecv, BoundCopy or BoundReduce; None after the loop)."""
 
     def __init__(self, error: BaseException, op):
         super().__init__(str(error))
@@ -280,11 +310,11 @@ class StepFailed(Exception):
     @property
     def peer(self) -> int | None:
         """The comm rank the failing step talked to (None for a local step or after the loop)."""
-        return None if self.op is None or self.op[0] > _RECV else self.op[6]
+        return self.op.peer if type(self.op) in (BoundSend, BoundRecv) else None
 
     @property
     def is_recv(self) -> bool:
-        return self.op is not None and self.op[0] == _RECV
+        return type(self.op) is BoundRecv
 
 
 def bind(steps: Sequence, views: dict, op: ReduceOp | None, dtype, pairs: Sequence,
@@ -311,14 +341,14 @@ def bind(steps: Sequence, views: dict, op: ReduceOp | None, dtype, pairs: Sequen
             lo, pair = base[step.buf] + off, pairs[step.peer]
             fn = None if tag is None else pair.sender(tag[0], step.step, tag[1], payload)
             provisional = provisional or pair.provisional
-            ops.append((_SEND, pair, payload, step.step, lo, lo + nb, step.peer, fn))
+            ops.append(BoundSend(pair, payload, step.step, lo, lo + nb, step.peer, fn))
         elif kind is Recv:
             lo, pair = base[step.buf] + step.offset, pairs[step.peer]
             consume, direct = _consumer(step, views, np_dtype, op)
             fn = None if tag is None else pair.receiver(tag[0], step.step, tag[1], step.nbytes,
                                                         consume, direct)
             provisional = provisional or pair.provisional
-            ops.append((_RECV, pair, step.step, consume, lo, lo + step.nbytes, step.peer, fn))
+            ops.append(BoundRecv(pair, step.step, consume, lo, lo + step.nbytes, step.peer, fn))
         elif kind is Copy:
             nb = step.nbytes
             if not nb or (views[step.src_buf] is views[step.dst_buf]
@@ -332,16 +362,15 @@ def bind(steps: Sequence, views: dict, op: ReduceOp | None, dtype, pairs: Sequen
             small = nb <= GIL_COPY_BYTES        # copy_bytes' rule, decided once
             if small:
                 dst, src = memoryview(dst), memoryview(src)
-            ops.append((_COPY, dst, src, small, lo, lo + nb))
+            ops.append(BoundCopy(dst, src, small, lo, lo + nb))
         elif kind is LocalReduce:
             nb = step.nbytes
             if not nb:
                 continue
             lo = base[step.dst_buf] + step.dst_off
-            ops.append((_REDUCE,
-                        views[step.dst_buf][step.dst_off:step.dst_off + nb].view(np_dtype),
-                        views[step.src_buf][step.src_off:step.src_off + nb].view(np_dtype),
-                        op, lo, lo + nb))
+            dst = views[step.dst_buf][step.dst_off:step.dst_off + nb]
+            src = views[step.src_buf][step.src_off:step.src_off + nb]
+            ops.append(BoundReduce(dst.view(np_dtype), src.view(np_dtype), op, lo, lo + nb))
         else:
             raise InvalidArgumentError(f"unknown schedule step {step!r}")
     return Program(tuple(ops), views, provisional)
@@ -462,7 +491,7 @@ def failure(f: StepFailed, world: list[int], seq: int, fp, timeout, rank,
     With ``ctx`` the message starts ``[rank r] OP(comm=..., seq=..., ...)`` and the peers are
     told through an abort of the communicator where the failure is this rank's (a timeout, a
     mismatch, a local error); without it (``run``) the message is the bare facts."""
-    e, tag = f.error, (f.op[2] if f.is_recv else None)
+    e, tag = f.error, (f.op.step if f.is_recv else None)
     call = None
     if ctx is not None:
         c = ctx.comm

@@ -45,13 +45,13 @@ def _rank_main(rank, size, root_info, cases, env, fake_nodes, q):
         info = {"digests": digests, "failures": failures, "left": left,
                 "local": t.local_peers, "ring": t.ring_sends,
                 "shm": t.channel is not None, "solo": t.solo_bytes,
-                "staged": [c.program.ops[0][0] == executor._COPY
+                "staged": [type(c.program.ops[0]) is executor.BoundCopy
                            for c in comm._calls._d.values()],
                 # per Call: bound again to the real pairs after its first run, and whether
                 # every Send and Recv holds what its pair prepared
                 "provisional": [c.program.provisional for c in comm._calls._d.values()],
-                "prepared": [all(op[7] is not None for op in c.program.ops
-                                 if op[0] in (executor._SEND, executor._RECV))
+                "prepared": [all(op.fn is not None for op in c.program.ops
+                                 if type(op) in (executor.BoundSend, executor.BoundRecv))
                              for c in comm._calls._d.values()]}
         comm.destroy()
         runtime.reset_device()

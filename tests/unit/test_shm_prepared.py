@@ -159,12 +159,12 @@ def _exchange(t, peer, tag, nbytes=64):
 def test_a_program_bound_to_a_pair_not_yet_made_is_provisional(pair):
     a, b = pair
     prog, _ = _exchange(a, 0, (7, FP))
-    assert prog.provisional and prog.ops[0][7] is None and prog.ops[1][7] is None
+    assert prog.provisional and prog.ops[0].fn is None and prog.ops[1].fn is None
     a.make_pair(1)
     prog, _ = _exchange(a, 0, (7, FP))
-    assert not prog.provisional and prog.ops[0][7] is not None and prog.ops[1][7] is not None
+    assert not prog.provisional and prog.ops[0].fn is not None and prog.ops[1].fn is not None
     plain, _ = _exchange(a, 0, None)                   # no tag: nothing prepared
-    assert not plain.provisional and plain.ops[0][7] is None
+    assert not plain.provisional and plain.ops[0].fn is None
 
 
 def test_bound_programs_exchange_exact_sums_and_refuse_a_wrong_size(pair):
@@ -181,7 +181,7 @@ def test_bound_programs_exchange_exact_sums_and_refuse_a_wrong_size(pair):
     steps = [Recv(peer=1, buf="send", offset=0, nbytes=64, step=0, reduce=True)]
     short = executor.bind(steps, executor.prepare_buffers(steps, {"send": np.zeros(16, np.float32)}),
                           ReduceOp.SUM, DataType.FP32, [a.pair(0), a.pair(1)], (7, FP))
-    assert short.ops[0][7] is not None
+    assert short.ops[0].fn is not None
     b.send(0, 7, 50, 0, FP, np.zeros(8, np.float32))         # 32 bytes where 64 are expected
     with pytest.raises(executor.StepFailed, match="rank 1 sent 32 bytes for step 0, expected 64"):
         short.run(7, 50, FP, 5)
