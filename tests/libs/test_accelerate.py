@@ -2,7 +2,8 @@
 under npurun and under ``accelerate launch`` (torch.distributed.run underneath; npusim's hccl
 backend joins through torch's own rendezvous there), bit for bit as on CPU + gloo under
 torchrun: every step's loss, ``save_state`` / ``load_state`` resuming exactly, the final
-parameters.
+parameters. The ``accelerate launch`` test is slow (``python -m pytest -m slow
+tests/libs/test_accelerate.py``).
 """
 from __future__ import annotations
 
@@ -35,14 +36,28 @@ def _check_run(recs, device):
     harness.assert_same_bits(recs[0]["params"], recs[1]["params"], "rank 0 and rank 1")
 
 
-@pytest.mark.timeout(600)
-def test_accelerate_loop_npu_is_cpu_gloo_bitwise(tmp_path):
+def _cpu(tmp_path):
     cpu = harness.run("accelerate_job.py", tmp_path, "cpu")
     _check_run(cpu, "cpu")
+    return cpu
+
+
+@pytest.mark.timeout(600)
+def test_accelerate_loop_npu_is_cpu_gloo_bitwise(tmp_path):
+    cpu = _cpu(tmp_path)
     npu = harness.run("accelerate_job.py", tmp_path, "npu")
     _check_run(npu, "npu")
     harness.assert_runs_equal(npu, cpu, keys=("losses", "losses_resumed"))
+    print(f"accelerate: {harness.speed(npu, cpu)}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_accelerate_launch_on_npu_is_cpu_gloo_bitwise(tmp_path):
+    """``accelerate launch --multi_gpu --num_processes 2`` (torch.distributed.run underneath)
+    drives the npu script as npurun does."""
+    cpu = _cpu(tmp_path)
     launched = harness.run("accelerate_job.py", tmp_path, "npu", launcher="accelerate")
     _check_run(launched, "npu")
     harness.assert_runs_equal(launched, cpu, keys=("losses", "losses_resumed"))
-    print(f"accelerate: {harness.speed(npu, cpu)}")
+    print(f"accelerate launch: {harness.speed(launched, cpu)}")

@@ -1,7 +1,8 @@
 """torch's distributed libraries, unchanged, at world 2 (tests/libs/torchdist_job.py): FSDP2
 with a distributed checkpoint saved and loaded, DTensor tensor parallel, pipelining (2 stages),
 autocast bf16 and fp16 with GradScaler under DDP. On npu + hccl under npurun, bit for bit as on
-CPU + gloo under torchrun: every loss and the final parameters.
+CPU + gloo under torchrun: every loss and the final parameters. FSDP2 runs by default, the
+others are slow (``python -m pytest -m slow tests/libs/test_torchdist.py``).
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ def test_fsdp2_with_distributed_checkpoint_npu_is_cpu_gloo_bitwise(tmp_path):
         harness.assert_same_bits(recs[0]["params"], recs[1]["params"], "rank 0 and rank 1")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_dtensor_tensor_parallel_npu_is_cpu_gloo_bitwise(tmp_path):
     npu, _ = _compare(tmp_path, "tp")
@@ -65,6 +67,7 @@ def test_autocast_bf16_npu_is_cpu_gloo_bitwise(tmp_path):
         assert recs[0]["dtypes"] == ["torch.bfloat16", "torch.float32"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_autocast_fp16_grad_scaler_npu_is_cpu_gloo_bitwise(tmp_path):
     npu, cpu = _compare(tmp_path, "amp-fp16")
