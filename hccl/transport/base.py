@@ -51,7 +51,7 @@ import math
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -196,6 +196,12 @@ class Transport:
         self._aborted: dict[int, tuple[int, str]] = {}
         self._failed: tuple[int, str] | None = None   # (rank, reason): every comm_id is aborted
         self._closed = False
+        # Public, read-only (the pairs' lock-free fast paths read them; only this class writes):
+        # ``held``: the mailboxes, keyed by (peer, comm_id, seq): a key is there while a
+        # message of that call is held; ``troubled``: False until the transport is closed, a
+        # communicator aborted or the world failed (then ``stopped(comm_id)`` says for whom).
+        self.held: Mapping[tuple[int, int, int], Any] = self._boxes
+        self.troubled = False
 
     # -- the interface -------------------------------------------------------------------
     def pair(self, peer: int) -> "Pair":
@@ -308,8 +314,13 @@ class Transport:
         one its wait would take as it is: nothing is held for that call (so no other
         fingerprint was seen for it), nothing was closed or aborted. Lock-free: each read is
         atomic, and a message filed just after the look is found by the next one."""
-        return not (self._closed or self._failed is not None or comm_id in self._aborted
-                    or (peer, comm_id, seq) in self._boxes)
+        return not ((self.troubled and self.stopped(comm_id)) or (peer, comm_id, seq) in self.held)
+
+    def stopped(self, comm_id: int) -> bool:
+        """Whether a call of ``comm_id`` can no longer run: the transport was closed, ``comm_id``
+        aborted or the world failed. Lock-free (each read is atomic); the pairs call it only
+        when ``troubled`` is set."""
+        return self._closed or self._failed is not None or comm_id in self._aborted
 
     def _take(self, ready: Callable[[], Any], comm_id: int) -> Any:
         """``ready()``; if nothing is ready, raise when the transport was closed or ``comm_id``
@@ -382,6 +393,7 @@ class Transport:
                 dropped += sum(len(q) for q in self._boxes.pop(key).steps.values())
             if seq is None and peer is None:
                 self._aborted.pop(comm_id, None)
+                self.troubled = self._closed or bool(self._aborted) or self._failed is not None
         return dropped
 
     def pending(self) -> int:
@@ -393,6 +405,7 @@ class Transport:
         """Release the transport; blocked and later calls raise ``TransportClosed``."""
         with self._lock:
             self._closed = True
+            self.troubled = True
             self._boxes.clear()
         self.bell.ring()
 
@@ -450,6 +463,7 @@ class Transport:
             if comm_id in self._aborted:
                 return False
             self._aborted[comm_id] = (peer, reason)
+            self.troubled = True
             for key in [k for k in self._boxes if k[1] == comm_id]:
                 del self._boxes[key]
         self.bell.ring()
@@ -468,6 +482,7 @@ class Transport:
             if self._failed is not None:
                 return False
             self._failed = (peer, reason)
+            self.troubled = True
             self._boxes.clear()
         self.bell.ring()
         return True
@@ -532,7 +547,7 @@ class MailboxPair(Pair):
 
     def try_recv(self, comm_id, seq, step, fp, consume, spin=0.0) -> bool:
         t = self.t
-        if (self.peer, comm_id, seq) not in t._boxes:     # lock-free: the usual miss
+        if (self.peer, comm_id, seq) not in t.held:       # lock-free: the usual miss
             return False
         with t._lock:
             payload = t.pop(self.peer, comm_id, seq, step, fp)

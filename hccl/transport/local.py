@@ -109,7 +109,7 @@ class LocalPair(Pair):
     # -- sending ---------------------------------------------------------------------------
     def send(self, comm_id: int, seq: int, step: int, fp, mv: memoryview) -> SendHandle:
         ch, n, t = self.channel, mv.nbytes, self.t
-        if t._closed or t._aborted or t._failed is not None:   # the usual case skips the call
+        if t.troubled:                      # the usual case skips the call
             t.check_open(comm_id)
         where = None
         if n > self.capacity or n >= self.min_notice:
@@ -173,8 +173,7 @@ class LocalPair(Pair):
         settles its pending sends before a Recv, so its consumer never does)."""
         t, peer, ch = self.t, self.peer, self.channel
         # t.expects(peer, comm_id, seq), inline: every receive of a small call
-        while not (t._closed or t._failed is not None or comm_id in t._aborted
-                   or (peer, comm_id, seq) in t._boxes):
+        while not ((t.troubled and t.stopped(comm_id)) or (peer, comm_id, seq) in t.held):
             got = ch.take(peer, _DATA, comm_id, seq, step, fp, consume)
             if got is not None:
                 return got
@@ -292,7 +291,7 @@ class _Sender:
 
     def send(self, seq: int) -> SendHandle:
         t = self.t
-        if not (t._closed or t._aborted or t._failed is not None) and self.post(seq):
+        if not t.troubled and self.post(seq):
             t.ring_sends += 1
             return DONE
         comm_id, step, fp = self.args
@@ -311,8 +310,7 @@ class _Receiver:
 
     def try_recv(self, seq: int, spin: float = 0.0) -> bool:
         t, peer, comm_id = self.t, self.peer, self.comm_id
-        while not (t._closed or t._failed is not None or comm_id in t._aborted
-                   or (peer, comm_id, seq) in t._boxes):
+        while not ((t.troubled and t.stopped(comm_id)) or (peer, comm_id, seq) in t.held):
             got = self.take(seq)
             if got is not None:
                 return got
