@@ -294,6 +294,7 @@ for _name, _why in {
     globals()[_name] = not_supported(_name, _why)
 del _name, _why
 from .graphs import NPUGraph, graph, graph_pool_handle, is_current_stream_capturing, make_graphed_callables  # noqa: E402,F811,E501 - npusim's graphs (graphs.py)
+__import__("runtime.torch.compile").torch.compile.install()   # inductor on npu (runtime/torch/compile.py)
 
 __all__ = [
     "is_initialized", "init", "set_dump", "synchronize", "device_count",
