@@ -234,7 +234,20 @@ def cpu_view(t: torch.Tensor, owner: _Owner | None = None) -> torch.Tensor:
         return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
     runtime.buffer_nbytes(owner.dev)          # validates: live, and its device not reset
     out = torch.empty((0,), dtype=t.dtype)
-    return out.set_(owner.cpu.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+    out = out.set_(owner.cpu.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+    return _bits(t, out) if t.is_conj() or t.is_neg() else out
+
+
+def _bits(t: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """CPU view ``v`` with npu tensor ``t``'s conjugate and negative bits (a lazy ``conj()``,
+    ``_neg_view``). The bits' fallbacks let some operators through with them (``mm``, ``add``:
+    their CPU kernels take the bits into account); a view without them made ``a.conj() @ b``
+    compute ``a @ b`` on npu."""
+    if t.is_conj():
+        v = v.conj()
+    if t.is_neg():
+        v = torch._neg_view(v)
+    return v
 
 
 _VIEWS_PER_STORAGE = 8
@@ -265,6 +278,8 @@ def shared_cpu_view(t: torch.Tensor) -> torch.Tensor:
             views.clear()
         v = views[key] = torch.empty((0,), dtype=t.dtype).set_(
             owner.cpu.untyped_storage(), key[1], key[2], key[3])
+    if t.is_conj() or t.is_neg():
+        return _bits(t, v)
     return v
 
 

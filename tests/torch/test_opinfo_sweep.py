@@ -154,6 +154,38 @@ def test_mode_out_and_channels_last_3d_results():
     assert e.stride() == torch.empty_like(v).stride() == (120, 1, 40, 10, 2)
 
 
+def test_operators_see_the_conjugate_and_negative_bits():
+    """``a.conj() @ b`` on npu computed ``a @ b``: the conjugate fallback lets mm through with the
+    bit, and the CPU view of the npu tensor dropped it (linalg.eig's gradient then raised)."""
+    torch.npu.set_device(0)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(3, 3, dtype=torch.complex64, generator=g)
+    b = torch.randn(3, 3, dtype=torch.complex64, generator=g)
+    an, bn = a.to("npu"), b.to("npu")
+    for c, n in ((a.conj() @ b, an.conj() @ bn), (a.mH @ b, an.mH @ bn),
+                 (a.conj() + b, an.conj() + bn),
+                 (torch._neg_view(a.real) @ b.real, torch._neg_view(an.real) @ bn.real)):
+        assert torch.equal(n.cpu(), c)
+    x = torch.randn(4, 4, generator=g, requires_grad=True)
+    xn = x.detach().to("npu").requires_grad_()
+    gc, = torch.autograd.grad(torch.linalg.eig(x)[0].abs().sum(), [x])
+    gn, = torch.autograd.grad(torch.linalg.eig(xn)[0].abs().sum(), [xn])
+    assert torch.equal(gn.cpu().view(torch.int32), gc.view(torch.int32))
+
+
+def test_a_result_laid_out_with_gaps_is_followed():
+    """linalg.lstsq's solution is a (3, 3) view with strides (1, 4) of LAPACK's work array: the
+    npu tensor that follows it needs more storage than 9 elements ("setStorage: ... out of
+    bounds" before)."""
+    torch.npu.set_device(0)
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g)
+    c = torch.linalg.lstsq(a, b, driver="gels").solution
+    n = torch.linalg.lstsq(a.to("npu"), b.to("npu"), driver="gels").solution
+    assert c.stride() == n.stride() == (1, 4)
+    assert torch.equal(n.cpu().view(torch.int32), c.view(torch.int32))
+
+
 # ---------------------------------------------------------------------- the sweep itself
 pytest.importorskip("expecttest", reason="torch's OpInfo database needs expecttest: "
                                          "pip install expecttest")
