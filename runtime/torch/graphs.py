@@ -156,10 +156,10 @@ class TorchGraph:
         try:
             ctx.__exit__(exc_type, exc, tb)
         except BaseException:
-            self._g = None
+            self.reset()
             raise
         if exc_type is not None:
-            self._g = None          # the capture is discarded (runtime.graph's rule)
+            self.reset()            # the capture is discarded (runtime.graph's rule)
 
     def replay(self, stream=None) -> int:
         if self._g is None or not self._g.captured:
@@ -192,4 +192,9 @@ def captured_work(work, end, keep) -> None:
     keep_all = getattr(g, "npu_keep", None)
     if keep_all is not None:
         keep_all[id(keep)] = keep
+    # the capturing stream joins the collective now: DDP waits on the Work's future, which
+    # orders no stream (a replay runs the nodes one after the other anyway: nothing is lost)
+    cur = runtime.current_stream()
+    if cur.capture is not None:
+        cur.wait_event(end)
     work.complete(None)
