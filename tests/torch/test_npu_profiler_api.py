@@ -66,9 +66,9 @@ def test_a_training_loop_gives_npusims_trace_and_summary(tmp_path):
     (rank,) = summary["ranks"]
     assert rank["steps"] == 3 and len(rank["step_us"]) == 3
     assert abs(sum(rank["parts_us"].values()) - rank["step_mean_us"]) < 1e-3 * rank["step_mean_us"]
-    ops = {o["name"]: o for o in summary["operators"]}
-    # per step: 2 forward linears (addmm), their backward mms; 3 steps recorded
-    assert ops["aten::addmm"]["calls"] == 2 * 3
+    # per step: 2 forward linears (addmm, whatever overload the device runs); 3 steps recorded
+    assert sum(o["calls"] for o in summary["operators"]
+               if o["name"].split(".")[0] == "aten::addmm") == 2 * 3
     trace = json.loads((d / "trace_rank0.json").read_text())["traceEvents"]
     spans = [e["name"] for e in trace if e.get("cat") == "range"]
     assert [s for s in spans if s.startswith("ProfilerStep#")] == \
@@ -89,7 +89,7 @@ def test_without_a_schedule_and_export_chrome_trace(tmp_path, monkeypatch):
     prof.stop()
     out = tmp_path / "t.json"
     prof.export_chrome_trace(str(out))
-    names = {e["name"] for e in json.loads(out.read_text())["traceEvents"]}
+    names = {e["name"].split(".")[0] for e in json.loads(out.read_text())["traceEvents"]}
     assert "aten::addmm" in names and "forward" in names
     assert tp.analyse(prof.prof_path)[-1].startswith("wrote ")
 
