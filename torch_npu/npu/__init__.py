@@ -5,8 +5,9 @@ A name with a meaning on a simulated NPU behaves as torch_npu's: the device and 
 the RNG (``torch.npu.random``, ``*_all``, ``default_generators``), ``_lazy_call``, the legacy
 tensor types (legacy.py), device properties as an Ascend 910B1 reports them, the memory
 statistics of npusim's pool, the CANN options (recorded and read back: options.py, aclnn.py),
-``mstx`` ranges in npusim's trace (mstx.py), amp. A name tied to what a simulation has not (CANN
-graph capture, fault recovery, dump, pluggable allocators) is a callable raising
+``mstx`` ranges in npusim's trace (mstx.py), amp, graph capture (graphs.py). A name tied to what
+a simulation has not (CANN graph-compiler features, fault recovery, dump, pluggable allocators)
+is a callable raising
 ``NotSupportedError`` (a NotImplementedError) that says why; ``hasattr`` still finds it, as on
 a machine with torch_npu.
 """
