@@ -16,7 +16,10 @@ graph's ``runtime.memory.PrivatePool``; the tensors made during the capture keep
 for every replay (the static outputs), and one that dies is held, not given back, since a
 replay writes there; the pool is given back by ``reset()`` (or when the graph is collected).
 The storages of tensors made before the capture that a node reads or writes (the static inputs,
-the parameters) are kept alive by the graph too, so a replay never touches freed memory.
+the parameters) are kept alive by the graph too, so a replay never touches freed memory. A plain
+``with runtime.graph(g):`` captures npu operators the same way but has no private pool: there a
+new tensor raises the runtime's malloc GraphCaptureError (write into tensors allocated before,
+``out=`` and in-place operators; or use NPUGraph).
 
 What cannot be captured raises ``GraphCaptureError`` naming the operator, as CUDA's "operation
 not permitted when stream is capturing": an operator whose result is data on the host (``item``,
@@ -82,6 +85,9 @@ def capture_op(op, i, dev: int, s, args, kwargs):
         raise
     except Exception:
         refuse(f"{i.name} (its result's size depends on the data: no meta kernel)", s)
+    g = s.capture.graph
+    if getattr(g, "npu_keep", None) is None:
+        g.npu_keep = {}         # a plain ``with runtime.graph(g)``: kept while g lives
     result = ops._enqueue(op, i, dev, s, args, kwargs, margs, mkwargs, mout)
     _keep_storages(s, ops._tensors(args, kwargs))
     _keep_storages(s, ops._flat(result))
@@ -143,6 +149,7 @@ class TorchGraph:
         elif self._pool is None:
             self._pool = Pool()
             self._pool.acquire()
+        g.npu_pool = self._pool.private
         self._g, self._ctx = g, ctx
         self._prev_pool = getattr(private_pool, "pool", None)
         private_pool.pool = self._pool.private

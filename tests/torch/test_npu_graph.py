@@ -76,6 +76,23 @@ def test_capture_allocations_come_from_the_graph_pool_and_go_with_reset():
         g.replay()
 
 
+def test_a_plain_runtime_graph_captures_npu_operators_too():
+    import runtime
+    x = torch.arange(4, dtype=torch.float32).to("npu")
+    y = torch.empty(4).to("npu")
+    g = runtime.Graph()
+    with runtime.graph(g):                      # the fast path is not taken while capturing
+        torch.add(x, 1, out=y)
+        y.mul_(x)
+        with pytest.raises(GraphCaptureError, match="malloc"):
+            x * 2                               # no private pool: NPUGraph has one
+    assert len(g) == 2
+    x.fill_(2.0)
+    g.replay()
+    runtime.current_stream().synchronize()
+    assert torch.equal(y.cpu(), torch.full((4,), 6.0))
+
+
 def test_sync_operators_are_refused_by_name_and_the_capture_is_discarded():
     x = torch.ones(4).to("npu")
     g = torch.npu.NPUGraph()
