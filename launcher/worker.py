@@ -293,8 +293,8 @@ def _name_rank(mode: str, rest: list[str]) -> None:
     if mode in ("--exec", "--spawn") or (mode in ("-m", "--module") and not rest):
         return      # --exec: the program's own line after exec; --spawn: launcher.spawn's
     target = rest[0] if mode in ("-m", "--module") else os.path.basename(mode)
-    rank = os.environ.get("RANK")
-    show_command(rank_command(mode, rest), f"rank{rank}:{target}" if rank else target)
+    rank = config.rank()
+    show_command(rank_command(mode, rest), f"rank{rank}:{target}" if rank is not None else target)
 
 
 def _run_script(path: str, args: list[str]) -> None:
