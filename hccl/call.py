@@ -3,7 +3,7 @@
 Design note (gloo's algorithm objects). A ``Call`` is made from a call's arguments once
 ``hccl.collectives`` has checked them: communicator, collective, buffers, count, data type,
 reduce op, root, peer and stream. Its constructor does everything that depends only on those:
-the plan (``hccl.plan``: the schedule and fingerprints), the host views of the buffers, the
+the plan (``hccl.algo.plan``: the schedule and fingerprints), the host views of the buffers, the
 scratch the schedule needs, the peers' pairs, bound together into an ``executor.Program``, the
 wire fingerprint and the allocation marks of the buffers. ``issue`` does what each call does by
 nature (the sequence number, the flight record, the stream's task) and ``run``, the task,
@@ -23,7 +23,7 @@ Who keeps a Call:
   reset changes it); otherwise every check runs again and the error is the same as before.
   At most ``BOUND`` Calls per communicator (emptied when full);
 - a task graph, for each captured collective (its deferred task issues the same Call at every
-  replay; ``hccl.fusion`` fuses adjacent small AllReduces into one exchange).
+  replay; ``hccl.algo.fusion`` fuses adjacent small AllReduces into one exchange).
 
 A Call bound before its peers' pairs were made (``executor.Program.provisional``: a stand-in
 pair prepares nothing) binds again after its first run, to what the real pairs prepare.
@@ -41,7 +41,8 @@ import runtime
 from runtime import graph, profiler, sanitizer
 from runtime.memory import allocation_marks, same_allocations
 
-from hccl import diag, executor, fusion, plan
+from hccl import diag
+from hccl.algo import executor, fusion, plan
 from hccl.flight import Member, recorder
 from hccl.transport.base import norm_fp
 from hccl.types import OpType
@@ -249,7 +250,7 @@ class Call(executor.Context):
 
     def failed(self, f: executor.StepFailed, seq: int, timeout, recs: tuple, fp=None):
         """The user's error for the failure ``f`` of this call's exchange as ``seq``, recorded
-        on the flight records ``recs``; a fused group (``hccl.fusion``) passes its own records
+        on the flight records ``recs``; a fused group (``hccl.algo.fusion``) passes its own records
         and fingerprint ``fp``."""
         for rec in recs:
             recorder.fail(rec, f.error)

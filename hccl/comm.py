@@ -129,7 +129,7 @@ class Comm(Collectives):
 
     def take_seqs(self, n: int = 1) -> int:
         """Take the next ``n`` collective sequence numbers; returns the first (an issue of a
-        collective takes one, a fused group of a task graph one per call: hccl.fusion)."""
+        collective takes one, a fused group of a task graph one per call: hccl.algo.fusion)."""
         with self._lock:
             first = self._seq + 1
             self._seq += n

@@ -226,7 +226,7 @@ def algo() -> str:
 
     Accepts a plain name (``ring``) or HCCL's per-level form (``level0:NA;level1:ring``), in which
     case the highest level that names an algorithm wins. The name is checked against the
-    schedule registry by ``hccl.schedule.algorithms``.
+    schedule registry by ``hccl.algo.schedule.algorithms``.
     """
     raw = get("HCCL_ALGO")
     if raw is None:

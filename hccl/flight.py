@@ -201,7 +201,7 @@ class FlightRecorder:
         return r
 
     def group(self, protos: tuple, sites: tuple, seq0: int) -> tuple:
-        """The records of a fused group (``hccl.fusion``): member i of ``protos`` (each its
+        """The records of a fused group (``hccl.algo.fusion``): member i of ``protos`` (each its
         Call's ``proto``), issued at ``sites[i]``, as ``seq0 + i``, all enqueued now, under one
         lock. The first is a
         ``Record`` that the group's exchange updates (``start``, ``waiting``, ``complete``,

@@ -123,7 +123,7 @@ def nbytes(buf: Any) -> int:
 
 
 # job secret -> its keyed HMAC-SHA256 object, only ever copy()'d (``_mac``); emptied when full.
-# It lives here, not in hccl.plan with the call path's caches, so that ``import hccl.store``
+# It lives here, not in hccl.algo.plan with the call path's caches, so that ``import hccl.store``
 # (npurun's rendezvous) needs neither numpy nor the runtime; plan.sizes / plan.clear cover it.
 MACS: dict = {}
 MACS_BOUND = 64

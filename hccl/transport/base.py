@@ -38,7 +38,7 @@ directly; ``Transport.send`` / ``recv_into`` / ``recv`` route to the same pairs.
 messages are filed into the mailboxes by someone else (a receiver thread, another in-process
 rank) share ``MailboxPair``'s receives; a pair with its own medium (``local.LocalPair``: a
 shared-memory ring that the waiting thread drains) brings its own and ends in the same wait
-loop.
+loop. The pair interface lives in ``hccl.transport.pair``.
 
 Implementations. A transport subclasses ``Transport`` and implements ``pair`` (one pair per
 peer, made at connect or at first use: a pair may be made lazily), ``broadcast_abort`` and, if
@@ -55,12 +55,12 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from hccl import config
-from hccl import abortrec
-from hccl import plan
+from hccl import abortrec, config
+from hccl.algo import plan
+# the pair interface lives in hccl.transport.pair; these names are re-exported from here
+from hccl.transport.pair import (DONE, Fingerprint, LoopbackPair, MailboxPair,  # noqa: F401
+                                 Pair, SendHandle)
 
-
-Fingerprint = tuple[int, int, int, int, int]   # (op, count, dtype, redop, root) as ints
 ALL_COMMS = (1 << 64) - 1   # the comm_id of an abort that fails every communicator of the world
 DEAD_PEER_GRACE = 2.0       # s a wait still takes what a dead peer sent (in flight when it died)
 
@@ -125,21 +125,6 @@ class TransportClosed(TransportError):
     """The transport was closed (locally) while or before it was used."""
 
 
-class SendHandle:
-    """Completion of one ``send``: after ``wait`` returns, the payload buffer may be reused."""
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Return once the transport no longer reads the payload; ``PeerTimeout`` if it took
-        longer than ``timeout`` seconds (None = no limit)."""
-
-    def done(self) -> bool:
-        """True if ``wait`` would return at once."""
-        return True
-
-
-DONE = SendHandle()   # the handle of a send whose payload was already copied
-
-
 class CondBell:
     """The default bell (module note): a counter that waiters sleep on until it moves."""
 
@@ -181,7 +166,7 @@ class Transport:
     # The largest payload whose send completes without the peer receiving it (copied into a
     # ring slot, a mailbox or the OS): a schedule may write the buffer of such a send at its
     # next step (the executor waits for the completion), and two ranks that both do so never
-    # wait for each other (hccl.schedule.one_shot_all_reduce). 0: none is assumed to.
+    # wait for each other (hccl.algo.schedule.one_shot_all_reduce). 0: none is assumed to.
     solo_bytes = 0
 
     def __init__(self, rank: int, size: int, bell=None):
@@ -321,6 +306,13 @@ class Transport:
         aborted or the world failed. Lock-free (each read is atomic); the pairs call it only
         when ``troubled`` is set."""
         return self._closed or self._failed is not None or comm_id in self._aborted
+
+    def pop_now(self, peer: int, comm_id: int, seq: int, step: int, fp: Fingerprint):
+        """``pop`` under the lock: the payload of the message tagged ``(comm_id, seq, step)``
+        from ``peer`` if it is held (raising ``FingerprintMismatch`` as ``pop`` does), else
+        None; never waits."""
+        with self._lock:
+            return self.pop(peer, comm_id, seq, step, fp)
 
     def _take(self, ready: Callable[[], Any], comm_id: int) -> Any:
         """``ready()``; if nothing is ready, raise when the transport was closed or ``comm_id``
@@ -486,94 +478,6 @@ class Transport:
             self._boxes.clear()
         self.bell.ring()
         return True
-
-
-class Pair:
-    """One peer of a transport (see the module note): the calls every sibling has. ``t`` is
-    the transport whose mailboxes, aborts and wait loop it shares; ``peer`` the rank."""
-
-    __slots__ = ()
-
-    def send(self, comm_id: int, seq: int, step: int, fp: Fingerprint,
-             mv: memoryview) -> SendHandle:
-        """Send ``mv`` (flat bytes) tagged ``(comm_id, seq, step)`` without blocking (``fp``
-        normalized); see ``Transport.send``."""
-        raise NotImplementedError
-
-    def try_recv(self, comm_id: int, seq: int, step: int, fp: Fingerprint,
-                 consume: Callable[[memoryview], None], spin: float = 0.0) -> bool:
-        """If the message tagged ``(comm_id, seq, step)`` is there and may be taken at once,
-        ``consume`` its payload and return True; else False, having waited for nothing (the
-        caller then calls ``recv_into``, which raises whatever ends the wait). ``spin``: seconds
-        the pair may spin for a message not there yet, never sleeping in the kernel; a pair
-        whose messages another thread of this process files looks once (spinning would hold
-        the GIL that thread needs)."""
-        raise NotImplementedError
-
-    def recv_into(self, comm_id: int, seq: int, step: int, fp: Fingerprint,
-                  timeout: float | None, consume: Callable[[memoryview], None]) -> None:
-        """Wait for the message tagged ``(comm_id, seq, step)`` (the transport's wait loop and
-        precedence), then ``consume`` its payload, valid during the call."""
-        raise NotImplementedError
-
-    def drain(self) -> None:
-        """File into the mailboxes what waits for this thread to take it (nothing by default)."""
-
-    # A Call sends and receives the same messages at every issue, the sequence number aside:
-    # a pair may prepare them once (the executor's ``bind``, given the tag's fixed parts).
-    provisional = False     # a stand-in for a pair not made yet: bind again once it is
-
-    def sender(self, comm_id: int, step: int, fp: Fingerprint,
-               mv: memoryview) -> "Callable[[int], SendHandle] | None":
-        """``send(comm_id, seq, step, fp, mv)`` prepared as ``fn(seq)``, with the same
-        result and errors; None (the default): call ``send``."""
-        return None
-
-    def receiver(self, comm_id: int, step: int, fp: Fingerprint, nbytes: int,
-                 consume: Callable[[memoryview], None],
-                 direct: tuple | None) -> "Callable[..., bool] | None":
-        """``try_recv(comm_id, seq, step, fp, consume, spin)`` prepared as
-        ``fn(seq, spin=0.0)``, with the same result and errors; None (the default): call
-        ``try_recv``. ``direct``: (numpy dtype, fn) where ``fn(arr)`` does what ``consume``
-        does with a payload given as an array of that dtype and ``nbytes``, or None."""
-        return None
-
-
-class MailboxPair(Pair):
-    """A pair whose inbound messages are filed into the transport's mailboxes by someone else
-    (another in-process rank, a socket receiver thread): its receives look there."""
-
-    __slots__ = ()
-
-    def try_recv(self, comm_id, seq, step, fp, consume, spin=0.0) -> bool:
-        t = self.t
-        if (self.peer, comm_id, seq) not in t.held:       # lock-free: the usual miss
-            return False
-        with t._lock:
-            payload = t.pop(self.peer, comm_id, seq, step, fp)
-        if payload is None:
-            return False
-        consume(payload)
-        return True
-
-    def recv_into(self, comm_id, seq, step, fp, timeout, consume) -> None:
-        t, peer = self.t, self.peer
-        consume(t.wait_for(lambda: t.pop(peer, comm_id, seq, step, fp), comm_id, peer, timeout))
-
-
-class LoopbackPair(MailboxPair):
-    """This rank itself: a send files a copy into its own mailbox."""
-
-    __slots__ = ("t", "peer")
-
-    def __init__(self, t: Transport):
-        self.t, self.peer = t, t.rank
-
-    def send(self, comm_id, seq, step, fp, mv) -> SendHandle:
-        t = self.t
-        t.check_open(comm_id)
-        t.deliver(t.rank, comm_id, seq, step, fp, memoryview(bytearray(mv)))
-        return DONE
 
 
 class PeerWait:

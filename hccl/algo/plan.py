@@ -23,7 +23,7 @@ Where the other caches live, and why not here:
 - a communicator's validated calls: ``hccl.call.Calls``, one per communicator (``BOUND``
   calls), since a call holds that communicator's buffers' views and pairs; ``comm.destroy()``
   empties it;
-- a task graph's captured calls and fused groups: the graph's nodes (``hccl.fusion``), freed
+- a task graph's captured calls and fused groups: the graph's nodes (``hccl.algo.fusion``), freed
   with the graph.
 ``clear()`` empties this module's caches and the MACs (tests; a process that wants its memory
 back).
@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
-from hccl import schedule, wire
+from hccl import wire
+from hccl.algo import schedule
 from hccl.flight import recorder
 from hccl.types import DataType, Fingerprint, OpType
 

@@ -1,6 +1,6 @@
 """The vocabulary of schedules: the four steps, the named buffers, and how a buffer is cut.
 
-A schedule (hccl/schedule.py builds them) is a list of these steps for ONE rank. Offsets and
+A schedule (hccl/algo/schedule.py builds them) is a list of these steps for ONE rank. Offsets and
 sizes are bytes; buffers are named: ``"send"`` and ``"recv"`` (the user's), ``"scratch"``
 (staging the executor allocates) and ``"none"`` (zero-byte messages).
 

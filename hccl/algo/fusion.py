@@ -38,8 +38,8 @@ from runtime.graph import Fusable
 from runtime.memory import allocation_marks, same_allocations
 
 from . import executor, plan, schedule
-from .flight import recorder
-from .types import OpType
+from ..flight import recorder
+from ..types import OpType
 
 _ORDERED = ("oneshot", "star")      # AllReduce algorithms that reduce each element in rank order
 _time = time.time

@@ -1,5 +1,6 @@
 """Rooted collectives as pure schedules: Broadcast and Reduce by chain, binomial tree, or
-scatter + AllGather (hccl/schedule.py picks one by size and world; hccl/steps.py has the steps).
+scatter + AllGather (hccl/algo/schedule.py picks one by size and world; hccl/algo/steps.py
+has the steps).
 
 A chain pipelines slices root -> root+1 -> ... (n-1 + slices-1 slice times: best for large
 buffers on few ranks); a binomial tree takes ceil(log2 n) hops (best for small buffers); scatter
@@ -8,8 +9,8 @@ order per slice, so Reduce's result is the same whichever rank computes it.
 """
 from __future__ import annotations
 
-from hccl.steps import (RECV, SCRATCH, SEND, Layout, Recv, Send, add_copy, check_args, check_rank,
-                        pieces, ring_gather, split)
+from hccl.algo.steps import (RECV, SCRATCH, SEND, Layout, Recv, Send, add_copy, check_args,
+                             check_rank, pieces, ring_gather, split)
 
 
 def _start(rank, size, count, itemsize, slice_bytes, root, *, reduce: bool) -> list:

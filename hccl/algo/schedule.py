@@ -3,14 +3,15 @@
 Design note.
 
 A builder takes ``(rank, size, count, itemsize, slice_bytes)`` (plus ``root`` / ``peer`` /
-``inplace``) and returns what ONE rank does, in order. ``hccl.executor`` binds and runs the list:
+``inplace``) and returns what ONE rank does, in order. ``hccl.algo.executor`` binds and runs
+the list:
 a Send is posted and not waited for (zero-copy), a Recv blocks until the message arrives and then
 reduces it into, or copies it to, its region; a Copy moves bytes between local buffers. Offsets
 and sizes are bytes; buffers are named: ``"send"`` and ``"recv"`` (the user's), ``"scratch"``
 (staging the executor allocates, sized by ``buffer_extents``) and ``"none"`` (zero-byte messages).
 
-Chunks, slices and tags are defined in hccl/steps.py; Broadcast and Reduce by chain, tree or
-scatter live in hccl/rooted.py. This module holds the rest and the registry (``ALGORITHMS``,
+Chunks, slices and tags are defined in hccl/algo/steps.py; Broadcast and Reduce by chain, tree or
+scatter live in hccl/algo/rooted.py. This module holds the rest and the registry (``ALGORITHMS``,
 ``choose``, ``build``).
 
 Ring AllReduce on n ranks = ReduceScatter (n-1 steps) then AllGather (n-1 steps) on ``recv``.
@@ -40,10 +41,11 @@ from types import MappingProxyType
 from typing import Mapping
 
 from hccl.errors import InvalidArgumentError
-from hccl.rooted import (chain_broadcast, chain_reduce, mesh_broadcast,
-                         scatter_all_gather_broadcast, tree_broadcast, tree_reduce)
-from hccl.steps import (NONE, RECV, SCRATCH, SEND, Builder, Copy, Layout, LocalReduce, Recv,
-                        Send, Step, add_copy, check_args, check_rank, pieces, ring_gather, split)
+from hccl.algo.rooted import (chain_broadcast, chain_reduce, mesh_broadcast,
+                              scatter_all_gather_broadcast, tree_broadcast, tree_reduce)
+from hccl.algo.steps import (NONE, RECV, SCRATCH, SEND, Builder, Copy, Layout, LocalReduce, Recv,
+                             Send, Step, add_copy, check_args, check_rank, pieces, ring_gather,
+                             split)
 from hccl.types import OpType
 
 __all__ = [  # the steps and rooted builders are re-exported: callers import them from here
@@ -467,7 +469,7 @@ def algorithms(name: str) -> dict[OpType, Builder]:
 class Schedule:
     """One rank's steps with what the executor asks of them, computed when built: the bytes each
     named buffer must hold (``extents``) and whether a Recv reduces (``reduces``). Immutable, so
-    one Schedule is shared by every call of the same shape (``hccl.plan``)."""
+    one Schedule is shared by every call of the same shape (``hccl.algo.plan``)."""
 
     steps: tuple
     extents: Mapping[str, int]
@@ -499,7 +501,7 @@ def build(op, rank: int, size: int, count: int, itemsize: int, slice_bytes: int,
     ``solo_bytes``: the largest send the transport completes without its peer receiving it
     (``Transport.solo_bytes``); every builder takes it, as it takes ``root`` and ``peer``, and
     one-shot AllReduce uses it. Not cached
-    here: ``hccl.plan`` keeps the plans of the calls made. Raises InvalidArgumentError for bad
+    here: ``hccl.algo.plan`` keeps the plans of the calls made. Raises InvalidArgumentError for bad
     arguments.
     """
     op = OpType.of(op)
