@@ -86,7 +86,7 @@ def test_old_module_paths_are_the_moved_modules():
             "for name in names:\n"
             "    old, new = 'hccl.' + name, 'hccl.algo.' + name\n"
             "    m = importlib.import_module(old)\n"
-            "    assert m is sys.modules[new] and m.__name__ == new and m.__spec__.name == new, old\n"
+            "    assert m is sys.modules[new] and m.__name__ == m.__spec__.name == new, old\n"
             "from hccl.schedule import Send\n"
             "from hccl.algo.steps import Send as S2\n"
             "assert Send is S2 and hccl.plan is sys.modules['hccl.algo.plan']\n"
