@@ -48,6 +48,7 @@ def test_npu_empty_cache_before_any_device_is_a_no_op():
             "torch.npu.empty_cache()\n"
             "torch.npu.set_device(0)\n"
             "x = torch.ones(1 << 20, device='npu'); del x\n"
+            "torch.npu.synchronize()\n"           # the free has passed its stream
             "before = torch.npu.memory_reserved()\n"
             "torch.npu.empty_cache()\n"
             "print(before, torch.npu.memory_reserved())\n")
