@@ -513,6 +513,21 @@ class Stream:
         if sanitizer.on:
             sanitizer.stream_waits_stream(self, other, value)
 
+    def run_queue_until(self, value: int) -> None:
+        """Run this stream's queued tasks up to timeline ``value`` in the calling thread, in
+        order, if the worker has not started them (what a synchronize does before it blocks:
+        waking a sleeping worker costs more than a small task); return at once when they are
+        done or the worker is running them. Raises nothing of a task (``block_until`` does):
+        another stream's task that is about to ``block_until(value)`` calls it first."""
+        if self._done < value:
+            self._steal(value)
+
+    def block_until(self, value: int) -> None:
+        """Block the calling thread (another stream's task) until this stream's timeline
+        reaches ``value``; a task failure up to ``value`` that no synchronize has raised yet is
+        raised here too, with the same error (it stays pending on this stream)."""
+        self._block_until(value)
+
     def _block_until(self, value: int) -> None:
         """Wait (from another stream's worker) for the timeline. A task failure up to ``value``
         that no synchronize has raised yet fails the waiting task too, with the same error (so

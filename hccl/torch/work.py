@@ -193,16 +193,15 @@ _FUTURES = threading.Lock()     # a Work's futures are made or completed once: b
 
 
 def _after_stream(src, value: int):
-    """The task that orders a stream after ``src`` reached ``value`` (``Stream.wait_event``'s
-    ``_block_until``, the same failure rule): it first runs ``src``'s queued tasks up to
+    """The task that orders a stream after ``src`` reached ``value`` (``Stream.block_until``,
+    the failure rule of ``Stream.wait_event``): it first runs ``src``'s queued tasks up to
     ``value`` in its own thread when ``src``'s worker has not started them
-    (``Stream._steal``, as a synchronize does), instead of waking that worker and waiting for
-    it (measured: the 1 KiB npu all_reduce + torch.npu.synchronize paid ~300 us for the two
-    threads' hand-off)."""
+    (``Stream.run_queue_until``, as a synchronize does), instead of waking that worker and
+    waiting for it (measured: the 1 KiB npu all_reduce + torch.npu.synchronize paid ~300 us
+    for the two threads' hand-off)."""
     def wait_stream() -> None:
-        if src._done < value:
-            src._steal(value)
-        src._block_until(value)
+        src.run_queue_until(value)
+        src.block_until(value)
     return wait_stream
 
 
