@@ -236,8 +236,9 @@ def test_transfer_to_npu_names_are_npusim_graphs():
 
 
 DDP_JOB = '''
-import os, torch, torch_npu, torch.distributed as dist
+import os, sys, torch, torch_npu, torch.distributed as dist
 import torch.nn.functional as F
+DDP = sys.argv[1] == "ddp"          # DistributedDataParallel(model), else all_reduce by hand
 dist.init_process_group("hccl")
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.npu.set_device(int(os.environ.get("LOCAL_RANK", rank)))
@@ -248,6 +249,8 @@ def make():
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
                             torch.nn.Linear(32, 4)).to(dev)
+    if DDP:
+        m = torch.nn.parallel.DistributedDataParallel(m, device_ids=[rank])
     return m, torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
 
 g = torch.Generator().manual_seed(100 + rank)
@@ -256,8 +259,8 @@ data = [(torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)) for _ 
 def step(m, opt, x, y):
     opt.zero_grad(set_to_none=False)
     loss = F.mse_loss(m(x), y)
-    loss.backward()
-    for p in m.parameters():          # data parallel: the gradients' mean over the ranks
+    loss.backward()                   # DDP: its buckets' all_reduces run in here
+    for p in ([] if DDP else m.parameters()):   # by hand: the gradients' mean over the ranks
         dist.all_reduce(p.grad)
         p.grad.div_(world)
     opt.step()
@@ -293,12 +296,15 @@ dist.destroy_process_group()
 
 
 @pytest.mark.timeout(400)
-def test_data_parallel_step_with_all_reduce_captured_at_world_2_bitwise(tmp_path):
+@pytest.mark.parametrize("mode", ["ddp", "by_hand"])
+def test_data_parallel_step_with_all_reduce_captured_at_world_2_bitwise(tmp_path, mode):
+    """A step of DDP(model) (or of a model whose gradients are all_reduced by hand): forward,
+    backward with the all_reduces, SGD with momentum; replayed bitwise equal to eager."""
     job = tmp_path / "graph_ddp_job.py"
     job.write_text(DDP_JOB)
     with LeakCheck() as lc:
-        res = run_npurun("--nproc-per-node", "2", str(job), env=lc.env, cwd=str(tmp_path),
-                         timeout=360)
+        res = run_npurun("--nproc-per-node", "2", str(job), mode, env=lc.env,
+                         cwd=str(tmp_path), timeout=360)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = sorted(ln.split("RESULT ")[1].split() for ln in res.stdout.splitlines()
                   if "RESULT " in ln)
