@@ -8,6 +8,7 @@ about a minute on a loaded machine, so they are slow tests
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 
@@ -80,3 +81,58 @@ def test_inductor_on_an_npu_module_trains_as_eager():
     x2 = torch.randn(4, 8).to("npu")
     torch.testing.assert_close(cm(x2).detach().cpu(), m(x2).detach().cpu(), rtol=1e-6,
                                atol=1e-6)
+
+
+def ddp_rank(rank: int, backend: str) -> dict:
+    """Eager DDP(model) and torch.compile(DDP(model), backend=backend) on npu, 2 steps each
+    from the same start: their losses and gradients."""
+    import warnings
+
+    import torch.distributed as dist
+
+    import hccl.torch.backend  # noqa: F401
+    warnings.filterwarnings("ignore")
+    torch.npu.set_device(rank)
+    dist.init_process_group("hccl")
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(rank)).to("npu")
+    out = {}
+    for mode in ("eager", backend):
+        m = _model("npu")
+        ddp = torch.nn.parallel.DistributedDataParallel(m)
+        run = ddp if mode == "eager" else torch.compile(ddp, backend=backend)
+        rows = []
+        for _ in range(2):
+            m.zero_grad()
+            loss = run(x).square().mean()
+            loss.backward()
+            rows.append([loss.item()] + [p.grad.cpu().tolist() for p in m.parameters()])
+            with torch.no_grad():
+                for p in m.parameters():
+                    p -= 0.1 * p.grad
+        out[mode] = rows
+    dist.destroy_process_group()
+    return out
+
+
+@pytest.mark.timeout(400)
+def test_aot_eager_on_ddp_at_world_2_is_eager_ddp_bitwise():
+    import launcher
+    for r in launcher.spawn(functools.partial(ddp_rank, backend="aot_eager"), 2, timeout=300):
+        assert r["aot_eager"] == r["eager"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_inductor_on_ddp_at_world_2_is_eager_ddp_closely():
+    import launcher
+    for r in launcher.spawn(functools.partial(ddp_rank, backend="inductor"), 2, timeout=800):
+        torch.testing.assert_close(torch.tensor(_flat(r["inductor"])),
+                                   torch.tensor(_flat(r["eager"])), rtol=1e-5, atol=1e-6)
+
+
+def _flat(rows):
+    out = []
+    for row in rows:
+        for v in row:
+            out.extend(_flat(v) if isinstance(v, list) else [v])
+    return out
