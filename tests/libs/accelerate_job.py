@@ -7,8 +7,9 @@ everything afresh with a second Accelerator, ``prepare``s it, ``load_state``s th
 and trains the second epoch: its losses are run 1's last three and its parameters run 1's, bit
 for bit (dropout's generators are restored). The loader does not shuffle: accelerate's default
 sampler draws each epoch's order from a generator its state files do not hold, so a resumed
-shuffled epoch is another order, on CPU as on npu. On npu (``--device npu``: ``import torch_npu``, nothing else;
-accelerate picks the npu device and "hccl"), on CPU ``Accelerator(cpu=True)`` (gloo).
+shuffled epoch is another order, on CPU as on npu. On npu (``--device npu``: ``import
+torch_npu``, nothing else; accelerate picks the npu device and "hccl"), on CPU
+``Accelerator(cpu=True)`` (gloo).
 """
 from __future__ import annotations
 
