@@ -130,9 +130,5 @@ def test_inductor_on_ddp_at_world_2_is_eager_ddp_closely():
                                    torch.tensor(_flat(r["eager"])), rtol=1e-5, atol=1e-6)
 
 
-def _flat(rows):
-    out = []
-    for row in rows:
-        for v in row:
-            out.extend(_flat(v) if isinstance(v, list) else [v])
-    return out
+def _flat(v):
+    return [x for item in v for x in _flat(item)] if isinstance(v, list) else [v]
