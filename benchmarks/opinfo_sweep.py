@@ -492,7 +492,10 @@ def load_ops(names=None):
     if not names:
         return list(op_db)
     want = set(names)
-    found = [op for op in op_db if op_key(op) in want or op.name in want]
+    keys = {op_key(op) for op in op_db}
+    # an exact OpInfo name, or every variant of an operator named without one
+    found = [op for op in op_db if op_key(op) in want or
+             op.name in want and op.name not in keys]
     missing = want - {op_key(op) for op in found} - {op.name for op in found}
     if missing:
         raise SystemExit(f"--ops: no OpInfo named {', '.join(sorted(missing))} in torch's op_db")
