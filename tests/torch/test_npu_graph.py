@@ -150,15 +150,23 @@ def _step(m, opt, x, y):
     return loss.detach()
 
 
-def test_training_step_with_backward_and_optimizer_replays_bitwise():
+_OPTIMIZERS = {
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+    # torch's rule for a captured Adam step: its step counters on the device (capturable)
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, capturable=True, foreach=True),
+}
+
+
+@pytest.mark.parametrize("optim", sorted(_OPTIMIZERS))
+def test_training_step_with_backward_and_optimizer_replays_bitwise(optim):
     gen = torch.Generator().manual_seed(7)
     data = [(torch.randn(8, 32, generator=gen), torch.randn(8, 8, generator=gen))
             for _ in range(6)]
     m = _mlp()
-    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    opt = _OPTIMIZERS[optim](m.parameters())
     eager = [_step(m, opt, x.to("npu"), y.to("npu")).cpu() for x, y in data]
     m2 = _mlp()
-    opt2 = torch.optim.SGD(m2.parameters(), lr=0.05, momentum=0.9)
+    opt2 = _OPTIMIZERS[optim](m2.parameters())
     sx, sy = data[0][0].to("npu"), data[0][1].to("npu")
     got = []
     for x, y in data[:2]:                        # warm-up: momentum buffers made eagerly
