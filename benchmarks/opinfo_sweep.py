@@ -258,19 +258,21 @@ class Sweep:
             return f"{path}: {bad} of {c.numel()} elements differ"
         if isinstance(c, (list, tuple)):
             if not isinstance(n, (list, tuple)) or len(c) != len(n):
-                return f"{path}: npu gave {type(n).__name__} of {_len(n)}, CPU {type(c).__name__} " \
-                       f"of {len(c)}"
+                return (f"{path}: npu gave {type(n).__name__} of {_len(n)}, "
+                        f"CPU {type(c).__name__} of {len(c)}")
             for k, (a, b) in enumerate(zip(c, n)):
                 d = self.diff(a, b, f"{path}[{k}]")
                 if d:
                     return d
             return None
         if isinstance(c, float) and isinstance(n, float):
-            if math.isnan(c) and math.isnan(n) or c == n and math.copysign(1, c) == math.copysign(1, n):
+            if math.isnan(c) and math.isnan(n) or \
+                    c == n and math.copysign(1, c) == math.copysign(1, n):
                 return None
             return f"{path}: {n!r} on npu, {c!r} on CPU"
         if isinstance(c, self.torch.dtype) or c is None or isinstance(c, (bool, int, str, complex)):
-            return None if (type(c) is type(n) and c == n) else f"{path}: {n!r} on npu, {c!r} on CPU"
+            same = type(c) is type(n) and c == n
+            return None if same else f"{path}: {n!r} on npu, {c!r} on CPU"
         if isinstance(c, self.torch.Size):
             return None if c == n else f"{path}: {n!r} on npu, {c!r} on CPU"
         return None if type(c) is type(n) else f"{path}: npu gave {type(n).__name__}, " \
@@ -691,7 +693,11 @@ def page(result: dict, command: str) -> str:
         "one (`out_noncontig`), an empty one (`out_empty`), a wrong-sized one (`out_wrong`, with "
         "torch's resize warning) and a 0-d one (`out_0d`). The module's docstring says how; "
         "`KNOWN` in it gives each listed check its reason. A listed check without a reason is "
-        "a bug of the device: tests/torch/test_opinfo_sweep.py fails on it.",
+        "a bug of the device: tests/torch/test_opinfo_sweep.py fails on it. Random operators "
+        "(bernoulli, dropout, normal, ...) draw from the npu's generator, seeded as the CPU's "
+        "before each call, and are compared bitwise like the others. Each operator runs in a "
+        "child process (a crash lists the operator and the sweep goes on), each call under a "
+        "20 s cap.",
         "",
         f"torch {s['torch']}, dtypes {', '.join(s['dtypes'])} (gradients on float32), "
         f"{s['seconds']:.0f} s on this run's machine.",
@@ -713,13 +719,15 @@ def page(result: dict, command: str) -> str:
     by_reason = {}
     for r in listed:
         by_reason.setdefault(r["reason"], set()).add(r["op"])
+    tag = {}
     if by_reason:
-        lines += ["| reason | checks | ops |", "|---|---|---|"]
+        lines += ["| | reason | checks | ops |", "|---|---|---|---|"]
         for why in sorted(by_reason, key=lambda w: (w != "UNEXPLAINED", w)):
+            tag[why] = "UNEXPLAINED" if why == "UNEXPLAINED" else f"R{len(tag) + 1}"
             n = sum(1 for r in listed if r["reason"] == why)
             ops = sorted(by_reason[why])
             more = f" and {len(ops) - 12} more" if len(ops) > 12 else ""
-            lines.append(f"| {_cell(why)} | {n} | {', '.join(ops[:12])}{more} |")
+            lines.append(f"| {tag[why]} | {_cell(why)} | {n} | {', '.join(ops[:12])}{more} |")
         lines.append("")
     else:
         lines += ["None: every check is equal or skipped.", ""]
@@ -736,7 +744,7 @@ def page(result: dict, command: str) -> str:
             groups.setdefault((r["dtype"], r["variant"], r["reason"]), []).append(r)
         for (dn, v, why), g in sorted(groups.items()):
             idx = ",".join(str(r["sample"]) for r in g[:8]) + (",..." if len(g) > 8 else "")
-            lines.append(f"| {dn} | {v} | {len(g)} ({idx}) | {_cell(why)} | "
+            lines.append(f"| {dn} | {v} | {len(g)} ({idx}) | {tag[why]} | "
                          f"{_cell(g[0]['status'] + ': ' + g[0]['detail'])} |")
         lines.append("")
     if result.get("stale"):
