@@ -77,14 +77,18 @@ def capture_op(op, i, dev: int, s, args, kwargs):
     stream ``s`` captures (see the note)."""
     from . import ops
     if i.sync:
-        refuse(f"{i.name} (.item(), a Scalar result)", s)
+        refuse(f"{i.name} (a result on the host: a Scalar, a bool; .item())", s)
     try:
         margs, mkwargs = ops._map(args, kwargs, ops._meta)
         mout = op(*margs, **mkwargs)
     except GraphCaptureError:
         raise
-    except Exception:
-        refuse(f"{i.name} (its result's size depends on the data: no meta kernel)", s)
+    except Exception as e:      # eager code would wait for the stream and run it at once
+        try:
+            refuse(f"{i.name} (no result sizes without the data: its meta kernel raised "
+                   f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})", s)
+        except GraphCaptureError as err:
+            raise err from e
     g = s.capture.graph
     if getattr(g, "npu_keep", None) is None:
         g.npu_keep = {}         # a plain ``with runtime.graph(g)``: kept while g lives
