@@ -165,9 +165,9 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters: int = 3,
         flat = tuple(_pytree.tree_leaves(args))
         for a in flat:
             if not isinstance(a, torch.Tensor) or a.device.type != "npu":
+                where = f" on {a.device}" if isinstance(a, torch.Tensor) else ""
                 raise TypeError("make_graphed_callables: every sample argument must be an npu "
-                                f"tensor, got {type(a).__name__}"
-                                f"{'' if not isinstance(a, torch.Tensor) else ' on ' + str(a.device)}")
+                                f"tensor, got {type(a).__name__}{where}")
         params = tuple(c.parameters()) if isinstance(c, torch.nn.Module) else ()
         flat_args.append(flat)
         surfaces.append(flat + params)
@@ -184,7 +184,7 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters: int = 3,
                 if outs and ins:
                     torch.autograd.grad(outs, ins, grad_outputs=[torch.ones_like(o) for o in outs],
                                         only_inputs=True, allow_unused=allow_unused_input)
-            del outs
+                del outs
     synchronize()
 
     graphed = []
