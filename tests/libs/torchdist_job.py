@@ -21,6 +21,8 @@ import libjob
 
 p = libjob.parser(__doc__)
 p.add_argument("--case", required=True, choices=["fsdp2", "tp", "pp", "amp-bf16", "amp-fp16"])
+p.add_argument("--backend", choices=["hccl", "gloo"],
+               help="default: hccl on npu, gloo on CPU (hccl on CPU tensors: under npurun)")
 args = p.parse_args()
 device = libjob.setup(args.device)
 
@@ -28,10 +30,10 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-if args.device == "cpu":
-    import hccl.torch_backend  # noqa: F401  (nothing of npusim runs: gloo, torch's rendezvous)
+if args.device == "cpu" and args.backend == "hccl":
+    import hccl.torch_backend  # noqa: F401  (hccl on CPU tensors, under npurun)
 
-dist.init_process_group(backend=libjob.backend(args.device))
+dist.init_process_group(backend=args.backend or libjob.backend(args.device))
 RANK, WORLD = dist.get_rank(), dist.get_world_size()
 DIM = 16
 record: dict = {"device": str(device)}
