@@ -1,13 +1,14 @@
 """NPUGraph replay against eager npu code and CPU eager (a benchmark, not a timed test; issue 52).
 
     PYTHONPATH=. python benchmarks/npu_graph.py [--rounds 7] [--iters 200] [--threads 1]
-                                                [--batch 16] [--width 256] [--layers 4]
+                                                [--batch 16] [--width 256] [--layers 4] [--ddp]
 
 Times the forward of an MLP (``--layers`` Linear+ReLU of ``--width``, batch ``--batch``, no grad)
 three ways in one process: eager on npu, the same forward captured once with
 ``torch.npu.graph`` and replayed with ``NPUGraph.replay()`` (followed by one
 ``torch.npu.synchronize()`` per round, so the replays' work is in the figure), and eager on CPU.
-Also one training step (forward, backward, SGD with momentum) eager on npu against its replay.
+Also one training step (forward, backward, SGD with momentum) eager on npu against its replay,
+and with ``--ddp`` a DDP(model) step at world 2 (two ranks by launcher.spawn, each timed alone).
 Every figure is microseconds of the process's CPU time per call (``time.process_time``: every
 thread of the process, not what other programs take), the best of ``--rounds`` rounds, the
 three measured one after the other within each round so a change of load hits all of them.
@@ -89,6 +90,40 @@ def train_step(args) -> dict:
     return best
 
 
+def ddp_rank(rank: int, width: int, batch: int, rounds: int, iters: int) -> dict:
+    """One rank of a DDP(model) step (forward, backward with the buckets' all_reduces, SGD),
+    eager against its replay; world 2 (``--ddp``)."""
+    import warnings
+
+    import torch.distributed as dist
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    torch.npu.set_device(rank)
+    dist.init_process_group("hccl")
+    m = _mlp(width, 2, f"npu:{rank}")
+    ddp = torch.nn.parallel.DistributedDataParallel(m, device_ids=[rank])
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
+    x = torch.randn(batch, width).to(f"npu:{rank}")
+    y = torch.randn(batch, 10).to(f"npu:{rank}")
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    for _ in range(3):
+        step()
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g):
+        step()
+    best = {"eager": float("inf"), "replay": float("inf")}
+    for _ in range(rounds):
+        best["eager"] = min(best["eager"], _time(step, iters, torch.npu.synchronize))
+        best["replay"] = min(best["replay"], _time(g.replay, iters, torch.npu.synchronize))
+    best["nodes"] = len(g)
+    dist.destroy_process_group()
+    return best
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=7)
@@ -97,6 +132,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--ddp", action="store_true", help="also a DDP step at world 2 (two ranks)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     f = forward(args)
@@ -109,6 +145,18 @@ def main() -> None:
     print(f"training step (forward, backward, SGD; {t['nodes']} graph nodes):")
     print(f"  npu eager   {t['eager']:9.1f}")
     print(f"  npu replay  {t['replay']:9.1f}   eager / replay = {t['eager'] / t['replay']:.2f}x")
+    if args.ddp:
+        import functools
+
+        import launcher
+        rows = launcher.spawn(functools.partial(ddp_rank, width=args.width, batch=args.batch,
+                                                rounds=args.rounds, iters=max(args.iters // 8, 5)),
+                              2, timeout=600)
+        print(f"DDP(model) step at world 2 (forward, backward + bucket all_reduce, SGD; "
+              f"{rows[0]['nodes']} graph nodes), per rank:")
+        for r, d in enumerate(rows):
+            print(f"  rank {r}: eager {d['eager']:9.1f}  replay {d['replay']:9.1f}   "
+                  f"eager / replay = {d['eager'] / d['replay']:.2f}x")
 
 
 if __name__ == "__main__":
