@@ -20,6 +20,8 @@ otherwise those calls keep torch's NotImplementedError.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
 import weakref
 
@@ -134,3 +136,37 @@ def enable_factories() -> None:
         lib.impl("empty.memory_format", _empty_memory_format, "BackendSelect")
         lib.impl("empty_strided", _empty_strided, "BackendSelect")
     _factories_lib = lib
+
+
+def watch_ddp() -> None:
+    """Opt in for the users who need it: a ``DistributedDataParallel`` built over npu parameters
+    with ``find_unused_parameters=True`` or ``static_graph=True`` (the transformers Trainer's
+    default is the first) allocates pinned host memory in its C++ reducer, which without the
+    opt-in raises NotImplementedError at the first backward. Building such a DDP therefore
+    calls ``enable_factories()`` first; a process that never builds one keeps torch's own
+    factories and their speed. Wraps ``DistributedDataParallel.__init__`` once (torch offers
+    no hook at DDP construction)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    init = DDP.__init__
+    if getattr(init, "_npusim_pinned", False):
+        return
+    sig = inspect.signature(init)
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        if _factories_lib is None:
+            try:
+                a = sig.bind(self, *args, **kwargs).arguments
+            except TypeError:           # DDP's own call raises it, naming the argument
+                a = {}
+            if (a.get("find_unused_parameters") or a.get("static_graph")) and \
+                    _on_npu(a.get("module")):
+                enable_factories()
+        init(self, *args, **kwargs)
+    __init__._npusim_pinned = True
+    DDP.__init__ = __init__
+
+
+def _on_npu(module) -> bool:
+    params = getattr(module, "parameters", None)
+    return params is not None and any(p.device.type == "npu" for p in params())

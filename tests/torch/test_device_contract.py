@@ -572,7 +572,7 @@ def test_out_into_empty_and_wrong_sized_tensors_behind_a_busy_stream():
         _same(o2, torch.full((2, 3), 2.0))
 
 
-def ddp_unused_rank(rank: int, device: str = "npu") -> dict:
+def ddp_unused_rank(rank: int, device: str = "npu", opt_in: bool = True) -> dict:
     """DDP(find_unused_parameters=True) (the transformers Trainer's default) with a branch unused
     in the forward: 3 steps, losses and parameters."""
     import warnings
@@ -582,7 +582,11 @@ def ddp_unused_rank(rank: int, device: str = "npu") -> dict:
     import hccl.torch_backend  # noqa: F401
     import runtime.torch
     warnings.filterwarnings("ignore")
-    if device == "npu":
+    from runtime.torch import pinned
+    if device == "npu" and not opt_in:
+        torch.npu.set_device(rank)
+        assert pinned._factories_lib is None      # DDP(find_unused_parameters=True) opts in
+    elif device == "npu":
         runtime.torch.enable_pinned_factories()
         torch.npu.set_device(rank)
         assert torch.empty(3, pin_memory=True).is_pinned()
@@ -611,6 +615,8 @@ def ddp_unused_rank(rank: int, device: str = "npu") -> dict:
         opt.step()
         losses.append(loss.item())
     params = [p.detach().cpu().tolist() for p in m.parameters()]
+    if device == "npu":
+        assert pinned._factories_lib is not None
     dist.destroy_process_group()
     return {"losses": losses, "params": params}
 
@@ -621,6 +627,19 @@ def test_ddp_find_unused_parameters_with_pinned_factories_opt_in():
 
     import launcher
     npu = launcher.spawn(ddp_unused_rank, 2, timeout=200)
+    cpu = launcher.spawn(functools.partial(ddp_unused_rank, device="cpu"), 2, timeout=200)
+    assert npu[0]["losses"][-1] < npu[0]["losses"][0]
+    assert npu == cpu
+
+
+@pytest.mark.timeout(300)
+def test_ddp_find_unused_parameters_on_npu_opts_in_by_itself():
+    """The Trainer's default, unchanged: DDP(find_unused_parameters=True) over npu parameters
+    turns the pinned factories on as it is built (pinned.watch_ddp), and trains as on CPU."""
+    import functools
+
+    import launcher
+    npu = launcher.spawn(functools.partial(ddp_unused_rank, opt_in=False), 2, timeout=200)
     cpu = launcher.spawn(functools.partial(ddp_unused_rank, device="cpu"), 2, timeout=200)
     assert npu[0]["losses"][-1] < npu[0]["losses"][0]
     assert npu == cpu
