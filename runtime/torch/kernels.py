@@ -303,6 +303,7 @@ def register() -> None:
         _aten.impl("is_pinned", is_pinned, "CPU")
         _aten.impl("_pin_memory", pin_memory, "CPU")
     S.install_storage_resize()
+    S.install_storage_new()
     _pinned.watch_ddp()
     for ov in ("device", "dtype_layout", "other"):
         _aten.impl(f"to.{ov}", _to_blocking_to_cpu(getattr(torch.ops.aten.to, ov)),

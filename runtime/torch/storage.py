@@ -352,6 +352,34 @@ def install_storage_resize() -> None:
     torch.UntypedStorage.resize_ = resize_
 
 
+_base_storage_new = None
+
+
+def install_storage_new() -> None:
+    """Route ``torch.UntypedStorage(n, device="npu")`` (what ``UntypedStorage.clone`` and so
+    ``copy.deepcopy`` of an npu tensor call) to an npu tensor's storage (once). torch would ask
+    the C++ allocator of the PrivateUse1 key, which a Python backend cannot register: the
+    process crashed there. Other storages keep torch's constructor."""
+    global _base_storage_new
+    if _base_storage_new is not None:
+        return
+    _base_storage_new = torch._C.StorageBase.__new__
+
+    def __new__(cls, *args, **kwargs):
+        device = kwargs.get("device")
+        if device is None or torch.device(device).type != "npu" or \
+                cls is not torch.UntypedStorage:
+            return _base_storage_new(cls, *args, **kwargs)
+        data = args[0] if args else 0
+        if isinstance(data, int) and not isinstance(data, bool):
+            if data < 0:
+                raise RuntimeError(f"UntypedStorage: size={data} must be non-negative")
+            return torch.empty(data, dtype=torch.uint8, device=device).untyped_storage()
+        host = torch.tensor(list(data), dtype=torch.uint8)      # a sequence of bytes
+        return host.to(device).untyped_storage()
+    torch.UntypedStorage.__new__ = __new__
+
+
 def span(t: torch.Tensor, owner: _Owner):
     """``(DevicePtr, nbytes)`` of the bytes ``t`` can reach, for the stream sanitizer."""
     item = t.element_size()
