@@ -7,13 +7,10 @@ are A's last three, bitwise, on both devices), A's and B's final parameters (equ
 other), GPT-2's tie of lm_head to wte kept, and ``generate()`` (greedy tokens and scores,
 sampled tokens after ``torch.manual_seed``) of the final model on the rank's device.
 
-One argument is not the default: ``ddp_find_unused_parameters=False`` (the Trainer's default
-for a PreTrainedModel is True). DDP's reducer with find_unused_parameters stages a flag map
-in pinned memory from C++, which torch 2.13's Python route to a PrivateUse1 backend cannot
-give (docs/torch.md, "Device contract", pinned memory): on npu the first backward raises
-torch's NotImplementedError (``getPinnedMemoryAllocator``), as the xfail test shows, unless the
-script calls ``runtime.torch.enable_pinned_factories()`` (a Python call on every CPU allocation):
-then the default arguments run bitwise too (a slow test).
+Every TrainingArguments default is kept, ``ddp_find_unused_parameters`` included (True for a
+PreTrainedModel): DDP's reducer with find_unused_parameters stages a flag map in pinned memory
+from C++, which building that DDP over npu parameters provides by itself (runtime/torch/pinned.py,
+``watch_ddp``; docs/torch.md, "Device contract", pinned memory).
 """
 from __future__ import annotations
 
@@ -50,7 +47,7 @@ def _check_run(recs, device, model):
 
 
 def _compare(tmp_path, model):
-    args = ("--model", model, "--steps", str(STEPS), "--no-find-unused")
+    args = ("--model", model, "--steps", str(STEPS))
     npu = harness.run("trainer_job.py", tmp_path, "npu", *args)
     cpu = harness.run("trainer_job.py", tmp_path, "cpu", *args)
     _check_run(cpu, "cpu", model)
@@ -73,27 +70,12 @@ def test_trainer_llama_npu_is_cpu_gloo_bitwise(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(raises=AssertionError, strict=True,
-                   reason="DDP(find_unused_parameters=True), the Trainer's default, needs a C++ "
-                          "pinned allocator torch 2.13's Python PrivateUse1 route cannot give")
-def test_trainer_default_find_unused_parameters_on_npu(tmp_path):
-    try:
-        harness.run("trainer_job.py", tmp_path, "npu", "--model", "gpt2", "--steps", "2")
-    except AssertionError as e:
-        assert "getPinnedMemoryAllocator" in str(e), str(e)[-3000:]
-        raise
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_trainer_default_args_with_pinned_factories_npu_is_cpu_gloo_bitwise(tmp_path):
-    """The Trainer's defaults (find_unused_parameters=True) on npu after
-    ``runtime.torch.enable_pinned_factories()``, against the defaults on CPU."""
-    args = ("--model", "gpt2", "--steps", str(STEPS))
-    npu = harness.run("trainer_job.py", tmp_path, "npu", *args, "--pinned-factories")
+def test_trainer_without_find_unused_parameters_npu_is_cpu_gloo_bitwise(tmp_path):
+    """``ddp_find_unused_parameters=False``: DDP without the reducer's pinned flag map."""
+    args = ("--model", "gpt2", "--steps", str(STEPS), "--no-find-unused")
+    npu = harness.run("trainer_job.py", tmp_path, "npu", *args)
     cpu = harness.run("trainer_job.py", tmp_path, "cpu", *args)
     _check_run(cpu, "cpu", "gpt2")
     _check_run(npu, "npu", "gpt2")
     harness.assert_runs_equal(npu, cpu, keys=("losses", "losses_resumed", "greedy",
                                               "greedy_scores", "sampled"))
-    print(f"trainer gpt2 defaults + pinned factories: {harness.speed(npu, cpu)}")

@@ -18,14 +18,8 @@ p = libjob.parser(__doc__)
 p.add_argument("--model", choices=["gpt2", "llama"], default="gpt2")
 p.add_argument("--no-find-unused", action="store_true",
                help="ddp_find_unused_parameters=False (the default is True for a PreTrainedModel)")
-p.add_argument("--pinned-factories", action="store_true",
-               help="on npu, runtime.torch.enable_pinned_factories() (what DDP's "
-                    "find_unused_parameters=True needs there; docs/torch.md)")
 args = p.parse_args()
 device = libjob.setup(args.device)
-if args.pinned_factories and args.device == "npu":
-    import runtime.torch
-    runtime.torch.enable_pinned_factories()
 
 import torch  # noqa: E402
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig,  # noqa: E402
