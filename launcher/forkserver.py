@@ -21,7 +21,7 @@ writes its own variables over it (as setproctitle does with the same area; movin
 itself takes ``prctl(PR_SET_MM)``, which needs CAP_SYS_RESOURCE). The command line is done the
 same way: the server is started with PAD, an argument as long as its ranks' lines (``title_room``
 in ``launcher.forkclient``), rewrites its own to ``... --fork-server FD`` at once, and each rank
-writes ``python -u SCRIPT ARGS`` over the inherited area (``launcher.worker.show_command``: no
+writes ``python -u SCRIPT ARGS`` over the inherited area (``launcher.proctitle.show_command``: no
 dependency, no privilege; setproctitle does the same). The signal dispositions the
 server changed go back to Python's defaults,
 ``random`` is reseeded by CPython's fork hook and numpy's global generator, if imported, from
@@ -349,7 +349,7 @@ def main(argv: list[str]) -> list[str]:
         sys.exit("usage: python -m launcher.worker --fork-server FD [PAD] (started by npurun)")
     _die_with_launcher()
     if len(argv) == 2:      # PAD was room for the ranks' command lines: not to be shown
-        from launcher.worker import show_command  # noqa: PLC0415
+        from launcher.proctitle import show_command  # noqa: PLC0415
         orig = list(sys.orig_argv)
         show_command(orig[:orig.index("--fork-server") + 2])
     atexit.register(_end_rank)      # first registered: runs after every other handler

@@ -44,6 +44,7 @@ import traceback
 
 from hccl.failure import Failure, of_exception, origin
 from launcher import config
+from launcher.proctitle import show_command
 
 _PR_SET_PDEATHSIG = 1
 _stack_file = None  # kept open for faulthandler for the life of the process
@@ -235,47 +236,6 @@ def bootstrap() -> None:
     _set_parent_death_signal()
     sys.excepthook = _excepthook
     _install_stack_dump()
-
-
-_PR_SET_NAME = 15
-
-
-def _arg_area() -> tuple[int, int] | None:
-    """(start, end) of the argument strings the kernel shows in /proc/self/cmdline."""
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: stat fields 48, 49
-    except (OSError, IndexError, ValueError):
-        return None
-    return (start, end) if 0 < start < end else None
-
-
-def show_command(line: list[str], title: str | None = None) -> bool:
-    """Make ``ps`` show ``line`` as this process's command line, as a process started with it
-    would (``/proc/PID/cmdline``: the strings separated by NULs), and ``title`` (cut to 15
-    bytes) as its name (``/proc/PID/comm``: ``top``, ``ps -o comm``, ``pgrep`` without -f).
-
-    The kernel reads the command line from the memory the arguments were passed in (arg_start
-    to arg_end): ``line`` is written over it, the rest filled with NULs (which ``ps`` and
-    ``pgrep`` drop). A line longer than that area is cut at its end (a forked rank's area is
-    the fork server's, padded for its ranks' lines: ``launcher.forkserver``). Python copied
-    its arguments at start-up (``sys.argv``, ``sys.orig_argv``) and never reads the area
-    again. False where there is no such area (not Linux)."""
-    if title is not None:
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, os.fsencode(title)[:15], 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-    area = _arg_area()
-    if area is None:
-        return False
-    size = area[1] - area[0]
-    data = b"".join(os.fsencode(a) + b"\0" for a in line)
-    if len(data) > size:
-        data = data[:size - 1] + b"\0"
-    ctypes.memmove(area[0], data.ljust(size, b"\0"), size)
-    return True
 
 
 def rank_command(mode: str, rest: list[str]) -> list[str]:
