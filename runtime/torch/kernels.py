@@ -318,9 +318,9 @@ _CPU_FUSED = [n for n in ("native_layer_norm", "native_layer_norm_backward", "na
                           "native_group_norm_backward", "_softmax", "_log_softmax",
                           "_softmax_backward_data", "_log_softmax_backward_data",
                           "_fused_sdp_choice",
-                          # its CPU out= kernel writes the elementwise loss into out= first:
+                          # their CPU out= kernels write the elementwise loss into out= first:
                           # the composite's 0-d out= warned "An output ... was resized"
-                          "mse_loss",
+                          "mse_loss", "smooth_l1_loss",
                           # a composite that accepts CPU and CUDA tensors only: on CPU views
                           "mode.values")
               if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + n, "PrivateUse1")]

@@ -186,6 +186,21 @@ def test_a_result_laid_out_with_gaps_is_followed():
     assert torch.equal(n.cpu().view(torch.int32), c.view(torch.int32))
 
 
+def test_smooth_l1_loss_warns_as_on_cpu():
+    """``F.smooth_l1_loss`` on npu warned "An output with one or more elements was resized"
+    (its composite writes the elementwise loss into a 0-d out= first); CPU does not."""
+    import warnings
+    torch.npu.set_device(0)
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(4, 5, generator=g), torch.randn(4, 5, generator=g)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        c = torch.nn.functional.smooth_l1_loss(a, b)
+        n = torch.nn.functional.smooth_l1_loss(a.to("npu"), b.to("npu"))
+    assert not [w for w in caught if "was resized" in str(w.message)]
+    assert torch.equal(n.cpu().view(torch.int32), c.view(torch.int32))
+
+
 # ---------------------------------------------------------------------- the sweep itself
 pytest.importorskip("expecttest", reason="torch's OpInfo database needs expecttest: "
                                          "pip install expecttest")
