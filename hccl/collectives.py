@@ -132,6 +132,13 @@ def all_reduce(send, recv, count, dtype, op, comm, stream=None, *, site=None):
                 stream, site)
 
 
+def all_reduce_keyed(send, recv, count, dtype, op, comm, stream, site, key) -> None:
+    """``all_reduce`` whose new Call the communicator remembers under ``key`` (a caller that
+    finds it there next time issues it without the checks: hccl.torch's npu all_reduce)."""
+    _collective(OpType.ALLREDUCE, _all_reduce_args, comm, send, recv, count, dtype, op, None,
+                stream, site, key)
+
+
 def all_gather(send, recv, send_count, dtype, comm, stream=None, *, site=None):
     """HcclAllGather: recv holds every rank's ``send_count`` elements, in rank order."""
     _collective(OpType.ALLGATHER, _all_gather_args, comm, send, recv, send_count, dtype, None,

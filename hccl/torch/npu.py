@@ -40,7 +40,6 @@ from runtime.torch import storage as npu_storage
 
 from .. import collectives as C
 from ..errors import InvalidArgumentError
-from ..types import OpType
 from .work import Work, np_dtype
 
 
@@ -217,8 +216,7 @@ class NpuCollectives:
         if call is not None:
             call.issue(objs, site)
         else:
-            C._collective(OpType.ALLREDUCE, C._all_reduce_args, comm, p, p, n, dt, rop, None,
-                          stream, site, key)
+            C.all_reduce_keyed(p, p, n, dt, rop, comm, stream, site, key)
         outputs = [t]
         work = Work("allreduce", outputs)
         # idle(): done at the call, every task before it finished, no error pending

@@ -77,9 +77,9 @@ class _ToNpu(torch.autograd.Function):
     @staticmethod
     def forward(ctx, c, dev: int):
         ctx.dev = dev
-        from .ops import _to_npu
+        from .ops import to_npu
         with _device.on(dev):
-            return _to_npu(c.contiguous() if not _dense(c) else c, dev)
+            return to_npu(c.contiguous() if not _dense(c) else c, dev)
 
     @staticmethod
     def backward(ctx, g):
@@ -90,8 +90,8 @@ class _ToNpu(torch.autograd.Function):
 
 
 def _dense(c) -> bool:
-    from .ops import _non_overlapping_dense
-    return _non_overlapping_dense(c.size(), c.stride())
+    from .ops import non_overlapping_dense
+    return non_overlapping_dense(c.size(), c.stride())
 
 
 def _to_cpu_graph(gm) -> None:
@@ -163,9 +163,9 @@ def _npu_call(compiled, index: int):
             if isinstance(o, torch.Tensor) and o.device.type == "cpu":
                 if grad and o.requires_grad:
                     return _ToNpu.apply(o, index)
-                from .ops import _to_npu
+                from .ops import to_npu
                 with _device.on(index):
-                    return _to_npu(o if _dense(o) else o.contiguous(), index)
+                    return to_npu(o if _dense(o) else o.contiguous(), index)
             return o
         if isinstance(out, (list, tuple)):
             return type(out)(back(o) for o in out)

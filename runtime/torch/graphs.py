@@ -79,7 +79,7 @@ def capture_op(op, i, dev: int, s, args, kwargs):
     if i.sync:
         refuse(f"{i.name} (a result on the host: a Scalar, a bool; .item())", s)
     try:
-        margs, mkwargs = ops._map(args, kwargs, ops._meta)
+        margs, mkwargs = ops.map_npu(args, kwargs, ops.meta_like)
         mout = op(*margs, **mkwargs)
     except GraphCaptureError:
         raise
@@ -92,9 +92,9 @@ def capture_op(op, i, dev: int, s, args, kwargs):
     g = s.capture.graph
     if getattr(g, "npu_keep", None) is None:
         g.npu_keep = {}         # a plain ``with runtime.graph(g)``: kept while g lives
-    result = ops._enqueue(op, i, dev, s, args, kwargs, margs, mkwargs, mout)
-    _keep_storages(s, ops._tensors(args, kwargs))
-    _keep_storages(s, ops._flat(result))
+    result = ops.enqueue_task(op, i, dev, s, args, kwargs, margs, mkwargs, mout)
+    _keep_storages(s, ops.tensors_in(args, kwargs))
+    _keep_storages(s, ops.flat(result))
     return result
 
 

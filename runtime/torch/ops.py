@@ -39,6 +39,8 @@ something will name it (a task, a sanitizer record; a TaskError needs a task).
 """
 from __future__ import annotations
 
+import importlib
+
 import torch
 
 import runtime
@@ -51,6 +53,8 @@ from . import random as _random
 from . import storage as S
 from .exitgate import gated
 from .site import user_site
+
+_rgraph = importlib.import_module("runtime.graph")   # the module: runtime.graph is a function
 
 _NPU = "npu"
 _CPU_KS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -107,7 +111,7 @@ def _devices(args, kwargs, name):
     """The npu device index of the operation; torch's error for an npu / CPU mix."""
     dev = None
     cpu = None
-    for a in _tensors(args, kwargs):
+    for a in tensors_in(args, kwargs):
         t = a.device.type
         if t == _NPU:
             i = a.device.index
@@ -125,7 +129,7 @@ def _devices(args, kwargs, name):
     return dev
 
 
-def _tensors(args, kwargs):
+def tensors_in(args, kwargs):
     """Every tensor among ``args`` and ``kwargs``' values, also inside lists and tuples."""
     for a in (*args, *kwargs.values()):
         if isinstance(a, torch.Tensor):
@@ -136,7 +140,7 @@ def _tensors(args, kwargs):
                     yield b
 
 
-def _map(args, kwargs, fn):
+def map_npu(args, kwargs, fn):
     """(args, kwargs) with every npu tensor (also inside lists) replaced by ``fn(tensor)``."""
     def one(a):
         if isinstance(a, torch.Tensor):
@@ -148,7 +152,7 @@ def _map(args, kwargs, fn):
     return tuple(one(a) for a in args), {k: one(v) for k, v in kwargs.items()}
 
 
-def _meta(t: torch.Tensor) -> torch.Tensor:
+def meta_like(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta")
 
 
@@ -156,7 +160,7 @@ def _cpu(t: torch.Tensor) -> torch.Tensor:
     return S.cpu_view(t)
 
 
-def _flat(out):
+def flat(out):
     if isinstance(out, torch.Tensor):
         return [out]
     if isinstance(out, (list, tuple)):
@@ -178,12 +182,12 @@ def _dense_strides(r: torch.Tensor) -> tuple:
     keeps, and what the following operators see), else contiguous ones."""
     if r.is_contiguous() or r.is_contiguous(memory_format=torch.channels_last):
         return r.stride()
-    if _non_overlapping_dense(r.size(), r.stride()):
+    if non_overlapping_dense(r.size(), r.stride()):
         return r.stride()
     return S.contiguous_strides(r.size())
 
 
-def _non_overlapping_dense(size, stride) -> bool:
+def non_overlapping_dense(size, stride) -> bool:
     expect = 1
     for n, st in sorted(zip(size, stride), key=lambda d: d[1]):
         if n == 1:
@@ -207,7 +211,7 @@ def fallback(op, *args, **kwargs):
             op = i.packet.get(numbers) or i.packet.setdefault(
                 numbers, _scalar_overload(op, numbers))
     if i.plain and not profiler.active() and not stream_check_enabled() and \
-            not _graphs._rgraph.active:           # a capture takes the task path (graphs.py)
+            not _rgraph.active:           # a capture takes the task path (graphs.py)
         out = _now(op, i, args, kwargs)
         if out is not _LATER:
             return out
@@ -294,7 +298,7 @@ def _now(op, i: _Info, args, kwargs):
     if st[1] or dev < 0 or dev != _device.current() or not runtime.current_stream().idle():
         return _LATER
     if not i.written:
-        return _rebuild(op(*cargs, **ckwargs), lambda r: _to_npu(r, dev))
+        return _rebuild(op(*cargs, **ckwargs), lambda r: to_npu(r, dev))
     pairs = []                    # (npu tensor, its CPU view) of each written npu argument
     for pos, name in i.written:
         if pos < len(args):
@@ -320,7 +324,7 @@ def _now(op, i: _Info, args, kwargs):
 
     def npu_of(r):
         a = back.get(id(r))
-        return a if a is not None else _to_npu(r, dev)
+        return a if a is not None else to_npu(r, dev)
     return _rebuild(out, npu_of)
 
 
@@ -370,12 +374,12 @@ def _compute(op, i: _Info, dev: int, args, kwargs):
             s.synchronize()
         return _run_now(op, i, dev, args, kwargs)
     try:
-        margs, mkwargs = _map(args, kwargs, _meta)
+        margs, mkwargs = map_npu(args, kwargs, meta_like)
         mout = op(*margs, **mkwargs)
     except Exception:             # no meta kernel, or a data-dependent one: wait, then run
         s.synchronize()
         return _run_now(op, i, dev, args, kwargs)
-    return _enqueue(op, i, dev, s, args, kwargs, margs, mkwargs, mout)
+    return enqueue_task(op, i, dev, s, args, kwargs, margs, mkwargs, mout)
 
 
 def _with_generator(i: _Info, dev: int, args, kwargs):
@@ -398,14 +402,14 @@ def _at(where, args, kwargs):
     out = []
     for pos, name in where:
         a = args[pos] if pos < len(args) else kwargs.get(name)
-        out.extend(_flat(a))
+        out.extend(flat(a))
     return out
 
 
 def _run_now(op, i: _Info, dev: int, args, kwargs):
-    cargs, ckwargs = _map(args, kwargs, _cpu)
+    cargs, ckwargs = map_npu(args, kwargs, _cpu)
     if not i.written:
-        return _rebuild(op(*cargs, **ckwargs), lambda r: _to_npu(r, dev))
+        return _rebuild(op(*cargs, **ckwargs), lambda r: to_npu(r, dev))
     before = [(a, c, c.data_ptr(), c.size(), c.stride()) for a, c in
               zip(_written_args(i, args, kwargs), _written_args(i, cargs, ckwargs)) if a is not c]
     cargs = list(cargs)
@@ -423,15 +427,15 @@ def _run_now(op, i: _Info, dev: int, args, kwargs):
         by_id[id(c)] = a
     def back(r):
         a = by_id.get(id(r))
-        return a if a is not None else _to_npu(r, dev)
+        return a if a is not None else to_npu(r, dev)
     return _rebuild(out, back)
 
 
 def _flat_all(args, kwargs):
-    return [t for t in _tensors(args, kwargs)]
+    return [t for t in tensors_in(args, kwargs)]
 
 
-def _to_npu(r: torch.Tensor, dev: int) -> torch.Tensor:
+def to_npu(r: torch.Tensor, dev: int) -> torch.Tensor:
     """A new npu tensor holding CPU result ``r`` (same sizes, dense strides)."""
     if r.device.type == _NPU:
         return r
@@ -441,7 +445,7 @@ def _to_npu(r: torch.Tensor, dev: int) -> torch.Tensor:
     return t
 
 
-def _enqueue(op, i: _Info, dev: int, s, args, kwargs, margs, mkwargs, mout):
+def enqueue_task(op, i: _Info, dev: int, s, args, kwargs, margs, mkwargs, mout):
     site = user_site(3)
     # the meta results: written arguments come back as themselves, new ones get npu tensors
     meta_to_npu = {id(m): a for m, a in zip(_flat_all(margs, mkwargs), _flat_all(args, kwargs))}
@@ -465,14 +469,14 @@ def _enqueue(op, i: _Info, dev: int, s, args, kwargs, margs, mkwargs, mout):
         reads = [t for t in _flat_all(args, kwargs) if t.device.type == _NPU and id(t) not in wset]
         runtime.declare_access(s, i.name, site=site, reads=_spans(reads),
                                writes=_spans(written + fresh))
-    cargs, ckwargs = _map(args, kwargs, _cpu)
+    cargs, ckwargs = map_npu(args, kwargs, _cpu)
     cfresh = [S.cpu_view(t) for t in fresh]
     fresh_ids = {id(t) for t in fresh}
     # which positions of the flat result are new tensors, to copy the CPU results into
-    slots = [k for k, t in enumerate(_flat(result)) if id(t) in fresh_ids]
+    slots = [k for k, t in enumerate(flat(result)) if id(t) in fresh_ids]
 
     def task():
-        out = _flat(op(*cargs, **ckwargs))
+        out = flat(op(*cargs, **ckwargs))
         for k, c in zip(slots, cfresh):
             c.copy_(out[k])
     s.enqueue(gated(task, s), i.name, "kernel", None, site)
