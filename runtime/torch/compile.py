@@ -35,8 +35,6 @@ Inductor is imported lazily (2-5 s); ``install()`` wraps compile_fx when
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import sys
 
 import torch
 
@@ -44,6 +42,7 @@ import runtime
 
 from . import device as _device
 from . import storage as S
+from .importhook import when_imported
 
 _TARGET = "torch._inductor.compile_fx"
 _done = False
@@ -209,38 +208,6 @@ def register() -> None:
     register_interface_for_device("npu", NpuInterface)
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``register`` right after torch._inductor.compile_fx is executed (once)."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _TARGET:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        run = getattr(spec.loader, "exec_module", None)
-        if run is None:
-            return None
-
-        def exec_module(module):
-            run(module)
-            register()
-        spec.loader.exec_module = exec_module
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
-        return spec
-
-
 def install() -> None:
     """Register now if Inductor is imported, else when it is."""
-    if _TARGET in sys.modules:
-        register()
-    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport())
+    when_imported(_TARGET, lambda module: register())

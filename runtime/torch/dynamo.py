@@ -13,12 +13,11 @@ The list is ``torch._dynamo.trace_rules.add`` (what torch uses for its own skipp
 a documented API: ``torch.compiler.disable`` is, but it wraps every call in a switch of the frame
 callback, a cost on every operator). Importing ``torch._dynamo`` takes 2-3 s, so npusim does not
 import it: the packages are added when Dynamo's trace_rules module is imported (an import hook),
-or at once when it already is.
+or at once when it already is (importhook.py).
 """
 from __future__ import annotations
 
-import importlib.abc
-import sys
+from .importhook import when_imported
 
 _TARGET = "torch._dynamo.trace_rules"
 PACKAGES = ("runtime", "hccl", "torch_npu")
@@ -32,40 +31,5 @@ def _skip(trace_rules) -> None:
             pass
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``_skip`` right after torch._dynamo.trace_rules is executed (once)."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _TARGET:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        run = getattr(loader, "exec_module", None)
-        if run is None:
-            return None
-
-        def exec_module(module):
-            run(module)
-            _skip(module)
-        loader.exec_module = exec_module
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
-        return spec
-
-
 def register() -> None:
-    mod = sys.modules.get(_TARGET)
-    if mod is not None:
-        _skip(mod)
-        return
-    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport())
+    when_imported(_TARGET, _skip)
