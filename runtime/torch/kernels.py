@@ -322,7 +322,12 @@ _CPU_FUSED = [n for n in ("native_layer_norm", "native_layer_norm_backward", "na
                           # the composite's 0-d out= warned "An output ... was resized"
                           "mse_loss", "smooth_l1_loss",
                           # a composite that accepts CPU and CUDA tensors only: on CPU views
-                          "mode.values")
+                          "mode.values",
+                          # in-place composites calling their out= form with out=self: through
+                          # the boxed fallback torch's "out is self" checks no longer held, and
+                          # npu accepted what CPU rejects (a 0-d self of addr_, a zero-element
+                          # self of another broadcast shape); on CPU views they are the CPU's
+                          "addr_", "logical_and_", "logical_or_", "logical_xor_", "ldexp_")
               if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + n, "PrivateUse1")]
 
 

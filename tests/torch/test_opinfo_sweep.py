@@ -201,6 +201,23 @@ def test_smooth_l1_loss_warns_as_on_cpu():
     assert torch.equal(n.cpu().view(torch.int32), c.view(torch.int32))
 
 
+def test_in_place_composites_reject_what_cpu_rejects():
+    """addr_ on a 0-d self and logical_and_ / ldexp_ on a zero-element self of another broadcast
+    shape raise on CPU; on npu they computed (the in-place composite reached npu's out= kernel,
+    where torch's "out is self" check no longer held)."""
+    torch.npu.set_device(0)
+    s, v1, v2 = torch.tensor(2.0), torch.randn(3), torch.randn(4)
+    x, y = torch.zeros(0, 1, 3), torch.zeros(0, 10, 3)
+    for d in ("cpu", "npu"):
+        with pytest.raises(RuntimeError, match="2D tensor expected"):
+            s.to(d).addr_(v1.to(d), v2.to(d))
+        for fn in (torch.Tensor.logical_and_, torch.Tensor.logical_or_, torch.Tensor.ldexp_):
+            with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+                fn(x.to(d), y.to(d))
+    m = torch.randn(3, 4)
+    assert torch.equal(m.to("npu").addr_(v1.to("npu"), v2.to("npu")).cpu(), m.clone().addr_(v1, v2))
+
+
 # ---------------------------------------------------------------------- the sweep itself
 pytest.importorskip("expecttest", reason="torch's OpInfo database needs expecttest: "
                                          "pip install expecttest")
