@@ -94,18 +94,6 @@ KNOWN: list[tuple[str, str, str, str]] = [
      "the sweep moves every sample tensor to the npu"),
     ("to_sparse", "*", "sparse",
      "sparse layouts: npusim's npu device has dense strided tensors only"),
-    ("addr", "inplace", "CPU raises",
-     "open bug, invalid samples only (CPU raises, npu computes): an in-place composite "
-     "(addr_ = addr.out(self, out=self)) reaches npu's out= kernel through the boxed "
-     "fallback, where torch's check that out is self no longer holds, so a 0-d self is "
-     "broadcast instead of rejected"),
-    ("logical_*", "inplace", "CPU raises",
-     "open bug, invalid samples only (CPU raises, npu computes): the in-place composite "
-     "reaches npu's out= kernel, which resizes a zero-element out= where CPU's in-place "
-     "check rejects the broadcast shape"),
-    ("ldexp", "inplace", "CPU raises",
-     "open bug, invalid samples only (CPU raises, npu computes): as logical_*_, the in-place "
-     "composite resizes a zero-element self where CPU rejects the broadcast shape"),
 ]
 
 
