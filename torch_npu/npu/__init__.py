@@ -246,11 +246,6 @@ def host_empty_cache() -> None:
     """Nothing to release: npusim keeps no cache of pinned host blocks."""
 
 
-def is_current_stream_capturing() -> bool:
-    """False: npu operators are never captured into a graph here (NPUGraph is not supported)."""
-    return False
-
-
 # ---- legacy tensor types and typed storages --------------------------------------------------
 
 globals().update(legacy.tensor_types)
@@ -261,12 +256,10 @@ globals().update(legacy.storage_types)
 
 _unsupported_class = unsupported_class
 
-_GRAPH = ("capturing torch operators into an ACL graph needs CANN's capture; npusim replays "
-          "graphs of its own runtime tasks only (runtime.graph)")
+_GRAPH = ("task groups and handlers of an ACL graph need CANN's capture; npusim's NPUGraph "
+          "(torch.npu.NPUGraph, graphs.py) captures and replays whole graphs only")
 _HOST = "npusim keeps no pool of pinned host blocks to count"
 
-NPUGraph = _unsupported_class("NPUGraph", _GRAPH)
-graph = _unsupported_class("graph", _GRAPH)
 NpuGraphOpHandler = _unsupported_class("NpuGraphOpHandler", _GRAPH)
 MemPool, NPUPluggableAllocator = memory.MemPool, memory.NPUPluggableAllocator
 use_mem_pool, change_current_allocator = memory.use_mem_pool, memory.change_current_allocator
@@ -280,7 +273,6 @@ ExternalEvent = _unsupported_class("ExternalEvent", "an aclrtEvent made outside 
 stop_device, restart_device = _recovery.stop_device, _recovery.restart_device
 
 for _name, _why in {
-        "graph_pool_handle": _GRAPH, "make_graphed_callables": _GRAPH,
         "graph_task_group_begin": _GRAPH, "graph_task_group_end": _GRAPH,
         "graph_task_update_begin": _GRAPH, "graph_task_update_end": _GRAPH,
         "register_npu_graph_handler": _GRAPH,
@@ -294,7 +286,7 @@ for _name, _why in {
         }.items():
     globals()[_name] = not_supported(_name, _why)
 del _name, _why
-from .graphs import NPUGraph, graph, graph_pool_handle, is_current_stream_capturing, make_graphed_callables  # noqa: E402,F811,E501 - npusim's graphs (graphs.py)
+from .graphs import NPUGraph, graph, graph_pool_handle, is_current_stream_capturing, make_graphed_callables  # noqa: E402,E501 - graphs.py
 __import__("runtime.torch.compile").torch.compile.install()   # inductor on npu (runtime/torch/compile.py)
 
 __all__ = [
