@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import types
 
+from . import aliases as _aliases
 from . import config as _config
 from .log import setup as _setup_log
 
@@ -44,6 +45,10 @@ _EXPORTS = {
     "Stream": "stream",
 }
 _CALLABLE_MODULES = {"stream": "context", "graph": "graph"}   # module name -> its function's
+# old module path -> the module's path now: ``import runtime.<old>`` gives the moved module itself
+# (runtime/aliases.py, the one finder, which hccl's old paths use too)
+_MOVED: dict[str, str] = {}
+_aliases.install(__name__, _MOVED)
 
 __all__ = sorted([*_EXPORTS, "errors"])
 
@@ -75,9 +80,7 @@ def __getattr__(name: str):
             if e.name != f"{__name__}.{name}":
                 raise
         raise AttributeError(f"module 'runtime' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
-    globals()[name] = value
-    return value
+    return _aliases.bind(globals(), name, mod)
 
 
 def __dir__():
