@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import mmap
-import multiprocessing as mp
 import os
 import platform
 import secrets
@@ -25,6 +24,8 @@ import statistics
 import time
 
 import numpy as np
+
+from benchmarks import twoproc
 
 _FLAGS = 64             # two int64 flags, then each rank's half
 
@@ -111,20 +112,7 @@ def measure(nbytes: int = 1024, swaps: int = 20000) -> float:
     """The slower rank's median microseconds per swap-and-add of ``nbytes``."""
     path = create(nbytes)
     try:
-        ctx = mp.get_context("spawn")
-        out = ctx.Queue()
-        procs = [ctx.Process(target=_rank, args=(r, path, max(4, nbytes), swaps, out))
-                 for r in range(2)]
-        for p in procs:
-            p.start()
-        try:
-            res = dict(out.get(timeout=300) for _ in procs)
-        finally:
-            for p in procs:
-                p.join(30)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
+        res = twoproc.run(_rank, [(r, path, max(4, nbytes), swaps) for r in range(2)], 300)
     finally:
         os.unlink(path)
     return max(res.values())

@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from benchmarks import twoproc
 from hccl.transport import shm
 
 _FP = (0, 0, 0, 0, 0)
@@ -53,20 +54,9 @@ def _rank(r: int, conn, nbytes: int, swaps: int, spin: float, out) -> None:
 
 def measure(nbytes: int, swaps: int, spin_us: float) -> list[float]:
     """Each rank's median swap (us) of ``nbytes``, waiters spinning ``spin_us`` first."""
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    a, b = ctx.Pipe()
-    procs = [ctx.Process(target=_rank, args=(r, c, nbytes, swaps, spin_us * 1e-6, out))
-             for r, c in ((0, a), (1, b))]
-    for p in procs:
-        p.start()
-    try:
-        res = dict(out.get(timeout=600) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
+    a, b = mp.Pipe()
+    res = twoproc.run(_rank, [(r, c, nbytes, swaps, spin_us * 1e-6) for r, c in ((0, a), (1, b))],
+                      600)
     return [res[0], res[1]]
 
 
