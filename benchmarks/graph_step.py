@@ -38,14 +38,14 @@ def _axpy(x, y):
     x += y
 
 
-def median_us(fn, calls: int, warmup: int) -> float:
-    """The median time of ``fn()`` in microseconds over ``calls`` calls after ``warmup``."""
+def median_us(fn, calls: int, warmup: int, *args) -> float:
+    """The median time of ``fn(*args)`` in microseconds over ``calls`` calls after ``warmup``."""
     for _ in range(warmup):
-        fn()
+        fn(*args)
     ts = []
     for _ in range(calls):
         t0 = time.perf_counter()
-        fn()
+        fn(*args)
         ts.append(time.perf_counter() - t0)
     return statistics.median(ts) * 1e6
 
@@ -90,12 +90,7 @@ def measure(comm, s, allreduces: int, nbytes: int, steps: int, warmup: int,
         for kind in KINDS:
             comm.barrier(stream=s)          # every rank starts the block together
             s.synchronize()
-            ts = []
-            for _ in range(steps):
-                t0 = time.perf_counter()
-                step(kind)
-                ts.append(time.perf_counter() - t0)
-            got[kind].append(statistics.median(ts) * 1e6)
+            got[kind].append(median_us(step, steps, 0, kind))
     out = {f"{k}_us": statistics.median(v) for k, v in got.items()}
     out["rounds"] = {f"{k}_us": v for k, v in got.items()}
     for k in KINDS[1:]:
