@@ -41,6 +41,23 @@ def _time(fn, iters: int, sync) -> float:
     return (time.process_time() - t) / iters * 1e6
 
 
+def _eager_and_replay(step, warm: int, rounds: int, iters: int) -> dict:
+    """``step`` run ``warm`` times, captured once in an NPUGraph, then the best of ``rounds``
+    of its eager and replayed time per call (``_time``), and the graph's node count."""
+    for _ in range(warm):
+        step()
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g):
+        step()
+    best = {"eager": float("inf"), "replay": float("inf")}
+    sync = torch.npu.synchronize
+    for _ in range(rounds):
+        best["eager"] = min(best["eager"], _time(step, iters, sync))
+        best["replay"] = min(best["replay"], _time(g.replay, iters, sync))
+    best["nodes"] = len(g)
+    return best
+
+
 def forward(args) -> dict:
     m, mc = _mlp(args.width, args.layers, "npu"), _mlp(args.width, args.layers, "cpu")
     xc = torch.randn(args.batch, args.width)
@@ -75,19 +92,7 @@ def train_step(args) -> dict:
         loss.backward()
         opt.step()
         return loss
-    for _ in range(2):
-        step()
-    g = torch.npu.NPUGraph()
-    with torch.npu.graph(g):
-        step()
-    best = {"eager": float("inf"), "replay": float("inf")}
-    sync = torch.npu.synchronize
-    iters = max(args.iters // 4, 10)
-    for _ in range(args.rounds):
-        best["eager"] = min(best["eager"], _time(step, iters, sync))
-        best["replay"] = min(best["replay"], _time(g.replay, iters, sync))
-    best["nodes"] = len(g)
-    return best
+    return _eager_and_replay(step, 2, args.rounds, max(args.iters // 4, 10))
 
 
 def ddp_rank(rank: int, width: int, batch: int, rounds: int, iters: int) -> dict:
@@ -110,16 +115,7 @@ def ddp_rank(rank: int, width: int, batch: int, rounds: int, iters: int) -> dict
         opt.zero_grad(set_to_none=False)
         torch.nn.functional.mse_loss(ddp(x), y).backward()
         opt.step()
-    for _ in range(3):
-        step()
-    g = torch.npu.NPUGraph()
-    with torch.npu.graph(g):
-        step()
-    best = {"eager": float("inf"), "replay": float("inf")}
-    for _ in range(rounds):
-        best["eager"] = min(best["eager"], _time(step, iters, torch.npu.synchronize))
-        best["replay"] = min(best["replay"], _time(g.replay, iters, torch.npu.synchronize))
-    best["nodes"] = len(g)
+    best = _eager_and_replay(step, 3, rounds, iters)
     dist.destroy_process_group()
     return best
 
