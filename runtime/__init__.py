@@ -39,7 +39,7 @@ _EXPORTS = {
     "memory_snapshot": "memory", "memory_stats": "memory", "memory_summary": "memory",
     "memset": "memory", "memset_async": "memory", "record_stream": "memory", "reset_peak_memory_stats": "memory",
     "set_per_process_memory_fraction": "memory",
-    "MemMallocPolicy": "pool", "profile": "profiler",
+    "MemMallocPolicy": "memory", "profile": "profiler",
     "declare_access": "sanitizer", "enable_stream_check": "sanitizer",
     "stream_check_enabled": "sanitizer",
     "Stream": "stream",
@@ -47,7 +47,10 @@ _EXPORTS = {
 _CALLABLE_MODULES = {"stream": "context", "graph": "graph"}   # module name -> its function's
 # old module path -> the module's path now: ``import runtime.<old>`` gives the moved module itself
 # (runtime/aliases.py, the one finder, which hccl's old paths use too)
-_MOVED: dict[str, str] = {}
+_MOVED: dict[str, str] = {
+    **{m: f"memory.{m}" for m in ("blocks", "card", "device_memory", "free_lists", "front_cache",
+                                  "pool", "pool_args", "stats")},     # the memory room
+}
 _aliases.install(__name__, _MOVED)
 
 __all__ = sorted([*_EXPORTS, "errors"])

@@ -11,7 +11,7 @@ from .context import current_context, resolve_stream
 from .errors import InvalidParamError, MemoryAccessError
 from .memory import (DeviceBuffer, DevicePtr, HostBuffer, malloc_at, run_sync, free, free_from_gc,
                      host_view)
-from .pool import MemMallocPolicy
+from .memory.pool import MemMallocPolicy
 
 def as_dtype(dtype) -> np.dtype:
     """numpy dtype for ``dtype``: numpy dtypes and names, and ml_dtypes' ``'bfloat16'`` and

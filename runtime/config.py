@@ -202,12 +202,13 @@ TABLE = Table("runtime", [
     Var("NPUSIM_HBM_BYTES", "int", 16 * GiB, "capacity of each NPU in bytes (a limit, not "
         "pre-allocated RAM)", "runtime.context", shown="16 GiB", lo=1),
     Var("NPUSIM_CARD_DIR", "path", None, "where the ledgers of this machine's simulated cards "
-        "live (runtime/card.py): processes with the same directory and node share each device's "
-        "HBM; a test suite points it at a directory of its own", "runtime.card, launcher.smi",
+        "live (runtime/memory/card.py): processes with the same directory and node share each "
+        "device's HBM; a test suite points it at a directory of its own",
+        "runtime.memory.card, launcher.smi",
         shown="/dev/shm/npusim.cards.<uid>"),
     Var("NPUSIM_CARD_SHARE", "switch", True, "1: the processes of a node that use one device "
-        "share its HBM (one card, runtime/card.py); 0: each process has a card of its own",
-        "runtime.card"),
+        "share its HBM (one card, runtime/memory/card.py); 0: each process has a card of its own",
+        "runtime.memory.card"),
     Var("NPUSIM_PROFILE_DIR", "path", None, "write a Chrome trace per rank into this directory "
         "(npurun merges them)", "runtime.profiler, launcher.cli"),
     Var("ASCEND_GLOBAL_LOG_LEVEL", "int", 3, "0 debug, 1 info, 2 warning, 3 error, 4 off",
@@ -288,7 +289,7 @@ def hbm_bytes() -> int:
 
 
 def card_dir() -> str | None:
-    """NPUSIM_CARD_DIR: where the card ledgers live (None: runtime.card's default)."""
+    """NPUSIM_CARD_DIR: where the card ledgers live (None: runtime.memory.card's default)."""
     return TABLE.get("NPUSIM_CARD_DIR")
 
 

@@ -11,7 +11,7 @@ import logging
 import threading
 
 from . import config, profiler, sanitizer
-from .device_memory import DeviceMemory
+from .memory.device_memory import DeviceMemory
 from .errors import ContextError, InvalidParamError
 from .stream import Stream
 
@@ -45,7 +45,7 @@ class Context:
     """Everything one simulated NPU owns in this process: memory, pool, streams."""
 
     def __init__(self, device_id: int):
-        from .pool import FRONT_CACHE_BLOCKS, CachingAllocator
+        from .memory.pool import FRONT_CACHE_BLOCKS, CachingAllocator
         self.device_id = device_id
         self.capacity = config.hbm_bytes()
         self.memory = DeviceMemory(device_id, self.capacity)
@@ -184,7 +184,7 @@ def synchronize_all() -> None:
 
 def get_mem_info() -> tuple[int, int]:
     """(free_bytes, total_bytes) of the current device's card; memory cached by the pool counts
-    as used, and so does what the other processes on the card reserve (runtime/card.py)."""
+    as used, and so does what the other processes on the card reserve (runtime/memory/card.py)."""
     ctx = current_context()
     others = ctx.memory.card.others_reserved()
     return max(ctx.capacity - ctx.pool.reserved - others, 0), ctx.capacity

@@ -1,4 +1,4 @@
-"""A process that holds memory on a simulated card until told to go (tests of runtime/card.py).
+"""A process that holds memory on a simulated card until told to go (tests of runtime/memory/card.py).
 
 ``python tests/card_holder.py DEVICE MIB [torch]`` allocates MIB MiB on DEVICE (through torch's
 npu device with ``torch``), prints ``held <pid>`` and waits for a line on stdin, then frees and

@@ -35,7 +35,7 @@ def _real_torch() -> bool:
 
 TORCH = _real_torch()
 
-# Each pytest session has simulated cards of its own (runtime/card.py: the processes that share
+# Each pytest session has simulated cards of its own (runtime/memory/card.py: the processes that share
 # NPUSIM_CARD_DIR share each device's HBM), so that runs side by side on one machine never see
 # each other's memory; the processes a test starts inherit it.
 # Named by the session's pid: a session that was killed leaves its directory, which the next

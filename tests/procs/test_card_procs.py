@@ -1,4 +1,4 @@
-"""One card, several processes (runtime/card.py): separate processes on device 0, no launcher.
+"""One card, several processes (runtime/memory/card.py): separate processes on device 0, no launcher.
 
 The second process sees the first one's bytes, is refused past the card with an error naming
 the first, is capped by its fraction, and gets the bytes of a holder killed with SIGKILL back;

@@ -1,4 +1,4 @@
-"""One card, several processes, seen from torch (runtime/card.py): torch.npu.mem_get_info counts
+"""One card, several processes, seen from torch (runtime/memory/card.py): torch.npu.mem_get_info counts
 the other process, an allocation past the card or past the fraction raises
 torch.OutOfMemoryError naming the holder, and torch.npu.OutOfMemoryError is torch's."""
 import pickle

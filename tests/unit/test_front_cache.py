@@ -5,8 +5,8 @@ import pytest
 
 import runtime
 from runtime.errors import InvalidParamError, MemoryAccessError, OutOfMemoryError
-from runtime.front_cache import FrontCache
-from runtime.pool import CachingAllocator
+from runtime.memory.front_cache import FrontCache
+from runtime.memory.pool import CachingAllocator
 
 KiB, MiB = 1 << 10, 1 << 20
 S1, S2 = "stream1", "stream2"

@@ -1,4 +1,4 @@
-"""Unit tests of runtime.pool.CachingAllocator with a fake raw allocator (pure, no device)."""
+"""Unit tests of runtime.memory.pool.CachingAllocator with a fake raw allocator (pure, no device)."""
 from __future__ import annotations
 
 import pickle
@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.errors import InvalidParamError, MemoryAccessError, OutOfMemoryError
-from runtime.pool import (Block, CachingAllocator, MemMallocPolicy, format_size)
+from runtime.memory.pool import (Block, CachingAllocator, MemMallocPolicy, format_size)
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 HF, HO, NO = MemMallocPolicy.HUGE_FIRST, MemMallocPolicy.HUGE_ONLY, MemMallocPolicy.NORMAL_ONLY

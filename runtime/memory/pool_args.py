@@ -5,7 +5,7 @@ import enum
 import operator
 
 from .blocks import LARGE_HUGE, LARGE_NORMAL, SMALL
-from .errors import InvalidParamError
+from ..errors import InvalidParamError
 
 KiB = 1 << 10
 MiB = 1 << 20

@@ -7,7 +7,7 @@ a device is what makes them one card. It is a small file per (node, device),
 ``<NPUSIM_CARD_DIR>/node<k>.npu<d>``: a header and one 128-byte *slot* per process that holds the
 device, with its pid, process start time, job, rank, capacity and the bytes its pool has
 reserved. A pool charges the ledger only when it reserves or releases a segment (the raw
-allocator's ``reserve`` / ``release``, runtime/device_memory.py), never per tensor: the
+allocator's ``reserve`` / ``release``, runtime/memory/device_memory.py), never per tensor: the
 allocation hot path is untouched.
 
 Correct across processes without trusting any CPU's memory model: every read and write of the
@@ -54,8 +54,8 @@ import sys
 import threading
 import time
 
-from . import config
-from .errors import NpuError, OutOfMemoryError
+from .. import config
+from ..errors import NpuError, OutOfMemoryError
 
 MAGIC = b"NPUSIMC1"
 HEADER = 64                      # magic, version, device: the header lock is on its byte 0

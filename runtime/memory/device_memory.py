@@ -8,7 +8,7 @@ behind: the kernel frees it when the last process holding it exits, whatever kil
 Another process of the same node can still map it (``/proc/<pid>/fd/<fd>``, see ``ipc_handle``),
 which is what a shared-memory data path between ranks needs.
 
-Every reservation is charged to the device's *card* (``runtime/card.py``), which the other
+Every reservation is charged to the device's *card* (``runtime/memory/card.py``), which the other
 processes of the node that use the device share: ``reserve`` raises ``card.CardFullError`` (a
 MemoryError, which the pool reports as its OutOfMemoryError) when they leave no room.
 
@@ -26,7 +26,7 @@ import threading
 
 import numpy as np
 
-from . import config
+from .. import config
 from .card import Card
 
 PAGE = 4096
@@ -57,7 +57,7 @@ class DeviceMemory:
         self._free_len = [self.span]
         self._lock = threading.Lock()
         # this process's place on the device's card, which other processes of the node share
-        # (runtime/card.py): every segment is charged there
+        # (runtime/memory/card.py): every segment is charged there
         try:
             self.card = Card(device_id, capacity)
         except BaseException:

@@ -41,24 +41,21 @@ memory carries its marker, so freeing it with ``ready=None`` keeps it pending. `
 releases only whole free segments with no pending marker.
 
 Front cache. The runtime's pools (``front_cache=FRONT_CACHE_BLOCKS``; 0, the default here,
-turns it off) keep up to that many freed small-pool blocks *parked*: a free puts the memory in a
-new free block and leaves it unmerged in ``FrontCache`` (``front_cache.py``), under its stream
-and size, and a malloc of the same stream and rounded size takes it back before looking at the
-free lists. That skips the split and the merge of a loop that allocates and frees the same
-sizes. The rules, all of them: only small-pool blocks are parked (they never span their segment,
-so huge and normal pages never mix); when the cache is full a free merges as usual; a parked
-block keeps its stream and marker and only that stream takes it (stream order makes that safe
-while the marker is pending); no merge absorbs a parked block; and the cache is *flushed* (every
-parked block merged into the free lists as its free would have done) before a malloc reserves a
-segment, and by ``empty_cache``, ``set_memory_fraction`` and ``release_all``. A parked block is
-free memory in every statistic and query: not allocated, non-releasable (``inactive_split``),
-``inactive`` with ``parked`` set in the snapshot, counted by ``largest_free_block``.
+turns it off) park up to that many freed small-pool blocks, unmerged, under their stream and
+size, for the next malloc of that stream and rounded size (``front_cache.py`` says why). The
+rules: only small-pool blocks are parked (they never span their segment, so page kinds never
+mix); a full cache lets a free merge as usual; a parked block keeps its stream and marker and
+only that stream takes it; no merge absorbs a parked block; the cache is *flushed* (every parked
+block merged as its free would have done) before a malloc reserves a segment, and by
+``empty_cache``, ``set_memory_fraction`` and ``release_all``. A parked block is free memory in
+every statistic and query (``inactive_split``; ``inactive`` with ``parked`` in the snapshot;
+counted by ``largest_free_block``).
 
 Limits. ``reserved`` never exceeds ``limit`` = capacity * fraction. When a new segment does not
 fit, the pool releases its cached whole free segments (counted in ``num_alloc_retries``) and
 tries again, then raises ``OutOfMemoryError`` with the numbers and the fix. The raw allocator
 may refuse a segment too: the runtime's charges the device's card, which other processes share
-(runtime/card.py), and its refusal (a ``MemoryError`` with ``holders``) puts the other
+(runtime/memory/card.py), and its refusal (a ``MemoryError`` with ``holders``) puts the other
 processes and their bytes in the message. The error is ``card.out_of_memory``'s: also a
 ``torch.OutOfMemoryError`` once torch is imported.
 
@@ -67,10 +64,9 @@ too (the runtime's ``record_stream``), so not even the block's own stream may re
 before it completes; the memory is pending on the marker itself (its key in the free lists, a
 stream no malloc has), merges with ready neighbours only and is never parked.
 
-Handles. malloc returns a ``Block``; free retires it (its memory goes on in a free neighbour it
-merges with, or in a new free block), so a handle is never handed out twice and a double free is caught by ``allocated``. Every malloc
-also stamps a generation never used before (``gen``, 0 once freed), which the runtime's
-``DevicePtr`` keeps and checks on every use.
+Handles. malloc returns a ``Block``; free retires it (its memory lives on in a free neighbour or
+a new free block): no handle is handed out twice, ``allocated`` catches a double free. Every
+malloc stamps a new generation (``gen``, 0 once freed), which ``DevicePtr`` checks on every use.
 
 Statistics follow torch.cuda.memory_stats (``Stat{current, peak, allocated, freed}``, flat dotted
 keys) and are kept incrementally, O(1) per operation. ``active`` equals ``allocation`` here:
@@ -89,7 +85,7 @@ from . import blocks
 from .blocks import KIND_POOL, LARGE_HUGE, SMALL, Block, Segment
 from .card import describe as describe_holders
 from .card import out_of_memory
-from .errors import InvalidParamError, MemoryAccessError, OutOfMemoryError
+from ..errors import InvalidParamError, MemoryAccessError, OutOfMemoryError
 from .free_lists import FreeLists
 from .front_cache import FrontCache
 from .pool_args import (LARGE_KINDS, SMALL_KINDS, KiB, MemMallocPolicy, MiB, check_nbytes,

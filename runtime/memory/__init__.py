@@ -1,0 +1,57 @@
+"""The memory room: device memory as a caller sees it, and the caching pool's layers under it.
+
+Layers, top to bottom (each imports only the ones below it, and ``runtime``'s core modules):
+
+- ``pointers`` (DevicePtr, DeviceBuffer, HostBuffer, the liveness and bounds checks),
+  ``alloc`` (malloc / free, the graph-private pool, the statistics) and ``copies`` (memcpy /
+  memset): the public API, re-exported here (``runtime.memory.malloc`` ...);
+- ``pool`` (CachingAllocator: the policy) over ``front_cache``, ``free_lists``, ``blocks``,
+  ``stats`` and ``pool_args``: pure, no device, no threads (docs/memory.md);
+- ``device_memory`` (a device's raw allocator over a memfd) and ``card`` (the card's ledger the
+  processes sharing one device charge).
+
+``runtime.context`` makes each device's ``DeviceMemory`` and ``CachingAllocator``; the API
+modules import the context, never the reverse. So this package imports nothing when it loads:
+its names load with their module on first use (PEP 562), and ``import runtime.memory.pool``
+(what the context does) does not pull the API in. The old paths ``runtime.pool``,
+``runtime.blocks``, ``runtime.card`` ... are aliases of these modules (runtime/aliases.py).
+"""
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "DEVICE_TYPES": "pointers", "DeviceBuffer": "pointers", "DevicePtr": "pointers",
+    "FreePoint": "pointers", "HostBuffer": "pointers", "MemcpyKind": "pointers",
+    "allocation_marks": "pointers", "buffer_nbytes": "pointers", "device_region": "pointers",
+    "free_host": "pointers", "host_view": "pointers", "malloc_host": "pointers",
+    "queued_before_free": "pointers", "record_stream": "pointers", "same_allocations": "pointers",
+    "PrivatePool": "alloc", "card_holders": "alloc", "empty_cache": "alloc", "free": "alloc",
+    "free_from_gc": "alloc", "get_per_process_memory_fraction": "alloc", "malloc": "alloc",
+    "malloc_at": "alloc", "max_memory_allocated": "alloc", "max_memory_reserved": "alloc",
+    "memory_allocated": "alloc", "memory_reserved": "alloc", "memory_snapshot": "alloc",
+    "memory_stats": "alloc", "memory_summary": "alloc", "private_pool": "alloc",
+    "reset_peak_memory_stats": "alloc", "set_per_process_memory_fraction": "alloc",
+    "memcpy": "copies", "memcpy_async": "copies", "memset": "copies", "memset_async": "copies",
+    "run_sync": "copies",
+    "MemMallocPolicy": "pool",
+}
+_SUBMODULES = ("alloc", "blocks", "card", "copies", "device_memory", "free_lists", "front_cache",
+               "pointers", "pool", "pool_args", "stats")
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        if name in _SUBMODULES:
+            return importlib.import_module(f"{__name__}.{name}")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted([*__all__, *_SUBMODULES])
