@@ -50,6 +50,8 @@ _CALLABLE_MODULES = {"stream": "context", "graph": "graph"}   # module name -> i
 _MOVED: dict[str, str] = {
     **{m: f"memory.{m}" for m in ("blocks", "card", "device_memory", "free_lists", "front_cache",
                                   "pool", "pool_args", "stats")},     # the memory room
+    "acl_codes": "acl.codes", "acl_data": "acl.data", "acl_mdl": "acl.capture",
+    "acl_ptr": "acl.pointers",                                        # the acl room
 }
 _aliases.install(__name__, _MOVED)
 

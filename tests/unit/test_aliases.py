@@ -117,3 +117,46 @@ def test_old_hccl_paths_in_a_fresh_process():
                  "assert s is sys.modules['hccl.algo.schedule']\nprint('ok')")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+RUNTIME_MOVES = {"runtime.acl_codes": "runtime.acl.codes", "runtime.acl_data": "runtime.acl.data",
+                 "runtime.acl_mdl": "runtime.acl.capture", "runtime.acl_ptr": "runtime.acl.pointers"}
+
+
+@pytest.mark.parametrize("old,new", sorted(RUNTIME_MOVES.items()))
+def test_old_acl_paths_are_the_acl_room_modules(old, new):
+    m = importlib.import_module(old)
+    assert m is sys.modules[new] is importlib.import_module(new)
+    assert m.__name__ == m.__spec__.name == new
+
+
+def test_the_acl_namespace_keeps_every_name_of_its_users():
+    from runtime import acl                       # noqa: PLC0415
+    from runtime.acl_codes import ACL_SUCCESS, AclError   # noqa: PLC0415
+    from runtime.acl_mdl import mdl               # noqa: PLC0415
+    from runtime.acl_ptr import util              # noqa: PLC0415
+    assert acl.ACL_SUCCESS == ACL_SUCCESS == 0 and acl.AclError is AclError
+    assert acl.mdl is mdl and acl.util is util and acl.SOC_NAME == "Ascend910B1"
+    assert callable(acl.rt.malloc) and callable(acl.create_data_buffer)
+    assert acl.stream_of is sys.modules["runtime.acl.handles"].stream_of
+    assert logging_name(acl) == "runtime.acl"
+
+
+def logging_name(acl) -> str:
+    return acl.log.name
+
+
+@pytest.mark.timeout(150)
+def test_old_runtime_paths_in_a_fresh_process():
+    out = _fresh("import sys, runtime.acl_mdl as m\n"
+                 "assert m is sys.modules['runtime.acl.capture'] and m.__name__ == 'runtime.acl.capture'\n"
+                 "from runtime.acl_codes import ACL_ERROR_RT_INVALID_HANDLE as c\n"
+                 "import runtime.acl as acl\n"
+                 "assert acl.init() == 0 and acl.rt.set_device(0) == 0\n"
+                 "s, ret = acl.rt.create_stream(); assert ret == 0, ret\n"
+                 "assert acl.mdl.ri_capture_begin(s, 0) == 0\n"
+                 "model, ret = acl.mdl.ri_capture_end(s); assert ret == 0, ret\n"
+                 "assert m.mdl.ri_destroy(model) == 0 and m.mdl.ri_destroy(model) == c\n"
+                 "assert acl.finalize() == 0\nprint('ok')")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"

@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 
-from .errors import NpuError
+from ..errors import NpuError
 
 log = logging.getLogger("runtime.acl")
 _errmsg = threading.local()

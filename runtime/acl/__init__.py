@@ -14,61 +14,47 @@ current device's default stream. ``acl.finalize()`` destroys what the script lef
 streams, events and memory, and resets the devices it used.
 
 Built only on the public runtime API; see docs/acl.md for the table of calls and codes.
+
+The room: this package is the ``acl`` namespace itself (``acl.init``, ``acl.rt``, ``acl.media``,
+``acl.mdl``); beside it ``codes`` (constants, return codes, the error -> code mapping),
+``pointers`` (integer pointers, ``acl.util``), ``handles`` (the integer handle table),
+``data`` (data buffers) and ``capture`` (``acl.mdl``'s graph capture). They import one way:
+codes <- pointers <- handles <- capture, and this module over all. The old paths
+``runtime.acl_codes``, ``acl_data``, ``acl_mdl`` and ``acl_ptr`` are aliases of these modules
+(runtime/__init__.py's ``_MOVED``).
 """
 from __future__ import annotations
 
-import itertools
 import os
 import queue
 import threading
 import time
 
-from . import acl_codes as _c
-from . import acl_data as _d
-from . import acl_mdl as _mdl
-from . import acl_ptr as _p
-from .acl_codes import *  # noqa: F401,F403  (pyACL scripts use acl.ACL_* names)
-from .acl_codes import (AclError, fail, get_recent_err_msg, int_arg, log, returns_ret,
-                        returns_values)
-from .callsite import callsite
-from .acl_data import (create_data_buffer, destroy_data_buffer, get_data_buffer_addr,  # noqa: F401
-                       get_data_buffer_size, get_data_buffer_size_v2)
-from .acl_ptr import check_count, register_host, resolve, strong, util
+from . import capture as _mdl
+from . import codes as _c
+from . import data as _d
+from . import pointers as _p
+from .codes import *  # noqa: F401,F403  (pyACL scripts use acl.ACL_* names)
+from .codes import (AclError, fail, get_recent_err_msg, int_arg, log, returns_ret,
+                    returns_values)
+from .data import (create_data_buffer, destroy_data_buffer, get_data_buffer_addr,  # noqa: F401
+                   get_data_buffer_size, get_data_buffer_size_v2)
+from .handles import lock as _lock  # one lock for handles and pointers
+from .handles import lookup as _lookup
+from .handles import new as _new_handle
+from .handles import stream_of
+from .handles import table as _handles  # int handle -> _Context / Stream / Event
+from .pointers import check_count, register_host, resolve, strong, util
+from ..callsite import callsite
 
 import runtime as _rt
 
-
-_lock = _p.lock      # one lock for handles and pointers
+_stream = stream_of     # the runtime.Stream of a pyACL stream handle (0: the default stream)
 _state = {"initialized": False}
-_handles: dict = {}                 # int handle -> _Context / Stream / Event
-_next_handle = itertools.count(0x1000)
 _devices_used: set = set()
 _default_contexts: dict = {}        # device id -> handle of the context set_device implies
 _current = threading.local()        # .context: the calling thread's current context handle
 SOC_NAME = "Ascend910B1"            # what acl.get_soc_name reports (the simulated chip)
-
-
-def _new_handle(obj) -> int:
-    h = next(_next_handle)
-    _handles[h] = obj
-    return h
-
-
-def _lookup(handle, kind, what: str):
-    obj = _handles.get(handle) if isinstance(handle, int) else None
-    if not isinstance(obj, kind):
-        raise AclError(_c.ACL_ERROR_RT_INVALID_HANDLE,
-                       f"{what}={handle!r} is not a live {what} handle: it was never created by "
-                       f"acl.rt.create_{what}, or it was destroyed (or acl.finalize ran)")
-    return obj
-
-
-def _stream(handle):
-    """The runtime Stream for a stream handle; 0 / None is the current device's default stream."""
-    if handle is None or (isinstance(handle, int) and handle == 0):
-        return _rt.current_stream()
-    s = _lookup(handle, _rt.Stream, "stream")
-    return s
 
 
 # ---------------------------------------------------------------------- acl.*
@@ -571,5 +557,4 @@ class _Media:
 rt = _Rt        # namespaces: their functions are called through the class, unbound
 media = _Media
 mdl = _mdl.mdl
-stream_of = _stream     # the runtime.Stream of a pyACL stream handle (0: the default stream)
 

@@ -14,8 +14,8 @@ import weakref
 
 import numpy as np
 
-from . import acl_codes as _c
-from .acl_codes import AclError, fail, int_arg
+from . import codes as _c
+from .codes import AclError, fail, int_arg
 
 import runtime as _rt
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import itertools
 
-from . import acl_codes as _c
-from .acl_codes import AclError, fail, int_arg, returns_ret
+from . import codes as _c
+from .codes import AclError, fail, int_arg, returns_ret
 
 _buffers: dict = {}                 # handle -> (address, size)
 _next = itertools.count(0x5000)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import itertools
 
-from . import acl_codes as _c
-from .acl_codes import AclError, returns_ret, returns_values
-from .graph import Graph, graph
+from . import codes as _c
+from ..graph import Graph, graph
+from .codes import AclError, returns_ret, returns_values
+from .handles import stream_of as _stream
 
 _captures: dict = {}         # Stream -> running graph() context
 _models: dict = {}           # model_ri handle -> Graph
@@ -58,11 +59,6 @@ class _Mdl:
         """Forget a model run instance."""
         _model(model_ri)
         del _models[model_ri]
-
-
-def _stream(handle):
-    from .acl import stream_of          # acl imports this module: resolved at call time
-    return stream_of(handle)
 
 
 def _model(handle) -> Graph:
