@@ -26,6 +26,9 @@ not permitted when stream is capturing": an operator whose result is data on the
 ``equal``, ``nonzero``: torch's ``Scalar`` / data-dependent results), a copy to the host
 (``.cpu()``, ``print``), and, from runtime.graph, a synchronize. The capture then goes on (the
 error leaves the ``with`` block, which discards it).
+
+Imports: this module imports ops.py and registers ``capture_op`` with it (``ops.set_capture``);
+ops.py never imports this module (kernels.py imports both, so the hook is set at registration).
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ import runtime
 from runtime.errors import GraphCaptureError
 from runtime.memory import PrivatePool, private_pool
 
+from . import ops
 from . import storage as S
 
 _rgraph = importlib.import_module("runtime.graph")      # the module (runtime.graph is a function)
@@ -75,7 +79,6 @@ def _keep_storages(s, tensors) -> None:
 def capture_op(op, i, dev: int, s, args, kwargs):
     """The fallback's computing operator ``op`` (``i``: ops._Info) as a node of the graph that
     stream ``s`` captures (see the note)."""
-    from . import ops
     if i.sync:
         refuse(f"{i.name} (a result on the host: a Scalar, a bool; .item())", s)
     try:
@@ -209,3 +212,6 @@ def captured_work(work, end, keep) -> None:
     if cur.capture is not None:
         cur.wait_event(end)
     work.complete(None)
+
+
+ops.set_capture(capture_op)      # the fallback's operators on a capturing stream become nodes

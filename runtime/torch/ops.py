@@ -45,10 +45,10 @@ import torch
 
 import runtime
 from runtime import profiler
+from runtime.errors import GraphCaptureError
 from runtime.sanitizer import stream_check_enabled
 
 from . import device as _device
-from . import graphs as _graphs
 from . import random as _random
 from . import storage as S
 from .exitgate import gated
@@ -97,6 +97,21 @@ class _Info:
 def _tensor_type(t: str) -> bool:
     return t in ("Tensor", "Tensor[]", "Optional[Tensor]", "List[Tensor]", "Tensor?", "Tensor?[]",
                  "List[Optional[Tensor]]")
+
+
+def _no_capture(op, i, dev, s, args, kwargs):
+    raise GraphCaptureError(f"{i.name}: npu operators are captured by runtime/torch/graphs.py, "
+                            "which is not imported (import torch_npu)")
+
+
+_capture = _no_capture       # what a capturing stream's operator becomes: graphs.py sets it
+
+
+def set_capture(fn) -> None:
+    """Make ``fn(op, info, device, stream, args, kwargs)`` what an operator on a capturing
+    stream becomes (graphs.py's capture_op): ops never imports graphs, graphs imports ops."""
+    global _capture
+    _capture = fn
 
 
 def info(op) -> _Info:
@@ -368,7 +383,7 @@ def _compute(op, i: _Info, dev: int, args, kwargs):
     if "device" in kwargs:        # a factory: its CPU kernel makes a CPU result, copied after
         kwargs = dict(kwargs, device="cpu")
     if s.capture is not None:     # the stream captures a graph: a node (graphs.py)
-        return _graphs.capture_op(op, i, dev, s, args, kwargs)
+        return _capture(op, i, dev, s, args, kwargs)
     if s.idle() and not profiler.active() and not runtime.stream_check_enabled() or i.sync:
         if not s.idle():
             s.synchronize()
