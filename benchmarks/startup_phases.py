@@ -82,7 +82,8 @@ ORDER = ("process", "script", "imports", "set_device", "init.store_client", "ini
 
 def _instrument_launcher(marks: dict) -> None:
     """Time npurun's own steps by wrapping them (this process only)."""
-    from launcher import agent, forkclient, proc  # noqa: PLC0415
+    from launcher import agent  # noqa: PLC0415
+    from launcher.procs import forkclient, proc  # noqa: PLC0415
 
     def wrap(owner, name, label, *, every=False):
         fn = getattr(owner, name)

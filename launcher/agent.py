@@ -44,15 +44,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from launcher import config, proc, schedwatch, shm, stacks
+from launcher import config, schedwatch
+from launcher.procs import proc, shm, stacks
 from launcher.attempts import RESUMED_MARKER, AttemptRecord, failure_class, format_attempts
 from launcher.entrycheck import preload_for, script_problem
-from launcher.env import JobInfo, worker_env
+from launcher.procs.env import JobInfo, worker_env
 from launcher.errors import Interrupted, describe_exit, signal_name
-from launcher.forkclient import ForkServerError
-from launcher.janitor import Janitor
-from launcher.output import OutputPump, Std, std_for
-from launcher.proc import LogFiles, WorkerProcess
+from launcher.procs.forkclient import ForkServerError
+from launcher.procs.janitor import Janitor
+from launcher.procs.output import OutputPump, Std, std_for
+from launcher.procs.proc import LogFiles, WorkerProcess
 from launcher.report import ranks_text
 from launcher.summary import (Culprit, ProcessFailure, format_story, format_summary, root_cause,
                               story_exit_code)
@@ -145,7 +146,7 @@ class Agent:
         self._janitor: Janitor | None = None
         self._pump: OutputPump | None = None
         self._waiter: proc.Waiter | None = None
-        self._server = None             # the node's fork server (launcher.forkserver), if any
+        self._server = None             # the node's fork server (launcher.procs.forkserver), if any
         self._schedwatch = None         # launcher.schedwatch.Watcher, if the policy watches
         self._log_root: str | None = None
         self._temp_root = False
@@ -168,7 +169,7 @@ class Agent:
         return self.live_workers()
 
     def collect_stacks(self, timeout: float = 2.0) -> dict[int, str]:
-        """Every live rank's Python stacks, now: {rank: text} (see ``launcher.stacks``)."""
+        """Every live rank's Python stacks, now: {rank: text} (see ``launcher.procs.stacks``)."""
         return stacks.collect(((w.proc, w.proc.files.stack_file) for w in self.live_workers()),
                               timeout)
 
@@ -400,7 +401,7 @@ class Agent:
             self._server = None
         if not config.fork_server() or proc.worker_argv(self.spec.cmd) is None:
             return None
-        from launcher.forkclient import ForkServer  # noqa: PLC0415
+        from launcher.procs.forkclient import ForkServer  # noqa: PLC0415
         w0 = self.workers[0].proc
         try:
             self._server = ForkServer(self.spec.cmd[0], w0.env, self._janitor,

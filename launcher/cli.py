@@ -253,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("launcher").info("npurun: starting (pid %d)", os.getpid())
     # imported here so that `npurun --help` stays fast
     from launcher.agent import Agent, WorkerSpec  # noqa: PLC0415
-    from launcher.env import worker_command  # noqa: PLC0415
-    from launcher.output import Std  # noqa: PLC0415
+    from launcher.procs.env import worker_command  # noqa: PLC0415
+    from launcher.procs.output import Std  # noqa: PLC0415
     from launcher.rendezvous import LocalRendezvous, NodeRendezvous  # noqa: PLC0415
     try:
         _check_entry(args)

@@ -257,7 +257,7 @@ def replace_environment(env: dict[str, str]) -> None:
 
 def fork_server() -> bool:
     """NPUSIM_FORKSERVER: True (default) starts the ranks of a node from one prepared process that
-    imported numpy, pyzmq, runtime and hccl once (``launcher.forkserver``); False starts each rank
+    imported numpy, pyzmq, runtime and hccl once (``procs.forkserver``); False starts each rank
     in a fresh interpreter. ConfigError for anything but 1/0."""
     return get("NPUSIM_FORKSERVER")
 

@@ -42,7 +42,7 @@ import time
 from hccl.failure import COLLECTIVE, Failure, parse
 from launcher import config, failslow, report, verdict
 from launcher.errors import describe_exit
-from launcher.stacks import collect as collect_stacks
+from launcher.procs.stacks import collect as collect_stacks
 from launcher.status import answer as answer_status
 from launcher.summary import read_error_file
 

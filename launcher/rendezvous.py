@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from launcher import config, secret as secrets_
-from launcher.env import JobInfo
+from launcher.procs.env import JobInfo
 from launcher.errors import Interrupted, RendezvousError, RendezvousTimeoutError
-from launcher.shm import new_job_id
+from launcher.procs.shm import new_job_id
 
 log = logging.getLogger("launcher")
 

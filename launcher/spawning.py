@@ -19,13 +19,14 @@ import tempfile
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from launcher import config, proc, secret, shm, stacks
-from launcher.env import JobInfo, worker_env
+from launcher import config, secret
+from launcher.procs import proc, shm, stacks
+from launcher.procs.env import JobInfo, worker_env
 from launcher.errors import (ProcessExitedError, ProcessRaisedError, SpawnTimeoutError,
                              WorkerFailedError)
-from launcher.janitor import Janitor
-from launcher.output import OutputPump
-from launcher.proc import LogFiles, WorkerProcess
+from launcher.procs.janitor import Janitor
+from launcher.procs.output import OutputPump
+from launcher.procs.proc import LogFiles, WorkerProcess
 from launcher.summary import ProcessFailure, root_cause
 
 

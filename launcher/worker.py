@@ -4,7 +4,7 @@
     python -u -m launcher.worker -m MODULE ARGS...     run a module as __main__ (python -m)
     python -u -m launcher.worker --exec PROGRAM ARGS...   --no-python: guard, then exec PROGRAM
     python -u -m launcher.worker --spawn PAYLOAD RESULT   launcher.spawn: fn(rank, *args)
-    python -u -m launcher.worker --fork-server FD      the node's fork server (launcher.forkserver),
+    python -u -m launcher.worker --fork-server FD      the node's fork server (procs.forkserver),
                                                        whose children become ranks as above
 
 Before the user's code runs, the bootstrap installs, in this order:
@@ -12,7 +12,7 @@ Before the user's code runs, the bootstrap installs, in this order:
 1. the parent-death guard: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``, then a check that the launcher
    (``NPUSIM_LAUNCHER_PID``) did not die before the prctl took effect. The launcher forks workers
    from its main thread, which lives as long as the launcher does (the signal follows the forking
-   *thread*). The launcher's janitor process (``launcher.janitor``) then kills the worker's whole
+   *thread*). The launcher's janitor process (``procs.janitor``) then kills the worker's whole
    process group and removes the job's shared memory.
 2. an ``sys.excepthook`` that writes a torchrun-style error file to ``TORCHELASTIC_ERROR_FILE``
    (no ``@record`` decorator needed, with a typed ``error`` record) and prints the traceback
@@ -44,12 +44,12 @@ import traceback
 
 from hccl.failure import Failure, of_exception, origin
 from launcher import config
-from launcher.proctitle import show_command
+from launcher.procs.proctitle import show_command
 
 _PR_SET_PDEATHSIG = 1
 _stack_file = None  # kept open for faulthandler for the life of the process
 _SKIP_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>",
-               os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkserver.py")}
+               os.path.join(os.path.dirname(os.path.abspath(__file__)), "procs", "forkserver.py")}
 # npusim's own packages: a frame there is not where the user's code raised
 _OWN_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), p)
                   + os.sep for p in ("runtime", "hccl", "launcher"))
@@ -293,7 +293,7 @@ def main(argv: list[str]) -> None:
     if not argv:
         sys.exit(_USAGE)
     if argv[0] == "--fork-server":  # a rank's command line names the bootstrap, forked or not
-        from launcher import forkserver  # noqa: PLC0415
+        from launcher.procs import forkserver  # noqa: PLC0415
         argv = forkserver.main(argv[1:])     # returns in a forked rank, with its arguments
         forkserver.run_rank(_run, argv)      # it ends without the interpreter's teardown
         return

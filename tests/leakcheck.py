@@ -16,8 +16,8 @@ import threading
 import time
 import uuid
 
-from launcher.env import PACKAGE_ROOT
-from launcher.shm import SHM_DIR
+from launcher.procs.env import PACKAGE_ROOT
+from launcher.procs.shm import SHM_DIR
 
 MARKER = "NPUSIM_TEST_MARKER"
 

@@ -1,4 +1,4 @@
-"""The fork server (launcher/forkserver.py): ranks forked from one prepared process, and what
+"""The fork server (launcher/procs/forkserver.py): ranks forked from one prepared process, and what
 users do to it: a rank crashing at import, a script that does not compile, Ctrl-C during
 start-up, restarts after a forked rank or the server itself died. Nothing is left behind."""
 from __future__ import annotations
@@ -178,7 +178,7 @@ if r == "1":
                                       ("raise ValueError('no')", 1),
                                       ("raise KeyboardInterrupt", 128 + signal.SIGINT)])
 def test_a_forked_rank_ends_as_python_would(tmp_path, end, code):
-    """A forked rank skips the interpreter's teardown (launcher.forkserver, "How a forked rank
+    """A forked rank skips the interpreter's teardown (launcher.procs.forkserver, "How a forked rank
     ends") but not what a script relies on: its exit status, atexit handlers, non-daemon
     threads, files left open; and /proc/PID/environ shows its own environment."""
     script = _script(tmp_path, ENDING.format(out=str(tmp_path), end=end))

@@ -11,8 +11,8 @@ import uuid
 import pytest
 
 from launcher.agent import Agent, StopRequest, WorkerSpec
-from launcher.env import worker_command
-from launcher.janitor import Janitor
+from launcher.procs.env import worker_command
+from launcher.procs.janitor import Janitor
 from launcher.rendezvous import LocalRendezvous
 from tests.leakcheck import LeakCheck, pid_gone, wait_for
 

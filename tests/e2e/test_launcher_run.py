@@ -64,7 +64,7 @@ def test_every_rank_gets_its_environment_and_prefixed_console(tmp_path):
         assert e["__name__"] == "__main__"
         assert e["argv"] == [script, "a1", "--flag"]
         assert secret not in e["cmdline"]  # the secret travels in the environment only
-        # the rank's command line reads as torchrun's ranks' (launcher.proctitle.show_command)
+        # the rank's command line reads as torchrun's ranks' (launcher.procs.proctitle.show_command)
         assert e["cmdline"].rstrip("\0").split("\0")[1:] == ["-u", script, "a1", "--flag"]
     for r in range(3):
         assert f"[rank {r}]: hello from {r}\n" in res.stdout

@@ -1,7 +1,7 @@
 """Ranks named as torchrun's are (issue 53): ``ps -o args`` of a running rank reads
 ``python -u SCRIPT ARGS`` whether the rank was forked by the fork server or started fresh,
 ``pgrep -f SCRIPT`` finds every rank, ``/proc/PID/comm`` is ``rank<R>:<script>`` and
-``npurun --status`` lists each rank's pid (launcher.proctitle.show_command)."""
+``npurun --status`` lists each rank's pid (launcher.procs.proctitle.show_command)."""
 from __future__ import annotations
 
 import os

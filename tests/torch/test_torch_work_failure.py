@@ -20,7 +20,7 @@ pytest.importorskip("torch.distributed", reason="torch is not installed: pip ins
 from hccl.errors import RemoteRankError  # noqa: E402
 from hccl.failure import Failure, of_exception, origin  # noqa: E402
 from hccl.torch_work import Work  # noqa: E402
-from launcher.env import PACKAGE_ROOT  # noqa: E402
+from launcher.procs.env import PACKAGE_ROOT  # noqa: E402
 
 ERR = "[rank 0] ALLREDUCE(comm=world, seq=7, count=8, FP32, SUM) failed: rank 1 killed by SIGKILL"
 

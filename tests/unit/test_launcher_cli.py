@@ -7,10 +7,10 @@ import os
 import pytest
 
 from launcher import cli
-from launcher.env import JobInfo, worker_command, worker_env
+from launcher.procs.env import JobInfo, worker_command, worker_env
 from launcher.errors import ConfigError
-from launcher.output import Std, std_for
-from launcher.proc import LogFiles
+from launcher.procs.output import Std, std_for
+from launcher.procs.proc import LogFiles
 
 
 @pytest.mark.timeout(10)

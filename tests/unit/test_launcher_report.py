@@ -10,7 +10,7 @@ import pytest
 
 from launcher.errors import (ProcessExitedError, ProcessRaisedError, RendezvousTimeoutError,
                              SpawnTimeoutError, describe_exit, shell_exit_code)
-from launcher.output import _Stream
+from launcher.procs.output import _Stream
 from launcher.summary import ProcessFailure, format_summary, root_cause
 
 TB = 'Traceback (most recent call last):\n  File "t.py", line 3, in <module>\nKeyError: 1\n'

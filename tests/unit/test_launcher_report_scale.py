@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from launcher.output import _Stream
+from launcher.procs.output import _Stream
 from launcher.report import format_report
 from launcher.summary import Culprit, ProcessFailure, format_story, format_summary
 

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from launcher.shm import SHM_DIR
+from launcher.procs.shm import SHM_DIR
 from tests.leakcheck import LeakCheck, wait_for
 
 CHILD = """

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from launcher.env import JobInfo, worker_env
-from launcher.proc import LogFiles
+from launcher.procs.env import JobInfo, worker_env
+from launcher.procs.proc import LogFiles
 from runtime import ipc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

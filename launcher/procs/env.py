@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from launcher import config
-from launcher.proc import LogFiles
+from launcher.procs.proc import LogFiles
 from runtime import sched
 
 # the directory that holds the launcher, hccl and runtime packages: workers must import them
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 npurun's ranks are forks of the fork server (``python -u -m launcher.worker --fork-server FD
 PAD``) or fresh interpreters of launcher.worker: each writes its own script and arguments over
 that line, as torchrun's ranks show ``python train.py ...`` (launcher.worker.rank_command), and
-the fork server restores its own line without the padding (launcher.forkserver). Its own module
+the fork server restores its own line without the padding (procs.forkserver). Its own module
 so that both import it and neither imports the other.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ def show_command(line: list[str], title: str | None = None) -> bool:
     The kernel reads the command line from the memory the arguments were passed in (arg_start
     to arg_end): ``line`` is written over it, the rest filled with NULs (which ``ps`` and
     ``pgrep`` drop). A line longer than that area is cut at its end (a forked rank's area is
-    the fork server's, padded for its ranks' lines: ``launcher.forkserver``). Python copied
+    the fork server's, padded for its ranks' lines: ``launcher.procs.forkserver``). Python copied
     its arguments at start-up (``sys.argv``, ``sys.orig_argv``) and never reads the area
     again. False where there is no such area (not Linux)."""
     if title is not None:

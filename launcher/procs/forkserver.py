@@ -20,8 +20,8 @@ kernel points at: the server was started with ``ROOM_VAR`` padding that block, a
 writes its own variables over it (as setproctitle does with the same area; moving the block
 itself takes ``prctl(PR_SET_MM)``, which needs CAP_SYS_RESOURCE). The command line is done the
 same way: the server is started with PAD, an argument as long as its ranks' lines (``title_room``
-in ``launcher.forkclient``), rewrites its own to ``... --fork-server FD`` at once, and each rank
-writes ``python -u SCRIPT ARGS`` over the inherited area (``launcher.proctitle.show_command``: no
+in ``procs.forkclient``), rewrites its own to ``... --fork-server FD`` at once, and each rank
+writes ``python -u SCRIPT ARGS`` over the inherited area (``proctitle.show_command``: no
 dependency, no privilege; setproctitle does the same). The signal dispositions the
 server changed go back to Python's defaults,
 ``random`` is reseeded by CPython's fork hook and numpy's global generator, if imported, from
@@ -41,7 +41,7 @@ for fork servers).
 Processes: npurun starts the server in its own session with the parent-death signal
 (SIGKILL when npurun dies); each rank sets its own (``launcher.worker``), so it dies with the
 server. The server reaps its children: when one exits it SIGKILLs the child's process group
-first (the zombie still pins the group id, as ``launcher.proc`` does for its own children),
+first (the zombie still pins the group id, as ``launcher.procs.proc`` does for its own children),
 then reaps it and reports the status to npurun. npurun signals the ranks' groups directly and
 watches them with pidfds.
 
@@ -349,7 +349,7 @@ def main(argv: list[str]) -> list[str]:
         sys.exit("usage: python -m launcher.worker --fork-server FD [PAD] (started by npurun)")
     _die_with_launcher()
     if len(argv) == 2:      # PAD was room for the ranks' command lines: not to be shown
-        from launcher.proctitle import show_command  # noqa: PLC0415
+        from launcher.procs.proctitle import show_command  # noqa: PLC0415
         orig = list(sys.orig_argv)
         show_command(orig[:orig.index("--fork-server") + 2])
     atexit.register(_end_rank)      # first registered: runs after every other handler

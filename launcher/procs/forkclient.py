@@ -1,4 +1,4 @@
-"""npurun's side of the fork server (``launcher.forkserver``): start it, ask it for ranks, learn
+"""npurun's side of the fork server (``procs.forkserver``): start it, ask it for ranks, learn
 how they ended.
 
 The ranks are the server's children, not npurun's: npurun signals their process groups itself,
@@ -15,7 +15,7 @@ import socket
 import subprocess
 import time
 
-from launcher.forkserver import ROOM_VAR, recv_message, room, send_message
+from launcher.procs.forkserver import ROOM_VAR, recv_message, room, send_message
 
 PRELOAD_VAR = "NPUSIM_FORKSERVER_PRELOAD"
 WINDOW = 32         # spawn requests in flight at most (``request``)

@@ -9,10 +9,10 @@ Waiting polls a pidfd per worker (woken the moment a worker exits, no sleeping l
 worker has exited, its group is swept with SIGKILL *before* it is reaped, while the zombie still
 pins the group id, so no leftover child survives and no reused pid can be hit.
 
-A worker may instead be forked by the node's fork server (``launcher.forkserver``, given to
+A worker may instead be forked by the node's fork server (``launcher.procs.forkserver``, given to
 ``start``): it is then the server's child, not ours. We still signal its group and wake on its
 pidfd; the server sweeps the group and reaps it, and its exit status comes from the server's
-report (``launcher.forkclient``).
+report (``launcher.procs.forkclient``).
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from launcher.forkclient import readable, worker_argv  # noqa: F401 - also for the agent
-from launcher.janitor import Janitor
-from launcher.output import OutputPump, Std
+from launcher.procs.forkclient import readable, worker_argv  # noqa: F401 - also for the agent
+from launcher.procs.janitor import Janitor
+from launcher.procs.output import OutputPump, Std
 
 
 @dataclass
