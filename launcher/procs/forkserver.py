@@ -70,6 +70,7 @@ import threading
 import time
 
 from launcher import config
+from launcher.procs.proctitle import memory_area, show_command
 
 # What a rank of an npusim job imports (measured with sys.modules at a collective's end).
 PRELOAD = ("numpy", "zmq", "runtime.array", "runtime.context", "runtime.memory",
@@ -245,22 +246,11 @@ def room(env: dict) -> str:
     return "." * max(4096, size // 4)
 
 
-def _env_block() -> tuple[int, int] | None:
-    """(start, end) of the environment block the kernel shows in /proc/self/environ."""
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        start, end = int(fields[47]), int(fields[48])  # env_start, env_end: stat fields 50, 51
-    except (OSError, IndexError, ValueError):
-        return None
-    return (start, end) if 0 < start < end else None
-
-
 def _show_environment(env: dict) -> bool:
     """Write ``env`` over the inherited environment block (see the module docstring): safe once
     ``os.environ`` was replaced, since the C library's ``environ`` then points at copies, never
     into the block. False (the block left as it was) when the block is too small or unknown."""
-    block = _env_block()
+    block = memory_area("env")
     data = b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in env.items())
     if block is None or len(data) > block[1] - block[0]:
         return False
@@ -349,7 +339,6 @@ def main(argv: list[str]) -> list[str]:
         sys.exit("usage: python -m launcher.worker --fork-server FD [PAD] (started by npurun)")
     _die_with_launcher()
     if len(argv) == 2:      # PAD was room for the ranks' command lines: not to be shown
-        from launcher.procs.proctitle import show_command  # noqa: PLC0415
         orig = list(sys.orig_argv)
         show_command(orig[:orig.index("--fork-server") + 2])
     atexit.register(_end_rank)      # first registered: runs after every other handler

@@ -12,14 +12,20 @@ import ctypes
 import os
 
 _PR_SET_NAME = 15
+# /proc/self/stat's fields after the command name: arg_start, arg_end are fields 48, 49 of
+# proc(5); env_start, env_end 50, 51
+_AREAS = {"arg": 45, "env": 47}
 
 
-def _arg_area() -> tuple[int, int] | None:
-    """(start, end) of the argument strings the kernel shows in /proc/self/cmdline."""
+def memory_area(kind: str) -> tuple[int, int] | None:
+    """(start, end) of what the kernel shows as this process's command line (``"arg"``:
+    /proc/self/cmdline) or its environment (``"env"``: /proc/self/environ); None where it is
+    unknown (not Linux)."""
+    first = _AREAS[kind]
     try:
         with open("/proc/self/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
-        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: stat fields 48, 49
+        start, end = int(fields[first]), int(fields[first + 1])
     except (OSError, IndexError, ValueError):
         return None
     return (start, end) if 0 < start < end else None
@@ -41,7 +47,7 @@ def show_command(line: list[str], title: str | None = None) -> bool:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, os.fsencode(title)[:15], 0, 0, 0)
         except (OSError, AttributeError):
             pass
-    area = _arg_area()
+    area = memory_area("arg")
     if area is None:
         return False
     size = area[1] - area[0]
