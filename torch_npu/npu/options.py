@@ -168,6 +168,15 @@ def _check_cores(cube_num, vector_num) -> None:
                              f"got {v!r}")
 
 
+def _set_limit(table: dict, key, cube_num: int, vector_num: int) -> None:
+    """Record the limits other than -1 for ``key`` (a device or a stream); under ``_lock``."""
+    rec = table.setdefault(key, {})
+    if cube_num != -1:
+        rec["cube"] = cube_num
+    if vector_num != -1:
+        rec["vector"] = vector_num
+
+
 def set_device_limit(device, cube_num: int = -1, vector_num: int = -1) -> None:
     """Record a core limit for ``device`` (read back by get_device_limit; npusim's kernels do not
     use cores). torch_npu allows one call per process; so does this."""
@@ -181,11 +190,7 @@ def set_device_limit(device, cube_num: int = -1, vector_num: int = -1) -> None:
             raise RuntimeError("Function 'set_device_limit' has already been called, You can "
                                "only set this interface once.")
         _device_limits["called"] = True
-        rec = _device_limits.setdefault(d, {})
-        if cube_num != -1:
-            rec["cube"] = cube_num
-        if vector_num != -1:
-            rec["vector"] = vector_num
+        _set_limit(_device_limits, d, cube_num, vector_num)
 
 
 def get_device_limit(device) -> dict:
@@ -211,11 +216,7 @@ def set_stream_limit(stream, cube_num: int = -1, vector_num: int = -1) -> None:
     k = _stream_key(stream)
     _check_cores(cube_num, vector_num)
     with _lock:
-        rec = _stream_limits.setdefault(k, {})
-        if cube_num != -1:
-            rec["cube"] = cube_num
-        if vector_num != -1:
-            rec["vector"] = vector_num
+        _set_limit(_stream_limits, k, cube_num, vector_num)
 
 
 def reset_stream_limit(stream) -> None:

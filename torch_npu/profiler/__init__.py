@@ -31,6 +31,7 @@ from typing import Callable, Iterable, Optional
 
 from runtime import profiler as _prof
 
+from .._startstop import StartStop
 from .config import (AiCMetrics, ExportType, HostSystem, ProfilerLevel, _ExperimentalConfig,
                      supported_ai_core_metrics, supported_export_type, supported_profiler_level)
 from .scheduler import ProfilerAction, Schedule, _default_schedule_fn
@@ -194,7 +195,7 @@ class _KinetoProfile:
                                   "the trace has the memory counters (NPU<d> memory)")
 
 
-class profile(_KinetoProfile):
+class profile(StartStop, _KinetoProfile):
     """torch_npu.profiler.profile over npusim's recording (module docstring)."""
 
     def __init__(self, *, activities: Optional[Iterable[ProfilerActivity]] = None,
@@ -228,14 +229,6 @@ class profile(_KinetoProfile):
         self.current_action = self.schedule(self.step_num)
         self.stopped = True
         self._step_t0 = None
-
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
-        return False
 
     def _step_span(self, begin: bool) -> None:
         if not self.record_steps:

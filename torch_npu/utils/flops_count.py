@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from torch.utils.flop_counter import FlopCounterMode
 
+from .._startstop import StartStop
+
 __all__ = ["FlopsCounter"]
 
 
-class FlopsCounter:
+class FlopsCounter(StartStop):
     def __init__(self):
         self._mode = None
         self._recorded = 0
@@ -51,11 +53,3 @@ class FlopsCounter:
             self._mode.__exit__(None, None, None)
         self._mode = None
         self._recorded = self._traversed = self._mark = 0
-
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
-        return False
