@@ -6,6 +6,7 @@ user expects. Every enum prints as its name (``str(DataType.FP32) == "FP32"``), 
 """
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 import numpy as np
@@ -21,8 +22,9 @@ class _NamedIntEnum(NamedIntEnum):
     """An enumeration that parses its members, codes and names (E_PARA otherwise)."""
 
     @classmethod
-    def _parse(cls, x, what: str):
-        """Resolve an instance, an int value, or a case-insensitive name; raise E_PARA otherwise."""
+    def of(cls, x):
+        """Resolve a member, its int value, or its name (case-insensitive); raise E_PARA
+        (``unknown reduce op ...``: the class's name in words) otherwise."""
         if isinstance(x, cls):
             return x
         if isinstance(x, str):
@@ -34,6 +36,7 @@ class _NamedIntEnum(NamedIntEnum):
                 return cls(int(x))
             except ValueError:
                 pass
+        what = re.sub("(?<=[a-z])(?=[A-Z])", " ", cls.__name__).lower()   # "ReduceOp": reduce op
         valid = ", ".join(cls.__members__)
         raise InvalidArgumentError(f"unknown {what} {x!r}; valid: {valid}")
 
@@ -86,7 +89,7 @@ class DataType(_NamedIntEnum):
             if key.upper() in cls.__members__:
                 return cls.__members__[key.upper()]
         elif isinstance(x, (int, np.integer)) and not isinstance(x, bool):
-            return cls._parse(x, "data type")
+            return super().of(x)
         elif (not isinstance(x, (type, np.dtype))
               and isinstance(getattr(x, "dtype", None), np.dtype)):
             x = x.dtype  # an array (numpy or DeviceArray)
@@ -133,11 +136,6 @@ class ReduceOp(_NamedIntEnum):
     MAX = 2
     MIN = 3
 
-    @classmethod
-    def of(cls, x) -> "ReduceOp":
-        """Resolve a ReduceOp, its int value or its name (case-insensitive)."""
-        return cls._parse(x, "reduce op")
-
 
 class OpType(_NamedIntEnum):
     """Kind of a collective (or point-to-point) call, as it appears in fingerprints and reports."""
@@ -157,7 +155,7 @@ class OpType(_NamedIntEnum):
         """Resolve an OpType, its int value or its name (``"ALLREDUCE"``, also ``"all_reduce"``)."""
         if isinstance(x, str):
             x = x.replace("_", "").upper().replace("REDUCESCATTER", "REDUCE_SCATTER")
-        return cls._parse(x, "op type")
+        return super().of(x)
 
     @property
     def reduces(self) -> bool:
