@@ -130,7 +130,14 @@ class FlightRecorder:
     def enqueue(self, comm, seq: int, fp, *, stream: str, site: str, peer=None, nbytes=0,
                 names: tuple | None = None) -> Record:
         """A new record, in state "enqueued"; ``names`` is ``names(fp)`` when already known."""
-        return self.add(comm, seq, names or self.names(fp), stream, site, peer, nbytes, False)
+        r = Record()
+        r.comm, r.comm_id, r.rank, r.seq = comm.name, comm.comm_id, comm.rank, seq
+        r.members = comm.ranks          # the comm's own list: it never changes
+        r.op, r.count, r.dtype, r.redop, r.root = names or self.names(fp)
+        r.peer, r.stream, r.site, r.nbytes = peer, stream, site, nbytes
+        self._open(r, (r,), None if peer is not None else (comm.comm_id, comm.rank), comm.name,
+                   seq)
+        return r
 
     @staticmethod
     def proto(comm, names: tuple, stream: str, peer, nbytes: int) -> Proto:
@@ -176,29 +183,36 @@ class FlightRecorder:
         it enqueued and completed together."""
         if done:
             return self.done(self.proto(comm, names, stream, peer, nbytes), seq, site)
-        r = Record()
-        r.comm, r.comm_id, r.rank, r.seq = comm.name, comm.comm_id, comm.rank, seq
-        r.members = comm.ranks          # the comm's own list: it never changes
-        r.op, r.count, r.dtype, r.redop, r.root = names
-        r.peer, r.stream, r.site, r.nbytes = peer, stream, site, nbytes
+        return self.enqueue(comm, seq, None, stream=stream, site=site, peer=peer, nbytes=nbytes,
+                            names=names)
+
+    def _open(self, r: Record, recs: tuple, key, name: str, last: int) -> None:
+        """``r`` enqueued now, and ``recs`` (``r`` first, then the members that read their
+        state from it) in flight; with ``key``, (comm id, rank), the communicator named
+        ``name`` has enqueued up to ``last``."""
         r.t_enqueued = time.time()
         r.state, r.t_started, r.t_completed = "enqueued", None, None
         r.waiting_for = r.waiting_since = r.error = r.error_type = r.wait_peer = None
         r.wait_max, r.wait_send, r.wait_end, r.wait_to = 0.0, False, 0.0, None
-        with self._lock:
-            self._records.append(r)
-            self._inflight[id(r)] = r
-            if peer is None:
-                key, progress = (comm.comm_id, comm.rank), self.progress
+        lock = self._lock
+        lock.acquire()              # not ``with``: half the cost in CPython 3.11, every call
+        try:
+            self._records.extend(recs)
+            inflight = self._inflight
+            for m in recs:
+                inflight[id(m)] = m
+            if key is not None:
+                progress = self.progress
                 p = progress.get(key)
                 if p is None:
                     if len(progress) >= PROGRESS_BOUND:
                         progress.popitem(last=False)
-                    p = progress[key] = [0, 0, comm.name]
+                    p = progress[key] = [0, 0, name]
                 else:
                     progress.move_to_end(key)
-                p[0] = seq
-        return r
+                p[0] = last
+        finally:
+            lock.release()
 
     def group(self, protos: tuple, sites: tuple, seq0: int) -> tuple:
         """The records of a fused group (``hccl.algo.fusion``): member i of ``protos`` (each its
@@ -212,31 +226,9 @@ class FlightRecorder:
         r.comm, r.comm_id, r.rank, r.seq, r.members = p.comm, p.comm_id, p.rank, seq0, p.members
         r.op, r.count, r.dtype, r.redop, r.root = p.op, p.count, p.dtype, p.redop, p.root
         r.peer, r.stream, r.site, r.nbytes = None, p.stream, sites[0], p.nbytes
-        r.t_enqueued = time.time()
-        r.state, r.t_started, r.t_completed = "enqueued", None, None
-        r.waiting_for = r.waiting_since = r.error = r.error_type = r.wait_peer = None
-        r.wait_max, r.wait_send, r.wait_end, r.wait_to = 0.0, False, 0.0, None
         recs = (r,) + tuple([Member((r, q, seq0 + i, sites[i])) for i, q in enumerate(protos)
                              if i])
-        last = seq0 + len(protos) - 1
-        lock = self._lock
-        lock.acquire()              # not ``with``: half the cost in CPython 3.11, every replay
-        try:
-            self._records.extend(recs)
-            inflight = self._inflight
-            for m in recs:
-                inflight[id(m)] = m
-            key, progress = p.key, self.progress
-            q = progress.get(key)
-            if q is None:
-                if len(progress) >= PROGRESS_BOUND:
-                    progress.popitem(last=False)
-                q = progress[key] = [0, 0, p.comm]
-            else:
-                progress.move_to_end(key)
-            q[0] = last
-        finally:
-            lock.release()
+        self._open(r, recs, p.key, p.comm, seq0 + len(protos) - 1)
         return recs
 
     def complete_group(self, recs: tuple) -> None:
