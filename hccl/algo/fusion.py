@@ -164,13 +164,7 @@ class _Fused:
                 np.copyto(dst, src)
         head = recs[0]
         head.state, head.t_started = "started", _time()     # recorder.start, inline
-        comm = first.comm
-        timeout = comm.exec_timeout
-        by_comm = timeout is not None
-        if not by_comm:
-            timeout = comm._env_timeout     # comm.timeout(), without its call once read
-            if timeout is None:
-                timeout = comm.timeout()[0]
+        timeout, by_comm = first.comm.timeout()   # once per group (Call.run inlines it)
         first.rec = head
         try:
             self.program.run(first.cid, seq0, self.wire_fp, timeout, first.on_wait)
