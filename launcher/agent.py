@@ -15,7 +15,7 @@ Hooks for diagnosis (the hang detector plugs in here): ``on_tick`` callables run
 interval and may return a ``StopRequest`` to end the job; ``before_stop`` callables run before
 the launcher stops live ranks, while they can still be inspected; ``verdict_hooks`` hand over
 the job verdict of the failure, if any: npurun then prints it first and a failure summary that
-agrees with it (``launcher.summary.format_story``) instead of the first-failure summary.
+agrees with it (``launcher.diagnosis.summary.format_story``) instead of the first-failure summary.
 ``collect_stacks()`` takes every live rank's Python stacks now (SIGUSR1 + faulthandler, no
 cooperation needed); ``stop_signal``, ``request_status()`` and ``say()`` are public for them.
 
@@ -54,9 +54,9 @@ from launcher.procs.forkclient import ForkServerError
 from launcher.procs.janitor import Janitor
 from launcher.procs.output import OutputPump, Std, std_for
 from launcher.procs.proc import LogFiles, WorkerProcess
-from launcher.report import ranks_text
-from launcher.summary import (Culprit, ProcessFailure, format_story, format_summary, root_cause,
-                              story_exit_code)
+from launcher.diagnosis.report import ranks_text
+from launcher.diagnosis.summary import (Culprit, ProcessFailure, format_story, format_summary,
+                                        root_cause, story_exit_code)
 from runtime import sched
 
 log = logging.getLogger("launcher")

@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``npurun``; returns the exit code (0, the root cause's, or 128 + signal)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--status"] or (argv[:1] and argv[0].startswith("--status=")):
-        from launcher.status import query_status  # noqa: PLC0415
+        from launcher.diagnosis.status import query_status  # noqa: PLC0415
         rest = [argv[0].partition("=")[2]] if "=" in argv[0] else argv[1:]
         if len(rest) > 1 or (rest and not rest[0].isdigit()):
             print("usage: npurun --status [NPURUN_PID]", file=sys.stderr)
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         return query_status(int(rest[0]) if rest else None)
     args = parse_args(argv)
     if args.status is not None:     # `npurun --status` after other flags
-        from launcher.status import query_status  # noqa: PLC0415
+        from launcher.diagnosis.status import query_status  # noqa: PLC0415
         return query_status(int(args.status) if args.status.isdigit() else None)
     try:
         config.check()     # a knob the ranks would refuse is refused here, with their text
@@ -288,8 +288,8 @@ def main(argv: list[str] | None = None) -> int:
                                   max_restarts=args.max_restarts,
                                   timeout=config.connect_timeout(), hint=hint)
         agent = Agent(spec, rdzv)
-        from launcher.diagnose import Diagnoser  # noqa: PLC0415
-        from launcher.status import register, status_file  # noqa: PLC0415
+        from launcher.diagnosis.diagnose import Diagnoser  # noqa: PLC0415
+        from launcher.diagnosis.status import register, status_file  # noqa: PLC0415
         diagnoser = Diagnoser(agent, report_dir=args.log_dir)
         registration = None
         try:

@@ -27,7 +27,7 @@ from launcher.errors import (ProcessExitedError, ProcessRaisedError, SpawnTimeou
 from launcher.procs.janitor import Janitor
 from launcher.procs.output import OutputPump
 from launcher.procs.proc import LogFiles, WorkerProcess
-from launcher.summary import ProcessFailure, root_cause
+from launcher.diagnosis.summary import ProcessFailure, root_cause
 
 
 def _error(failures: list[ProcessFailure]) -> WorkerFailedError:

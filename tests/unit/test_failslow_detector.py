@@ -1,4 +1,4 @@
-"""The fail-slow detector (launcher.failslow) on synthetic timelines, and the flight recorder's
+"""The fail-slow detector (launcher.diagnosis.failslow) on synthetic timelines, and the flight recorder's
 timeline that feeds it. Pure: no process, no socket."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 
 from hccl.flight import FlightRecorder
 from hccl.types import DataType, Fingerprint, OpType, ReduceOp
-from launcher import failslow
-from launcher.failslow import INSIDE, LATE, Tracker, detect
+from launcher.diagnosis import failslow
+from launcher.diagnosis.failslow import INSIDE, LATE, Tracker, detect
 
 FP = Fingerprint.make(OpType.ALLREDUCE, 256, DataType.FP32, ReduceOp.SUM)
 

@@ -11,7 +11,7 @@ import pytest
 from launcher.errors import (ProcessExitedError, ProcessRaisedError, RendezvousTimeoutError,
                              SpawnTimeoutError, describe_exit, shell_exit_code)
 from launcher.procs.output import _Stream
-from launcher.summary import ProcessFailure, format_summary, root_cause
+from launcher.diagnosis.summary import ProcessFailure, format_summary, root_cause
 
 TB = 'Traceback (most recent call last):\n  File "t.py", line 3, in <module>\nKeyError: 1\n'
 
@@ -112,7 +112,7 @@ def test_errors_pickle_with_their_fields():
 def test_story_summary_blames_the_culprit_not_the_first_to_time_out(tmp_path):
     """Rank 3 timed out first; the verdict names rank 2 (stopped by npurun, no failure of its
     own): the summary's root cause and exit line are rank 2, rank 3 is one line, released."""
-    from launcher.summary import Culprit, format_story, story_exit_code
+    from launcher.diagnosis.summary import Culprit, format_story, story_exit_code
     path = tmp_path / "e3.json"
     path.write_text(json.dumps({"message": {"message": "TaskError[HcclTimeoutError]: [rank 3] "
                                 "ALLREDUCE timed out\n  more", "extraInfo": {"py_callstack": TB}},
@@ -144,7 +144,7 @@ def test_story_summary_blames_the_culprit_not_the_first_to_time_out(tmp_path):
 def test_story_points_only_to_traceback_files_that_exist(tmp_path):
     """A rank killed by a signal writes no traceback.log: the summary names the files written
     (by local rank) and leaves the line out when there is none."""
-    from launcher.summary import Culprit, format_story
+    from launcher.diagnosis.summary import Culprit, format_story
     pattern = str(tmp_path / "attempt_0" / "<local_rank>" / "traceback.log")
     killed = ProcessFailure(rank=1, local_rank=1, pid=11, exitcode=-9, error_file="",
                             observed_at=1.0)
@@ -163,7 +163,7 @@ def test_story_points_only_to_traceback_files_that_exist(tmp_path):
 
 @pytest.mark.timeout(10)
 def test_one_line_is_shortened_at_a_word():
-    from launcher.summary import _one_line
+    from launcher.diagnosis.summary import _one_line
     text = "RemoteRankError: " + " ".join(["word"] * 80)
     line = _one_line(text, limit=100)
     assert len(line) <= 100 and line.endswith(" word...") and _one_line("short\nmore") == "short"

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from launcher.procs.output import _Stream
-from launcher.report import format_report
-from launcher.summary import Culprit, ProcessFailure, format_story, format_summary
+from launcher.diagnosis.report import format_report
+from launcher.diagnosis.summary import Culprit, ProcessFailure, format_story, format_summary
 
 
 def _verdict(world: int) -> dict:

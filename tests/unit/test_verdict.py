@@ -1,7 +1,7 @@
-"""launcher.verdict on synthetic rank states: focus, classification, culprits, the report, the
+"""launcher.diagnosis.verdict on synthetic rank states: focus, classification, culprits, the report, the
 wait-for graph (deadlock) and stale states."""
-from launcher.report import format_report, user_threads_first
-from launcher.verdict import (RankInfo, classify, cycle_key, find_cycle,
+from launcher.diagnosis.report import format_report, user_threads_first
+from launcher.diagnosis.verdict import (RankInfo, classify, cycle_key, find_cycle,
                               wait_edges)
 
 TIMEOUT = {"kind": "timeout", "type": "HcclTimeoutError", "text": "[rank 0] timed out"}
@@ -290,7 +290,7 @@ def test_a_receive_posted_before_the_send_on_both_ranks_is_a_cycle():
 
 
 def test_ranks_text_and_the_notice_name_the_culprit_first():
-    from launcher.report import format_notice, ranks_text
+    from launcher.diagnosis.report import format_notice, ranks_text
     assert [ranks_text(r) for r in ([2], [0, 1], [1, 2, 3], [0, 2, 3, 4, 7])] == [
         "rank 2", "ranks 0, 1", "ranks 1-3", "ranks 0, 2-4, 7"]
     infos = [RankInfo(0, st([rec(2, waiting_for=3)], 2, 1)), RankInfo(1, st([rec(2)], 2, 1)),

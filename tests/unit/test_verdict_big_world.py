@@ -14,11 +14,11 @@ import os
 
 import pytest
 
-from launcher import verdict
-from launcher.diagnose import Diagnoser
-from launcher.report import BIG_LINES, format_report
-from launcher.summary import Culprit, ProcessFailure, format_story
-from launcher.verdict import RankInfo, classify
+from launcher.diagnosis import verdict
+from launcher.diagnosis.diagnose import Diagnoser
+from launcher.diagnosis.report import BIG_LINES, format_report
+from launcher.diagnosis.summary import Culprit, ProcessFailure, format_story
+from launcher.diagnosis.verdict import RankInfo, classify
 
 HUNG = 37
 STACK = ('Current thread 0x00007f0000000001 (most recent call first):\n'

@@ -1,7 +1,7 @@
 """The text of npurun's job verdict: the report it prints, and the Python stacks in it made
 readable (npusim's own frames folded, idle daemon threads dropped, threads named).
 
-``launcher.verdict`` decides (a pure classifier); this module only words its result.
+``launcher.diagnosis.verdict`` decides (a pure classifier); this module only words its result.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 _STACK_LINES = 24
 GROUP_ROWS = 16     # a verdict table of more ranks shows one row per distinct state (ranges)
 # A verdict of more than GROUP_ROWS ranks: its line budget, whatever the world size. With the
-# failure summary after it (``launcher.summary``, at most ~20 lines) it fits on a screen.
+# failure summary after it (``launcher.diagnosis.summary``, at most ~20 lines) it fits on a screen.
 BIG_LINES = 36          # the whole report
 TABLE_LINES = 12        # the table's rows and their detail lines, the fold line included
 OTHER_ROWS = 3          # rows of the ranks outside the communicator (by how they ended)
@@ -40,7 +40,7 @@ def name_threads(stack: str | None, names: dict | None) -> str | None:
 
 _INTERNAL_THREADS = ("hccl/diag.py", "hccl/transport/zmq.py", "hccl/store.py")
 _BOOTSTRAP = ("launcher/worker.py", "<frozen runpy>")
-_PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PKG = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _OWN = tuple(f'File "{os.path.join(_PKG, p)}{os.sep}' for p in ("runtime", "hccl", "launcher")) \
     + ("threading.py\"",)
 

@@ -9,7 +9,7 @@ the other ranks are still alive. It
    record naming the culprit: ``hccl.diag`` aborts their communicators, so ranks waiting for a
    dead peer fail in seconds, naming it);
 3. gives the ranks a moment to publish their final state, classifies every rank
-   (``launcher.verdict``), writes ``hang_report.json`` to the log dir (``--log-dir``, else the
+   (``diagnosis.verdict``), writes ``hang_report.json`` to the log dir (``--log-dir``, else the
    current directory) and keeps the verdict for the agent, which prints it first and builds the
    failure summary from it.
 
@@ -24,13 +24,13 @@ on every node's npurun, the rest on node 0's only):
   ("rank 2 has not called seq 5 of world for 15 s; ranks 0, 1, 3 wait for it"), once per stall
   and then every NPUSIM_HANG_REMIND seconds (default 300); the job keeps running until
   HCCL_EXEC_TIMEOUT.
-- the ranks' collective timelines feed the fail-slow detector (``launcher.failslow``): a slow
+- the ranks' collective timelines feed the fail-slow detector (``diagnosis.failslow``): a slow
   rank is named in a notice once per episode, and ``finish`` prints the job's findings and
   writes them to ``failslow_report.json`` (and into ``hang_report.json`` when there is one).
 
 It only reports when the job has communicators (a rank published its state): a job without
 any gets the usual failure summary alone. ``status()`` gives the same table for a running job
-(``npurun --status``, see ``launcher.status``).
+(``npurun --status``, see ``launcher.diagnosis.status``).
 """
 from __future__ import annotations
 
@@ -40,11 +40,12 @@ import os
 import time
 
 from hccl.failure import COLLECTIVE, Failure, parse
-from launcher import config, failslow, report, verdict
+from launcher import config
+from launcher.diagnosis import failslow, report, verdict
 from launcher.errors import describe_exit
 from launcher.procs.stacks import collect as collect_stacks
-from launcher.status import answer as answer_status
-from launcher.summary import read_error_file
+from launcher.diagnosis.status import answer as answer_status
+from launcher.diagnosis.summary import read_error_file
 
 SETTLE = 5.0          # at most this long for live ranks to publish a state newer than the failure
 EXIT_GRACE = 1.5      # then at most this long (within SETTLE) for released ranks to exit

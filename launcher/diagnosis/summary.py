@@ -18,7 +18,7 @@ from datetime import datetime
 
 from hccl.failure import Failure
 from launcher.errors import describe_exit, shell_exit_code, signal_name
-from launcher.report import ranks_text, short_ranks
+from launcher.diagnosis.report import ranks_text, short_ranks
 
 NOT_AVAILABLE = "<N/A>"
 GROUP_AT = 8        # more released ranks than this: grouped by how they ended, ranks as ranges

@@ -33,65 +33,22 @@ from __future__ import annotations
 
 import collections
 import time
-from dataclasses import dataclass
 
-from hccl import types
-from hccl.failure import Failure, parse
+from hccl.failure import Failure
+from launcher.diagnosis.rankinfo import STALE_MIN, RankInfo, describe_call, records, state_age
+from launcher.diagnosis.report import name_threads, short_ranks
+# the deadlock's graph is the verdict's too: ``classify(infos, cycle=find_cycle(infos))``
+from launcher.diagnosis.waitfor import cycle_key, find_cycle, wait_edges
 from launcher.errors import describe_exit
-from launcher.report import name_threads, short_ranks
+
+__all__ = ["CLASSES", "STALE_MIN", "STATES", "RankInfo", "classify", "cycle_key", "describe_call",
+           "find_cycle", "held_in", "state_age", "wait_edges"]
 
 STATES = ("completed", "waiting", "not_entered", "error", "dead", "mismatch", "unreachable",
           "released", "running")
 # a verdict's class (its "reason"), first match wins: what the culprits did
 CLASSES = (Failure.DEAD, Failure.ERROR, Failure.MISMATCH, Failure.UNREACHABLE)
 HEADLINE_CULPRITS = 4     # more culprits than this: the first ones in words, the rest as ranges
-STALE_MIN = 5.0       # a state older than this (and 10 publish intervals) has stopped refreshing
-
-
-@dataclass
-class RankInfo:
-    rank: int
-    state: dict | None = None        # published state (hccl.diag), None if none was seen
-    exit: int | None = None          # None while alive (or unknown: another node)
-    error: dict | None = None        # the error file's typed record (kind, type, rank, text)
-    stack: str | None = None         # Python stacks taken on request
-    traceback: str | None = None     # the traceback of its error file, if it raised
-    alive: bool | None = None        # True: npurun sees its process running (a local rank)
-
-    @property
-    def error_line(self) -> str | None:
-        """``Type: text`` of its error, for a report line."""
-        e = self.error
-        return f"{e.get('type')}: {e.get('text')}" if e else None
-
-    @property
-    def kind(self) -> Failure | None:
-        """The kind of its error (the error file's typed record), if it raised."""
-        return parse((self.error or {}).get("kind"))
-
-
-def state_age(info: RankInfo, now: float) -> float | None:
-    """Seconds since ``info``'s state stopped refreshing, if it did (None: fresh, ended, or a
-    process npurun sees running: a busy rank may publish late, but it is there)."""
-    st = info.state
-    if info.exit is not None or info.alive or not st or not st.get("time"):
-        return None
-    age = now - float(st["time"])
-    limit = max(STALE_MIN, 10 * float(st.get("interval") or 0.5))
-    return age if age > limit else None
-
-
-def _records(st: dict | None) -> list[dict]:
-    if not st:
-        return []
-    out, seen = [], set()
-    for key in ("in_flight", "failed", "recent"):
-        for r in st.get(key) or ():
-            k = (r.get("comm_id"), r.get("seq"), r.get("peer"), r.get("t_enqueued"))
-            if k not in seen:
-                seen.add(k)
-                out.append(r)
-    return [r for r in out if r.get("peer") is None]      # point-to-point has its own seq
 
 
 def _is_echo(rec: dict) -> bool:
@@ -103,12 +60,6 @@ def _fp(rec: dict) -> tuple:
     return (rec.get("op"), rec.get("count"), rec.get("dtype"), rec.get("redop"), rec.get("root"))
 
 
-def describe_call(rec: dict) -> str:
-    """A flight record's call, as ``hccl.types.describe_call`` words every call."""
-    return types.describe_call(rec.get("op"), rec.get("count"), rec.get("dtype"), rec.get("redop"),
-                               rec.get("root"))
-
-
 def _focus(infos: list[RankInfo]) -> dict | None:
     """The record the job is stuck in. A published state is a snapshot up to an interval old, so
     the in-flight records of a rank whose process has ended say where it was some time before
@@ -117,7 +68,7 @@ def _focus(infos: list[RankInfo]) -> dict | None:
     queued behind a failed one never runs: neither is in flight."""
     failed, live, ended = [], [], []
     for info in infos:
-        recs = _records(info.state)
+        recs = records(info.state)
         # a record queued behind a failed one of its communicator never runs (the stream
         # skips it, the communicator is aborted): not where the rank waits
         behind = {}
@@ -150,7 +101,7 @@ def held_in(infos: list[RankInfo], states=("enqueued", "started", "failed")) -> 
     for info in infos:
         if _dead(info) or _own_error(info) or info.exit == 0:
             continue
-        for r in _records(info.state):
+        for r in records(info.state):
             if r.get("state") in states:
                 held.setdefault(info.rank, set()).add(r.get("comm_id"))
     return held
@@ -165,7 +116,7 @@ def _roots(infos: list[RankInfo], candidates: list[dict]) -> set:
     elsewhere, so it is not where the job is stuck. Empty when no candidate is such an end
     (then the first failure or the oldest wait is the focus, as before)."""
     seen = {(i.rank, r.get("comm_id"), r.get("seq")): r.get("state")
-            for i in infos for r in _records(i.state)}
+            for i in infos for r in records(i.state)}
     held = held_in(infos)
     by_rank = {i.rank: i for i in infos}
     out, done = set(), set()
@@ -223,7 +174,7 @@ def _reason(states: set, failed: bool = True) -> str | None:
 
 def _any_failed(infos: list[RankInfo]) -> bool:
     """Whether a rank failed: its process ended non-zero, or a collective of it failed."""
-    return any(i.exit not in (None, 0) or any(r.get("state") == "failed" for r in _records(i.state))
+    return any(i.exit not in (None, 0) or any(r.get("state") == "failed" for r in records(i.state))
                for i in infos)
 
 
@@ -243,7 +194,7 @@ def classify(infos: list[RankInfo], *, now: float | None = None,
     cid, seq, members = focus.get("comm_id"), focus.get("seq"), focus.get("members") or sorted(by_rank)
     recs = {}
     for info in infos:
-        for r in _records(info.state):
+        for r in records(info.state):
             if r.get("comm_id") == cid and r.get("seq") == seq:
                 recs[info.rank] = r
     votes = collections.Counter(_fp(r) for r in recs.values())
@@ -345,7 +296,7 @@ def _holds_up(infos: list[RankInfo], culprits: list[int], focus_cid) -> dict:
     entered = set()                 # (rank, comm_id, seq) started, completed or failed
     calls: dict = {}                # (comm_id, seq) -> (record, waiters)
     for info in infos:
-        for r in _records(info.state):
+        for r in records(info.state):
             key = (r.get("comm_id"), r.get("seq"))
             if r.get("state") in ("started", "completed", "failed"):
                 entered.add((info.rank,) + key)
@@ -451,102 +402,6 @@ def _unreachable(info: RankInfo, age: float) -> str:
         where += f" ({st['host']})"
     return (f"unreachable since {age:.0f} s: its published state stopped refreshing on {where}; "
             "its process is not known to be alive")
-
-
-# -- the wait-for graph ------------------------------------------------------------------------
-def wait_edges(infos: list[RankInfo]) -> list[dict]:
-    """The wait-for graph: one edge per (waiting rank, rank it waits for).
-
-    A rank inside a collective (comm X, seq s) waits for every member that has not started
-    seq s of X (never called it, or it sits on a blocked stream). Waits between members that are
-    all inside the same collective are no edges: that collective progresses or times out (a
-    ring of neighbours waiting for each other is how a large collective works, not a deadlock).
-    A rank inside a receive (seq k from peer p) waits for p unless p has started (or done) its
-    send number k to it: a send enqueued behind a blocked stream does not count. Edges carry
-    comm, seq and op, so a cycle reads as a story.
-    """
-    started = {}                    # (rank, comm_id, seq) of every started collective
-    for info in infos:
-        for r in _records(info.state):
-            if r.get("state") == "started":
-                started[(info.rank, r.get("comm_id"), r.get("seq"))] = r
-    done = {(i.rank, p.get("comm_id")): int(p.get("last_completed") or 0)
-            for i in infos for p in (i.state or {}).get("progress") or ()}
-    edges = []
-    for (rank, cid, seq), r in started.items():
-        members = r.get("members") or []
-        blockers = [m for m in members if m != rank and (m, cid, seq) not in started
-                    and done.get((m, cid), 0) < seq]
-        for b in blockers:
-            edges.append(_edge(rank, b, r))
-    return edges + _p2p_edges(infos)
-
-
-def _edge(rank: int, blocker: int, r: dict) -> dict:
-    return {"rank": rank, "waits_for": blocker, "comm": r.get("comm"), "comm_id": r.get("comm_id"),
-            "seq": r.get("seq"), "op": describe_call(r), "site": r.get("site"),
-            "since": r.get("waiting_since") or r.get("t_started")}
-
-
-def _p2p_edges(infos: list[RankInfo]) -> list[dict]:
-    sent, recvs = set(), []     # sends started or done: (sender, comm_id, to, seq)
-    for info in infos:
-        for r in _p2p(info.state):
-            members = r.get("members") or []
-            if not isinstance(r.get("peer"), int) or not 0 <= r["peer"] < len(members):
-                continue
-            peer = members[r["peer"]]
-            if r.get("op") == "SEND" and r.get("state") in ("started", "completed"):
-                sent.add((info.rank, r.get("comm_id"), peer, r.get("seq")))
-            elif r.get("op") == "RECV" and r.get("state") == "started":
-                recvs.append((info.rank, peer, r))
-    return [_edge(rank, peer, r) for rank, peer, r in recvs
-            if (peer, r.get("comm_id"), rank, r.get("seq")) not in sent]
-
-
-def _p2p(st: dict | None) -> list[dict]:
-    """The point-to-point records of a published state (each direction and peer has its seq)."""
-    if not st:
-        return []
-    out, seen = [], set()
-    for key in ("in_flight", "recent"):
-        for r in st.get(key) or ():
-            k = (r.get("comm_id"), r.get("op"), r.get("seq"), r.get("peer"))
-            if r.get("peer") is not None and k not in seen:
-                seen.add(k)
-                out.append(r)
-    return out
-
-
-def find_cycle(infos: list[RankInfo]) -> list[dict] | None:
-    """The edges of one cycle of the wait-for graph (smallest rank first), or None."""
-    edges = wait_edges(infos)
-    out = collections.defaultdict(list)
-    for e in edges:
-        out[e["rank"]].append(e)
-    best = None
-    for start in sorted(out):
-        # depth-first search from ``start`` for a path back to it (graphs here are small)
-        stack = [(start, [])]
-        seen = set()
-        while stack:
-            node, path = stack.pop()
-            for e in out.get(node, ()):
-                if e["waits_for"] == start:
-                    cyc = path + [e]
-                    if best is None or len(cyc) < len(best):
-                        best = cyc
-                elif e["waits_for"] not in seen and e["waits_for"] > start:
-                    seen.add(e["waits_for"])
-                    stack.append((e["waits_for"], path + [e]))
-    return best
-
-
-def cycle_key(cycle: list[dict] | None) -> tuple | None:
-    """What must stay the same between polls for a cycle to count as stable."""
-    if not cycle:
-        return None
-    return tuple(sorted((e["rank"], e["waits_for"], e["comm_id"], e["seq"]) for e in cycle))
 
 
 def _deadlock(infos: list[RankInfo], cycle: list[dict], now: float) -> dict:
