@@ -35,6 +35,7 @@ error: ``fail`` aborts every communicator on every rank, naming the sender.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -149,7 +150,7 @@ class LocalPair(Pair):
                                    direct[0])
         if take is None:
             return None
-        return _Receiver(self, take.take, comm_id).try_recv
+        return functools.partial(_look, self.t, self.peer, self.channel, comm_id, take.take)
 
     def _ack(self, comm_id: int, seq: int, step: int, fp) -> None:
         if not self.channel.post(self.peer, _ACK, comm_id, seq, step | ACK_STEP, fp, 0, b""):
@@ -171,18 +172,9 @@ class LocalPair(Pair):
 
         ``consume`` then runs under this peer's ring lock: it must not wait (the executor
         settles its pending sends before a Recv, so its consumer never does)."""
-        t, peer, ch = self.t, self.peer, self.channel
-        # t.expects(peer, comm_id, seq), inline: every receive of a small call
-        while not ((t.troubled and t.stopped(comm_id)) or (peer, comm_id, seq) in t.held):
-            got = ch.take(peer, _DATA, comm_id, seq, step, fp, consume)
-            if got is not None:
-                return got
-            if spin > ch.spin:
-                spin = ch.spin
-            if spin <= 0 or not ch.watch(peer, _perf() + spin):
-                return False
-            spin = 0.0                      # one message came: look at it, then give up
-        return False
+        ch, peer = self.channel, self.peer
+        return _look(self.t, peer, ch, comm_id, functools.partial(ch.take, peer, _DATA, comm_id),
+                     seq, spin, step, fp, consume)
 
     def recv_into(self, comm_id: int, seq: int, step: int, fp, timeout: float | None,
                   consume) -> None:
@@ -298,26 +290,18 @@ class _Sender:
         return self.pair.send(comm_id, seq, step, fp, self.mv)
 
 
-class _Receiver:
-    """A prepared ``LocalPair.try_recv`` (``LocalPair.receiver``): the same rules, the ring's
-    reader taking the message."""
-
-    __slots__ = ("t", "peer", "channel", "take", "comm_id")
-
-    def __init__(self, pair: LocalPair, take, comm_id: int):
-        self.t, self.peer, self.channel, self.take = pair.t, pair.peer, pair.channel, take
-        self.comm_id = comm_id
-
-    def try_recv(self, seq: int, spin: float = 0.0) -> bool:
-        t, peer, comm_id = self.t, self.peer, self.comm_id
-        while not ((t.troubled and t.stopped(comm_id)) or (peer, comm_id, seq) in t.held):
-            got = self.take(seq)
-            if got is not None:
-                return got
-            ch = self.channel
-            if spin > ch.spin:
-                spin = ch.spin
-            if spin <= 0 or not ch.watch(peer, _perf() + spin):
-                return False
-            spin = 0.0                      # one message came: look at it, then give up
-        return False
+def _look(t, peer: int, ch, comm_id: int, take, seq: int, spin: float = 0.0, *rest) -> bool:
+    """``LocalPair.try_recv``'s rules, with ``take(seq, *rest)`` taking the message from the
+    ring (the channel's ``take``, or a prepared ``shm.RingReader``'s: ``LocalPair.receiver``
+    binds every argument before ``seq``)."""
+    # t.expects(peer, comm_id, seq), inline: every receive of a small call
+    while not ((t.troubled and t.stopped(comm_id)) or (peer, comm_id, seq) in t.held):
+        got = take(seq, *rest)
+        if got is not None:
+            return got
+        if spin > ch.spin:
+            spin = ch.spin
+        if spin <= 0 or not ch.watch(peer, _perf() + spin):
+            return False
+        spin = 0.0                          # one message came: look at it, then give up
+    return False
