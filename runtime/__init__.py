@@ -21,6 +21,7 @@ import types
 
 from . import aliases as _aliases
 from . import config as _config
+from . import hooks as _hooks
 from .log import setup as _setup_log
 
 _EXPORTS = {
@@ -96,6 +97,18 @@ import sys as _sys  # noqa: E402 - after the class it installs
 
 _sys.modules[__name__].__class__ = _Package
 _setup_log("runtime")
+
+
+def _profile_env(device_id: int) -> None:
+    """NPUSIM_PROFILE_DIR's trace of this process starts with its first device context
+    (``hooks.context_created``; runtime/profiler.py's ``env_profile`` says why not at import)."""
+    _hooks.context_created.remove(_profile_env)     # once, as env_profile: the first context
+    if _config.profile_dir():
+        from .profiler import env_profile
+        env_profile()
+
+
+_hooks.context_created.append(_profile_env)
 if _config.stream_check() != "off":
     from .sanitizer import enable_stream_check as _enable
     _enable(_config.stream_check())

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from . import dtypes, sanitizer
+from . import dtypes, hooks
 from .callsite import callsite
 from .context import current_context, resolve_stream
 from .errors import InvalidParamError, MemoryAccessError
@@ -129,8 +129,9 @@ class DeviceArray(DeviceBuffer):
         if self.nbytes:
             src = self._np()
             site = callsite(2)
-            if sanitizer.on:
-                sanitizer.host_access(s, "to_host", site, reads=[self])
+            chk = hooks.stream_check
+            if chk is not None:
+                chk.host_access(s, "to_host", site, reads=[self])
             run_sync(s, "to_host", "copy", site, self.nbytes, np.copyto, out, src)
         return out
 
@@ -148,13 +149,15 @@ class DeviceArray(DeviceBuffer):
         site = callsite(2)
         if stream is None:
             s = resolve_stream(None)
-            if sanitizer.on:
-                sanitizer.host_access(s, "copy_from_host", site, writes=[self])
+            chk = hooks.stream_check
+            if chk is not None:
+                chk.host_access(s, "copy_from_host", site, writes=[self])
             run_sync(s, "copy_from_host", "copy", site, self.nbytes, np.copyto, dst, x)
         else:
             s = resolve_stream(stream)
-            if sanitizer.on:
-                sanitizer.access(s, "copy_from_host", site, writes=[self])
+            chk = hooks.stream_check
+            if chk is not None:
+                chk.access(s, "copy_from_host", site, writes=[self])
             src = x if isinstance(x, HostBuffer) else x.copy()
             s.enqueue(lambda: np.copyto(dst, src), "copy_from_host", "copy", {"bytes": self.nbytes}, site)
 
@@ -204,9 +207,9 @@ def zeros(shape, dtype=np.float32, stream=None) -> DeviceArray:
     if a.nbytes:
         v = a._np().reshape(-1).view(np.uint8)
         s = resolve_stream(stream)
-        if sanitizer.on:
-            (sanitizer.host_access if stream is None else sanitizer.access)(s, "zeros", a._site,
-                                                                            writes=[a])
+        chk = hooks.stream_check
+        if chk is not None:
+            (chk.host_access if stream is None else chk.access)(s, "zeros", a._site, writes=[a])
         if stream is None:
             run_sync(s, "zeros", "copy", a._site, a.nbytes, v.fill, 0)
         else:

@@ -2,7 +2,9 @@
 
 ``set_device`` binds the calling thread to a device (and, the first time, the whole process, so
 threads that never call it use that device, like aclrtSetDevice in a single-device process).
-The current stream is a per-thread, per-device stack driven by ``with stream(s):``.
+The current stream is a per-thread, per-device stack driven by ``with stream(s):``; that state
+lives in ``runtime.current`` (below ``stream``), whose public names this module re-exports.
+The profiler and the stream check observe devices through ``runtime.hooks``.
 """
 from __future__ import annotations
 
@@ -10,24 +12,22 @@ import contextlib
 import logging
 import threading
 
-from . import config, profiler, sanitizer
+from . import config, current, hooks
+from .current import (contexts_by_device, current_context, current_context_and_stream,
+                      current_stream, current_stream_of, resolve_stream, set_current_stream,
+                      stream_stack)
+from .errors import InvalidParamError
 from .memory.device_memory import DeviceMemory
-from .errors import ContextError, InvalidParamError
 from .stream import Stream
+
+__all__ = ["Context", "contexts_by_device", "current_context", "current_context_and_stream",
+           "current_stream", "current_stream_of", "default_stream", "device_count", "get_device",
+           "get_mem_info", "reset_device", "resolve_stream", "set_current_stream", "set_device",
+           "stream", "stream_stack", "synchronize", "synchronize_all"]
 
 log = logging.getLogger("runtime")
 
-contexts_by_device: dict[int, "Context"] = {}
 _contexts_lock = threading.Lock()
-_process_device: int | None = None
-class _ThreadState(threading.local):
-    """Per-thread device and stream stacks; class defaults make a missing value cheap to read
-    (``getattr(local, name, None)`` on a missing name raises and catches internally: ~1.5 us)."""
-    device: int | None = None
-    streams: dict | None = None
-
-
-_tls = _ThreadState()
 
 
 class _Ready:
@@ -83,8 +83,9 @@ class Context:
                     first = exc
         if first is not None:
             raise first
-        if sanitizer.on:
-            sanitizer.device_synchronized(self.device_id)
+        chk = hooks.stream_check
+        if chk is not None:
+            chk.device_synchronized(self.device_id)
 
 
 def _check_id(device_id) -> int:
@@ -104,17 +105,17 @@ def set_device(device_id: int | None = None) -> None:
     Without an argument: LOCAL_RANK when a launcher set it, else 0 (a script run with plain
     ``python`` is a world of one on device 0).
     """
-    global _process_device
     if device_id is None:
         device_id = config.local_rank()
     _check_id(device_id)
     with _contexts_lock:
         if device_id not in contexts_by_device:
-            profiler.env_profile()
+            for fn in tuple(hooks.context_created):
+                fn(device_id)
             contexts_by_device[device_id] = Context(device_id)
-        if _process_device is None:
-            _process_device = device_id
-    _tls.device = device_id
+        if current.process_device is None:
+            current.process_device = device_id
+    current.thread.device = device_id
 
 
 def get_device() -> int:
@@ -127,24 +128,11 @@ def device_count() -> int:
     return config.device_count()
 
 
-def current_context() -> Context:
-    dev = _tls.device
-    if dev is None:
-        dev = _process_device
-    ctx = contexts_by_device.get(dev) if dev is not None else None
-    if ctx is None:
-        raise ContextError(
-            "no NPU device is set for this thread: call runtime.set_device() first (without an "
-            "argument it takes LOCAL_RANK under a launcher, else device 0)")
-    return ctx
-
-
 def reset_device(device_id: int | None = None) -> list:
     """Wait for pending work, destroy streams and events, release memory, report leaks.
 
     Returns the leaked blocks (also logged as warnings with where each was allocated).
     """
-    global _process_device
     ctx = current_context() if device_id is None else contexts_by_device.get(_check_id(device_id))
     if ctx is None:
         return []
@@ -161,12 +149,13 @@ def reset_device(device_id: int | None = None) -> list:
             s._shutdown()
         with _contexts_lock:
             contexts_by_device.pop(ctx.device_id, None)
-            if _process_device == ctx.device_id:
-                _process_device = None
-        if _tls.device == ctx.device_id:
-            _tls.device = None
-        if sanitizer.on:
-            sanitizer.forget(ctx.device_id)
+            if current.process_device == ctx.device_id:
+                current.process_device = None
+        if current.thread.device == ctx.device_id:
+            current.thread.device = None
+        chk = hooks.stream_check
+        if chk is not None:
+            chk.forget(ctx.device_id)
         ctx.memory.close()
     return leaks
 
@@ -191,43 +180,9 @@ def get_mem_info() -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------------- current stream
-def _stack(ctx) -> list:
-    stacks = _tls.streams
-    if stacks is None:
-        stacks = _tls.streams = {}
-    return stacks.setdefault(ctx.device_id, [])
-
-
 def default_stream():
     """The current device's default stream."""
     return current_context().default_stream
-
-
-def current_stream():
-    """The stream made current by the innermost ``with stream(s):`` (else the default stream)."""
-    return current_stream_of(current_context())
-
-
-def current_stream_of(ctx):
-    """The calling thread's current stream on ``ctx``'s device."""
-    stacks = _tls.streams
-    st = stacks.get(ctx.device_id) if stacks else None
-    return st[-1] if st else ctx.default_stream
-
-
-def current_context_and_stream():
-    """``current_context()`` and its current stream, reading the thread state once (malloc's
-    path: each read of a ``threading.local`` costs ~0.1 us here)."""
-    t = _tls
-    dev = t.device
-    if dev is None:
-        dev = _process_device
-    ctx = contexts_by_device.get(dev) if dev is not None else None
-    if ctx is None:
-        return current_context(), None          # raises ContextError
-    stacks = t.streams
-    st = stacks.get(dev) if stacks else None
-    return ctx, (st[-1] if st else ctx.default_stream)
 
 
 @contextlib.contextmanager
@@ -238,20 +193,9 @@ def stream(s):
         return
     if not isinstance(s, Stream):
         raise InvalidParamError(f"stream({s!r}): expected a runtime.Stream")
-    st = _stack(s._ctx)
+    st = stream_stack(s.device_id)
     st.append(s)
     try:
         yield s
     finally:
         st.pop()
-
-
-def resolve_stream(s):
-    """``s`` itself, or the current stream when ``s`` is None (validates the type)."""
-    if s is None:
-        return current_stream()
-    if type(s) is not Stream and not isinstance(s, Stream):
-        raise InvalidParamError(f"stream={s!r}: expected a runtime.Stream or None")
-    if s._destroyed:
-        raise InvalidParamError(f"{s.name} was destroyed; create a new Stream")
-    return s

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import time
 
-from . import graph, sanitizer
+from . import hooks
 from .callsite import callsite
-from .context import resolve_stream
+from .current import resolve_stream
 from .errors import InvalidParamError, NpuError
 
 
@@ -49,8 +49,9 @@ class Event:
         else:
             value = s.issued
         self._stream, self._value = s, value
-        if sanitizer.on:
-            sanitizer.event_recorded(self, s, value)
+        chk = hooks.stream_check
+        if chk is not None:
+            chk.event_recorded(self, s, value)
 
     def _stamp(self) -> None:
         self._time = time.perf_counter()
@@ -68,8 +69,10 @@ class Event:
         if t is None:
             return True
         done = t[0].reached(t[1])
-        if done and sanitizer.on:       # a completed query orders the host after the event
-            sanitizer.host_waits_event(self)
+        if done:                # a completed query orders the host after the event
+            chk = hooks.stream_check
+            if chk is not None:
+                chk.host_waits_event(self)
         return done
 
     def synchronize(self, timeout: float | None = None) -> None:
@@ -79,13 +82,15 @@ class Event:
             TaskError: a task captured by this event failed (raised once per failure).
             SyncTimeoutError: ``timeout`` passed first (code 507046); nothing changes.
         """
-        if graph.active:
-            graph.refuse("Event.synchronize")
+        cap = hooks.capture
+        if cap is not None:
+            cap.refuse("Event.synchronize")
         t = self.point
         if t is not None:
             t[0].wait_value(t[1], timeout, "Event.synchronize")
-            if sanitizer.on:
-                sanitizer.host_waits_event(self)
+            chk = hooks.stream_check
+            if chk is not None:
+                chk.host_waits_event(self)
 
     def wait(self, stream=None) -> None:
         """Make ``stream`` (the current stream when None) wait for this event."""

@@ -30,19 +30,26 @@ leaves the capture going: a synchronize (stream, event, device), a host-synchron
 memset, malloc and free, a wait on work outside the capture, and a collective on a stream that
 did not join. An exception that leaves the ``with`` block ends the capture: the graph stays
 empty and every stream of it is usable again.
+
+Graph capture observes the core: while a capture runs anywhere in the process, this module is
+``runtime.hooks.capture``, and the core asks it ``refuse(what)`` before what cannot be captured.
+The core never imports it.
 """
 from __future__ import annotations
 
+import sys
 import threading
 from itertools import count
 from typing import Callable, Hashable, NamedTuple
 
-from . import profiler, sanitizer
+from . import hooks
 from .callsite import callsite
+from .current import resolve_stream
 from .errors import GraphCaptureError, InvalidParamError
 
 _tls = threading.local()        # .capture: the Capture the calling thread runs, if any
 active = 0                      # captures running in the process: eager calls test this first
+_active_lock = threading.Lock()  # active and hooks.capture change together
 _ids = count(1)
 
 
@@ -59,6 +66,15 @@ def refuse(what: str) -> None:
             f"{what} cannot be captured: {cap.origin.name} is capturing graph {cap.graph.name} "
             "in this thread. Move it before the `with runtime.graph(...)` block or after it "
             "(allocate buffers before capturing; synchronize after the replay).")
+
+
+def _count(delta: int) -> None:
+    """Count a capture in or out; the first one in attaches this module to ``hooks.capture``,
+    the last one out detaches it."""
+    global active
+    with _active_lock:
+        active += delta
+        hooks.capture = sys.modules[__name__] if active else None
 
 
 class Fusable(NamedTuple):
@@ -131,7 +147,6 @@ class Graph:
 
         Raises GraphCaptureError before a capture completed, or while this thread captures.
         """
-        from .context import resolve_stream
         if not self._captured:
             raise GraphCaptureError(f"{self.name} has not been captured: capture it with "
                                     "`with runtime.graph(g, stream=s):` first")
@@ -142,29 +157,30 @@ class Graph:
             else [n.fn for n in nodes]
 
         def unit():
-            prof = profiler.active()
+            prof = hooks.profiler
             for node, fn in zip(nodes, fns):
-                t0 = profiler.now_us() if prof else 0.0
+                t0 = prof.now_us() if prof is not None else 0.0
                 try:
                     fn()
                 except BaseException as exc:
                     exc.add_note(f"in node '{node.name}' of {self.name}, captured at {node.site}")
                     raise
-                if prof:
-                    profiler.record(s.id, node.name, node.category, t0, profiler.now_us(),
-                                    node.meta, node.site)
+                if prof is not None:
+                    prof.record(s.id, node.name, node.category, t0, prof.now_us(), node.meta,
+                                node.site)
 
         site = callsite(2)
-        if sanitizer.on and self._accesses:
-            sanitizer.replay(s, self._accesses, site)
+        chk = hooks.stream_check
+        if chk is not None and self._accesses:
+            chk.replay(s, self._accesses, site)
         # lazily: a worker that patrols is not rung, the host's synchronize usually runs the
         # replay itself (``Stream.enqueue_lazy``)
         value = s.enqueue_lazy(unit, f"{self.name} replay ({len(nodes)} tasks)", "graph",
                                {"tasks": len(nodes)}, site)
         for ev in self._events:
             ev.replayed(s, value)
-            if sanitizer.on:
-                sanitizer.event_recorded(ev, s, value)
+            if chk is not None:
+                chk.event_recorded(ev, s, value)
         return value
 
 
@@ -244,8 +260,6 @@ class graph:
         self.g, self.stream = g, stream
 
     def __enter__(self) -> Graph:
-        global active
-        from .context import resolve_stream
         s = resolve_stream(self.stream)
         if capturing() is not None:
             raise GraphCaptureError("this thread is capturing a graph already: captures do "
@@ -257,12 +271,11 @@ class graph:
         self.cap = Capture(self.g, s)
         s.capture = self.cap
         _tls.capture = self.cap
-        active += 1
+        _count(1)
         return self.g
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        global active
-        active -= 1
+        _count(-1)
         _tls.capture = None
         try:
             self.cap.end()

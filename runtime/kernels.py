@@ -7,7 +7,7 @@ otherwise (a closure's arrays). Without the check these cost nothing but the unw
 """
 from __future__ import annotations
 
-from . import sanitizer
+from . import hooks
 from .array import DeviceArray
 from .callsite import callsite
 from .context import resolve_stream
@@ -87,10 +87,10 @@ def launch(kernel, *args, stream=None, name: str | None = None, reads=(), writes
         _check_bufs(writes, "writes", "launch")
     name = name or getattr(kernel, "__name__", "kernel")
     site = callsite(2)
-    if sanitizer.on:
-        sanitizer.access(s, name, site,
-                         [a.buf for a in args if type(a) is ReadOnly] + list(reads),
-                         [a for a in args if isinstance(a, _BUFFERS)] + list(writes))
+    chk = hooks.stream_check
+    if chk is not None:
+        chk.access(s, name, site, [a.buf for a in args if type(a) is ReadOnly] + list(reads),
+                   [a for a in args if isinstance(a, _BUFFERS)] + list(writes))
     if dev:
         def task():
             kernel(*[_arg(a) for a in args])
@@ -111,6 +111,7 @@ def launch_callback(fn, stream=None, *, reads=(), writes=()) -> None:
         _check_bufs(writes, "writes", "launch_callback")
     name = getattr(fn, "__name__", "callback")
     site = callsite(2)
-    if sanitizer.on:
-        sanitizer.access(s, name, site, reads, writes)
+    chk = hooks.stream_check
+    if chk is not None:
+        chk.access(s, name, site, reads, writes)
     s.enqueue(fn, name, "callback", None, site)

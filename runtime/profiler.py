@@ -22,6 +22,11 @@ docs/profiling.md):
 - each device's allocated and reserved bytes as counter events ("C", ``NPU<d> memory``), sampled
   when a task ends at most every MEMORY_SAMPLE_US and at each mark, written only when they
   changed, and the pools' peaks in the file's ``npusim`` object.
+
+The profiler observes the core through ``runtime.hooks``: while a recording is on this module is
+``hooks.profiler`` (the streams time their tasks through ``task_start`` / ``task_end``), and
+from its import on it names each new stream's track (``hooks.stream_created``). The core never
+imports it.
 """
 from __future__ import annotations
 
@@ -29,10 +34,12 @@ import atexit
 import contextlib
 import json
 import os
+import sys
 import threading
 import time
 
-from . import config
+from . import config, hooks
+from .current import contexts_by_device
 
 _P0 = time.perf_counter()
 _W0 = time.time()
@@ -62,6 +69,21 @@ def active() -> bool:
 
 def register_track(track: int, name: str) -> None:
     _tracks[track] = name
+
+
+def _name_track(stream) -> None:
+    """``hooks.stream_created``: a stream's track is named after its device and name."""
+    _tracks[stream.id] = f"NPU{stream.device_id} {stream.name}"
+
+
+def _attach() -> None:
+    """Name the tracks of the streams made before this module was imported, and of every
+    stream made from now on (``hooks.stream_created``)."""
+    if _name_track not in hooks.stream_created:
+        hooks.stream_created.append(_name_track)
+    for ctx in list(contexts_by_device.values()):
+        for s in list(ctx.streams):
+            _name_track(s)
 
 
 def _emit(ev: tuple) -> None:
@@ -151,7 +173,6 @@ def _sample_memory(t: float) -> None:
     """Counter records of every device's allocated / reserved bytes that changed since the last."""
     global _mem_next
     _mem_next = t + MEMORY_SAMPLE_US
-    from .context import contexts_by_device
     for dev, ctx in list(contexts_by_device.items()):
         pool = ctx.pool
         now = (pool.allocated, pool.reserved)
@@ -172,7 +193,6 @@ def step() -> None:
     global _marks
     if not _sinks:
         return
-    from .context import contexts_by_device
     issued = {str(s.id): s.issued for ctx in list(contexts_by_device.values())
               for s in list(ctx.streams)}
     t = now_us()
@@ -210,7 +230,6 @@ def _process_label() -> tuple[int, str]:
 
 
 def _peaks() -> dict:
-    from .context import contexts_by_device
     return {str(dev): {"allocated": ctx.pool.max_allocated, "reserved": ctx.pool.max_reserved}
             for dev, ctx in list(contexts_by_device.items())}
 
@@ -269,6 +288,7 @@ def start() -> list:
     with _lock:
         _sinks = _sinks + (sink,)
         on = True
+        hooks.profiler = sys.modules[__name__]
         _mem_last.clear()          # the new recording starts with a sample of each device
         _mem_next = 0.0
     return sink
@@ -284,6 +304,7 @@ def stop_and_write(sink: list, path: str) -> None:
     with _lock:
         _sinks = tuple(s for s in _sinks if s is not sink)
         on = bool(_sinks)
+        hooks.profiler = sys.modules[__name__] if on else None
     _dump(path, sink)
 
 
@@ -330,3 +351,6 @@ def env_profile() -> None:
             pass
         stop_and_write(sink, path)
     atexit.register(_write)
+
+
+_attach()

@@ -35,7 +35,9 @@ one host thread, as in CSAN); an enqueue racing another thread's enqueue on the 
 take its neighbour's sequence number (a missed report, never a false one); memory a kernel reaches
 other than through its arguments or ``reads=``/``writes=`` is not seen.
 
-When the check is off the hooks cost one module-attribute test (``sanitizer.on``) each.
+The check observes the core through ``runtime.hooks``: enabled, this module is
+``hooks.stream_check`` and the core calls the functions below on it; off, the hook point is
+None and each costs the core one module-attribute test. The core never imports this module.
 """
 from __future__ import annotations
 
@@ -45,12 +47,13 @@ import threading
 import warnings
 import weakref
 
+from . import hooks
 from .callsite import callsite
 from .errors import InvalidParamError, StreamRaceError
 
 log = logging.getLogger("runtime.sanitizer")
 
-on = False                  # the flag every hook tests; True while the check is enabled
+on = False                  # True while the check is enabled (and this is hooks.stream_check)
 _mode = "raise"
 # reentrant: the garbage collector may run a DeviceArray's finalizer, a free, inside a check on
 # the same thread; that free is then only noted in _doomed and done when the check ends
@@ -61,7 +64,7 @@ _devices: dict = {}         # device id -> _Device
 _clocks: dict = {}          # stream id -> vector clock {timeline id: value}
 _seen: dict = {}            # stream id -> the host version its clock has merged
 _events = weakref.WeakKeyDictionary()   # Event -> the clock it captured at record
-_types: tuple = ()          # (DevicePtr, DeviceArray), bound at enable: they import this module
+_types: tuple = ()          # (DevicePtr, DeviceArray), bound at enable (they load numpy)
 MODES = ("raise", "warn", "off")
 
 
@@ -117,6 +120,7 @@ def enable_stream_check(mode="raise") -> None:
         _events.clear()
         _mode = mode
         on = mode != "off"
+        hooks.stream_check = sys.modules[__name__] if on else None
 
 
 def stream_check_enabled() -> bool:

@@ -54,10 +54,12 @@ import logging
 import threading
 import time
 
-from . import graph, profiler, sanitizer, sched
+from . import hooks, sched
 from .callsite import callsite
+from .current import StreamBase, current_context
 from .errors import (GraphCaptureError, InvalidParamError, SyncTimeoutError, TaskError,
                      task_error_class)
+from .event import Event
 
 log = logging.getLogger("runtime.stream")
 _ids = itertools.count(1)
@@ -81,7 +83,7 @@ def _done_task() -> None:
     """A task done before it was enqueued (``Stream.enqueue_begun``): its place in the order."""
 
 
-class Stream:
+class Stream(StreamBase):
     """An ordered queue of tasks on one device; different streams run concurrently.
 
     Args:
@@ -91,7 +93,6 @@ class Stream:
 
     def __init__(self, priority: int = 0, *, name: str | None = None, _ctx=None,
                  _name: str | None = None):
-        from .context import current_context
         if not isinstance(priority, int):
             raise InvalidParamError(f"Stream(priority={priority!r}): priority must be an int")
         self._ctx = _ctx if _ctx is not None else current_context()
@@ -125,7 +126,8 @@ class Stream:
         self._thread: threading.Thread | None = None
         self._exec = threading.Lock()       # held while a task runs: keeps the order
         self.capture = None                 # the runtime.graph Capture this stream is part of
-        profiler.register_track(self.id, f"NPU{self.device_id} {self.name}")
+        for fn in hooks.stream_created:     # the profiler names the stream's track
+            fn(self)
         self._ctx._add_stream(self)
 
     # ------------------------------------------------------------------ timeline
@@ -164,13 +166,14 @@ class Stream:
 
     # ------------------------------------------------------------------ enqueue
     def enqueue(self, fn, name: str, category: str = "kernel", meta=None,
-                site: str | None = None) -> int:
+                site: str | None = None, lazy: bool = False) -> int:
         """Queue ``fn()`` to run in order on this stream's worker; returns at once.
 
         Returns the task's timeline value (``reached(value)`` tells when it is done). An
         exception from ``fn`` becomes the stream's sticky ``TaskError``, raised by the next
         synchronize. ``category`` and ``meta`` (a small dict of JSON-able values) go into the
-        profile trace; ``site`` (file:line, the caller's when None) into errors.
+        profile trace; ``site`` (file:line, the caller's when None) into errors; ``lazy``: see
+        ``enqueue_lazy``.
         Raises InvalidParamError on a destroyed stream.
         """
         if self._destroyed:
@@ -186,9 +189,15 @@ class Stream:
             task.seq = seq = self._issued
             self._q.append(task)
             if self._thread is None:
+                self._patrol = lazy
                 self._thread = threading.Thread(target=self._work, name=f"npu{self.device_id}-{self.name}",
                                                 daemon=True)
                 self._thread.start()
+            elif lazy:
+                self._patrols = 0
+                if not self._patrol:    # it sleeps without a timeout: ring, patrol from now
+                    self._patrol = True
+                    self._ring()
             elif self._sleeping and not self._rung:     # _ring(), inline: every enqueue
                 self._rung = True
                 self._bell.release()
@@ -204,28 +213,7 @@ class Stream:
         that costs the caller more than a small replay. The first lazy task rings as
         ``enqueue`` does and starts the patrol; ``PATROL_IDLE`` patrols in a row with nothing
         to run end it (an idle stream burns no core). Raises as ``enqueue``."""
-        if self._destroyed:
-            raise InvalidParamError(f"{self.name} was destroyed; create a new Stream")
-        if site is None:
-            site = callsite(2)
-        if self.capture is not None:
-            return self.capture.add(self, fn, None, name, category, meta, site)
-        task = _new_task(_Task)
-        task.fn, task.name, task.category, task.meta, task.site = fn, name, category, meta, site
-        with self._mu:
-            self._issued += 1
-            task.seq = seq = self._issued
-            self._q.append(task)
-            self._patrols = 0
-            if self._thread is None:
-                self._patrol = True
-                self._thread = threading.Thread(target=self._work, name=f"npu{self.device_id}-{self.name}",
-                                                daemon=True)
-                self._thread.start()
-            elif not self._patrol:      # it sleeps without a timeout: ring, patrol from now
-                self._patrol = True
-                self._ring()
-        return seq
+        return self.enqueue(fn, name, category, meta, callsite(2) if site is None else site, True)
 
     def enqueue_begun(self, begin, name: str, category: str = "kernel", meta=None,
                       site: str | None = None, args: tuple = ()) -> int | None:
@@ -283,10 +271,11 @@ class Stream:
             if self._destroyed:
                 raise InvalidParamError(f"{self.name} was destroyed; create a new Stream")
             return self.capture.add(self, None, make, name, category, meta, site, fuse)
-        if graph.active and graph.capturing() is not None:
+        cap = hooks.capture
+        if cap is not None and cap.capturing() is not None:
             raise GraphCaptureError(
                 f"'{name}' on {self.name}, which is not part of the capture of "
-                f"{graph.capturing().graph.name}: make the stream join the capture (wait on an "
+                f"{cap.capturing().graph.name}: make the stream join the capture (wait on an "
                 "event recorded inside it) or issue it outside the capture")
         return self.enqueue(make(), name, category, meta, site)
 
@@ -340,13 +329,14 @@ class Stream:
         """Run (or skip) one task; the caller holds the execution lock."""
         if task.seq > self._skip_until:
             self._running, self._running_since = task, _perf()
-            t0 = profiler.task_start() if profiler.on else None
+            prof = hooks.profiler
+            t0 = prof.task_start() if prof is not None else None
             try:
                 task.fn()
             except BaseException as exc:  # noqa: BLE001 - any failure becomes the stream's error
                 self._fail(task, exc)
             if t0 is not None:
-                profiler.task_end(t0, self.id, task.name, task.category, task.meta, task.site,
+                prof.task_end(t0, self.id, task.name, task.category, task.meta, task.site,
                                   task.seq)
             self._running = None
         with self._mu:
@@ -391,8 +381,9 @@ class Stream:
             TaskError: a task up to ``value`` failed since the last synchronize.
             SyncTimeoutError: ``timeout`` seconds passed first (``what`` names the call).
         """
-        if graph.active:
-            graph.refuse(what)
+        cap = hooks.capture
+        if cap is not None:
+            cap.refuse(what)
         if self._done < value and timeout is None:
             self._steal(value)
         if self._done < value:
@@ -466,19 +457,19 @@ class Stream:
             SyncTimeoutError: ``timeout`` seconds passed first (code 507046); nothing changes.
         """
         value = self._issued
-        if timeout is None and not graph.active:     # wait_value's common case, inline
+        if timeout is None and hooks.capture is None:    # wait_value's common case, inline
             if self._done < value:
                 self._steal(value)
             if self._done < value or self._error is not None:
                 self.wait_value(value, None, "Stream.synchronize")
         else:
             self.wait_value(value, timeout, "Stream.synchronize")
-        if sanitizer.on:
-            sanitizer.host_waits_stream(self, value)
+        chk = hooks.stream_check
+        if chk is not None:
+            chk.host_waits_stream(self, value)
 
     def wait_event(self, event) -> None:
         """Make later work on this stream wait until ``event`` completes (aclrtStreamWaitEvent)."""
-        from .event import Event
         if not isinstance(event, Event):
             raise InvalidParamError(f"wait_event(event={event!r}): expected a runtime.Event")
         if self.capture is not None or event.captured_by is not None:
@@ -495,8 +486,9 @@ class Stream:
         if src._done < value or src._error is not None:
             self.enqueue(lambda: src._block_until(value), name="wait_event", category="event",
                          site=callsite(2))
-        if sanitizer.on:
-            sanitizer.stream_waits_event(self, event)
+        chk = hooks.stream_check
+        if chk is not None:
+            chk.stream_waits_event(self, event)
 
     def wait_stream(self, other: "Stream") -> None:
         """Make later work on this stream wait for the work enqueued on ``other`` so far."""
@@ -510,8 +502,9 @@ class Stream:
         value = other._issued
         self.enqueue(lambda: other._block_until(value), name="wait_stream", category="event",
                       site=callsite(2))
-        if sanitizer.on:
-            sanitizer.stream_waits_stream(self, other, value)
+        chk = hooks.stream_check
+        if chk is not None:
+            chk.stream_waits_stream(self, other, value)
 
     def run_queue_until(self, value: int) -> None:
         """Run this stream's queued tasks up to timeline ``value`` in the calling thread, in
@@ -544,7 +537,6 @@ class Stream:
 
     def record_event(self, event=None):
         """Record ``event`` (a new one when None) on this stream and return it."""
-        from .event import Event
         ev = Event() if event is None else event
         ev.record(self)
         return ev

@@ -20,22 +20,20 @@ from __future__ import annotations
 
 import importlib
 
-_EXPORTS = {
-    "DEVICE_TYPES": "pointers", "DeviceBuffer": "pointers", "DevicePtr": "pointers",
-    "FreePoint": "pointers", "HostBuffer": "pointers", "MemcpyKind": "pointers",
-    "allocation_marks": "pointers", "buffer_nbytes": "pointers", "device_region": "pointers",
-    "free_host": "pointers", "host_view": "pointers", "malloc_host": "pointers",
-    "queued_before_free": "pointers", "record_stream": "pointers", "same_allocations": "pointers",
-    "PrivatePool": "alloc", "card_holders": "alloc", "empty_cache": "alloc", "free": "alloc",
-    "free_from_gc": "alloc", "get_per_process_memory_fraction": "alloc", "malloc": "alloc",
-    "malloc_at": "alloc", "max_memory_allocated": "alloc", "max_memory_reserved": "alloc",
-    "memory_allocated": "alloc", "memory_reserved": "alloc", "memory_snapshot": "alloc",
-    "memory_stats": "alloc", "memory_summary": "alloc", "private_pool": "alloc",
-    "reset_peak_memory_stats": "alloc", "set_per_process_memory_fraction": "alloc",
-    "memcpy": "copies", "memcpy_async": "copies", "memset": "copies", "memset_async": "copies",
-    "run_sync": "copies",
-    "MemMallocPolicy": "pool",
+_NAMES = {     # submodule -> the public names it defines, re-exported here
+    "pointers": ("DEVICE_TYPES", "DeviceBuffer", "DevicePtr", "FreePoint", "HostBuffer",
+                 "MemcpyKind", "allocation_marks", "buffer_nbytes", "device_region", "free_host",
+                 "host_view", "malloc_host", "queued_before_free", "record_stream",
+                 "same_allocations"),
+    "alloc": ("PrivatePool", "card_holders", "empty_cache", "free", "free_from_gc",
+              "get_per_process_memory_fraction", "malloc", "malloc_at", "max_memory_allocated",
+              "max_memory_reserved", "memory_allocated", "memory_reserved", "memory_snapshot",
+              "memory_stats", "memory_summary", "private_pool", "reset_peak_memory_stats",
+              "set_per_process_memory_fraction"),
+    "copies": ("memcpy", "memcpy_async", "memset", "memset_async", "run_sync"),
+    "pool": ("MemMallocPolicy",),
 }
+_EXPORTS = {name: mod for mod, names in _NAMES.items() for name in names}
 _SUBMODULES = ("alloc", "blocks", "card", "copies", "device_memory", "free_lists", "front_cache",
                "pointers", "pool", "pool_args", "stats")
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import threading
 
-from .. import graph, sanitizer
+from .. import hooks
 from ..callsite import callsite
-from ..context import contexts_by_device, current_context, current_context_and_stream
+from ..current import contexts_by_device, current_context, current_context_and_stream
 from ..errors import InvalidParamError, MemoryAccessError
 from .pointers import DevicePtr, FreePoint, why_gone
 from .pool import MemMallocPolicy
@@ -30,8 +30,9 @@ def malloc(nbytes: int, policy: MemMallocPolicy = MemMallocPolicy.HUGE_FIRST) ->
 def malloc_at(nbytes, policy, site: str) -> DevicePtr:
     """``malloc`` with the caller's ``site`` (file:line) given: the one path of every allocation
     (runtime.malloc and the arrays'), on the current stream of the current device."""
-    if graph.active and getattr(private_pool, "pool", None) is None:
-        graph.refuse("malloc (an array's allocation included)")
+    cap = hooks.capture
+    if cap is not None and getattr(private_pool, "pool", None) is None:
+        cap.refuse("malloc (an array's allocation included)")
     ctx, stream = current_context_and_stream()
     lock = ctx.lock
     lock.acquire()              # not ``with``: half the cost here (0.17 us against 0.4)
@@ -41,7 +42,7 @@ def malloc_at(nbytes, policy, site: str) -> DevicePtr:
         block = ctx.pool.malloc(nbytes, stream, policy, site)
     finally:
         lock.release()
-    if graph.active and getattr(private_pool, "pool", None) is not None:
+    if hooks.capture is not None and getattr(private_pool, "pool", None) is not None:
         return private_pool.pool.keep(DevicePtr(ctx, block.addr, block, block.gen))
     return DevicePtr(ctx, block.addr, block, block.gen)
 
@@ -52,8 +53,9 @@ def free(ptr: DevicePtr) -> None:
     Raises:
         MemoryAccessError: double free, or a pointer that is not the start of a live allocation.
     """
-    if graph.active:
-        graph.refuse("free")
+    cap = hooks.capture
+    if cap is not None:
+        cap.refuse("free")
     if not isinstance(ptr, DevicePtr):
         raise InvalidParamError(f"free(ptr={ptr!r}): expected a DevicePtr from runtime.malloc")
     ctx = ptr._ctx
@@ -82,8 +84,9 @@ def _free_locked(ctx, ptr: DevicePtr, explicit: bool = False) -> None:
         raise MemoryAccessError(f"free({ptr!r}): pointer is {ptr.addr - block.addr} bytes into "
                                 "its allocation; free the pointer malloc returned")
     s, uses = block.stream, block.uses
-    if sanitizer.on:
-        sanitizer.freeing(ptr.device_id, block.addr, s, callsite(3), not explicit, uses or ())
+    chk = hooks.stream_check
+    if chk is not None:
+        chk.freeing(ptr.device_id, block.addr, s, callsite(3), not explicit, uses or ())
     if uses is None:                # the common case: one stream
         marker = None if s.query() else FreePoint(((s, s.issued),))
         ctx.pool.free(block, marker, ptr._gen)

@@ -11,9 +11,9 @@ from functools import partial
 
 import numpy as np
 
-from .. import graph, profiler, sanitizer
+from .. import hooks
 from ..callsite import callsite
-from ..context import current_stream, resolve_stream
+from ..current import current_stream, resolve_stream
 from ..errors import InvalidParamError, MemoryAccessError
 from .pointers import (DEVICE_TYPES, DevicePtr, HostBuffer, MemcpyKind, check_size, device_region,
                        host_region, host_view)
@@ -60,9 +60,11 @@ def run_sync(s, name: str, category: str, site: str | None, nbytes: int, fn, *ar
     On an idle stream ``fn`` runs inline (after raising the stream's pending task error, as
     synchronize would; timed when the profiler is on); otherwise it is enqueued and waited for.
     """
-    if graph.active:
-        graph.refuse(f"a host-synchronous {name}")
-    if s.idle() and not profiler.active():     # the common case: nothing to wait for or report
+    cap = hooks.capture
+    if cap is not None:
+        cap.refuse(f"a host-synchronous {name}")
+    prof = hooks.profiler
+    if s.idle() and prof is None:       # the common case: nothing to wait for or report
         fn(*args)
         return
     if args:
@@ -70,11 +72,10 @@ def run_sync(s, name: str, category: str, site: str | None, nbytes: int, fn, *ar
     meta = {"bytes": nbytes}
     if s.query():
         s.synchronize()
-        t0 = profiler.now_us()
+        t0 = prof.now_us() if prof is not None else 0.0
         fn()
-        if profiler.active():
-            profiler.record(s.id, name, category, t0, profiler.now_us(), meta,
-                            site or callsite(3))
+        if prof is not None:
+            prof.record(s.id, name, category, t0, prof.now_us(), meta, site or callsite(3))
         return
     s.enqueue(fn, name, category, meta, site or callsite(3))
     s.synchronize()
@@ -84,8 +85,9 @@ def memcpy(dst, src, nbytes: int, kind: MemcpyKind = MemcpyKind.DEFAULT) -> None
     """Copy ``nbytes`` from ``src`` to ``dst`` after the current stream's work; return when done."""
     d, s_, k = _resolve_copy(dst, src, nbytes, kind)
     s = current_stream()
-    if sanitizer.on:
-        sanitizer.host_access(s, _COPY_NAMES[k], callsite(2), *_copy_access(dst, src, d.nbytes))
+    chk = hooks.stream_check
+    if chk is not None:
+        chk.host_access(s, _COPY_NAMES[k], callsite(2), *_copy_access(dst, src, d.nbytes))
     run_sync(s, _COPY_NAMES[k], "copy", None, d.nbytes, np.copyto, d, s_)
 
 
@@ -100,8 +102,9 @@ def memcpy_async(dst, src, nbytes: int, kind: MemcpyKind = MemcpyKind.DEFAULT, s
     if not isinstance(src, (*DEVICE_TYPES, HostBuffer)):
         s_ = s_.copy()
     site = callsite(2)
-    if sanitizer.on:
-        sanitizer.access(s, "memcpy_async " + k.name, site, *_copy_access(dst, src, d.nbytes))
+    chk = hooks.stream_check
+    if chk is not None:
+        chk.access(s, "memcpy_async " + k.name, site, *_copy_access(dst, src, d.nbytes))
     s.enqueue(_still_live(partial(np.copyto, d, s_), dst, src), "memcpy_async " + k.name,
               "copy", {"bytes": int(d.nbytes)}, site)
 
@@ -153,8 +156,9 @@ def memset(ptr, value: int, nbytes: int) -> None:
     """Set ``nbytes`` bytes at ``ptr`` to ``value`` after the current stream's work."""
     v, val = _memset_region(ptr, value, nbytes, "memset")
     s = current_stream()
-    if sanitizer.on and v.nbytes:
-        sanitizer.host_access(s, "memset", callsite(2), writes=[(ptr, v.nbytes)])
+    chk = hooks.stream_check
+    if chk is not None and v.nbytes:
+        chk.host_access(s, "memset", callsite(2), writes=[(ptr, v.nbytes)])
     run_sync(s, "memset", "copy", None, v.nbytes, v.fill, val)
 
 
@@ -163,8 +167,9 @@ def memset_async(ptr, value: int, nbytes: int, stream=None) -> None:
     s = resolve_stream(stream)
     v, val = _memset_region(ptr, value, nbytes, "memset_async")
     site = callsite(2)
-    if sanitizer.on and v.nbytes:
-        sanitizer.access(s, "memset_async", site, writes=[(ptr, v.nbytes)])
+    chk = hooks.stream_check
+    if chk is not None and v.nbytes:
+        chk.access(s, "memset_async", site, writes=[(ptr, v.nbytes)])
     s.enqueue(_still_live(partial(v.fill, val), ptr), "memset_async", "copy",
               {"bytes": int(v.nbytes)}, site)
 

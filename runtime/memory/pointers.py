@@ -17,7 +17,7 @@ import weakref
 
 import numpy as np
 
-from ..context import contexts_by_device
+from ..current import StreamBase, contexts_by_device
 from ..errors import InvalidParamError, MemoryAccessError, describe
 
 
@@ -184,8 +184,7 @@ def record_stream(buf, stream) -> None:
     Raises InvalidParamError for a stream that is not a runtime.Stream of the buffer's device,
     MemoryAccessError for a freed buffer.
     """
-    from ..stream import Stream
-    if not isinstance(stream, Stream):
+    if not isinstance(stream, StreamBase):
         raise InvalidParamError(f"record_stream(stream={stream!r}): expected a runtime.Stream")
     ctx, _, _ = device_region(buf, "buf")
     if ctx is None:

@@ -125,16 +125,11 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
-RUNTIME_DEFERRED = ("today, through imports inside functions only: runtime.context -> stream -> "
-                    "graph -> context, sanitizer <-> array/memory, event/memory -> graph; "
-                    "runtime.acl <-> runtime.acl_mdl")
-
-
 @pytest.mark.parametrize("package,inside_functions", [
     ("hccl", False),
     ("hccl", True),
     ("runtime", False),
-    pytest.param("runtime", True, marks=pytest.mark.xfail(strict=False, reason=RUNTIME_DEFERRED)),
+    ("runtime", True),
     ("launcher", False),
     ("launcher", True),
 ], ids=["hccl-module-level", "hccl-anywhere", "runtime-module-level", "runtime-anywhere",

@@ -288,10 +288,10 @@ def _mapping_rss_kib(addr: int) -> int:
 
 
 def test_reset_device_reports_leaks_with_site(device, caplog):
-    import runtime.context
+    import runtime.current
     p = runtime.malloc(4096)  # leaked on purpose
     with caplog.at_level("WARNING", logger="runtime"):
-        runtime.context._tls.device = 0
+        runtime.current.thread.device = 0
         leaks = runtime.reset_device()
     assert len(leaks) == 1 and leaks[0].requested == 4096
     assert "test_memory_api.py" in leaks[0].site

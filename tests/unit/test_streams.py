@@ -258,13 +258,13 @@ def test_destroyed_stream_rejects_work(device):
 def test_use_before_set_device_says_what_to_call():
     def other_thread(box):
         try:
-            import runtime.context as c
-            c._tls.device = None
-            saved, c._process_device = c._process_device, None
+            import runtime.current as c
+            c.thread.device = None
+            saved, c.process_device = c.process_device, None
             try:
                 runtime.Stream()
             finally:
-                c._process_device = saved
+                c.process_device = saved
         except errors.ContextError as e:
             box.append(e)
     box = []

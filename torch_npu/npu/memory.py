@@ -97,12 +97,12 @@ def memory_stats_as_nested_dict(device=None) -> dict:
 
 def get_per_process_memory_fraction(device=None) -> float:
     """The fraction of the NPU's capacity its pool may reserve (set_per_process_memory_fraction)."""
-    from runtime.memory import _pool
+    from runtime.memory import get_per_process_memory_fraction as fraction
     with _device.on(_dev(device)):
-        return _pool().fraction
+        return fraction()
 
 
-_ALLOC = "npusim's caching pool (runtime/pool.py) is the only allocator"
+_ALLOC = "npusim's caching pool (runtime/memory/pool.py) is the only allocator"
 
 
 def _unsupported():

@@ -140,14 +140,9 @@ def set_stream(stream) -> None:
     None does nothing, as torch's."""
     if stream is None:
         return
-    from runtime import context as _ctx
+    from runtime.context import set_current_stream
     from .streams import _rt_stream
-    s = _rt_stream(stream)
-    st = _ctx._stack(s._ctx)
-    if st:
-        st[-1] = s
-    else:
-        st.append(s)
+    set_current_stream(_rt_stream(stream))
 
 
 _SYNC_DEBUG = {"default": 0, "warn": 1, "error": 2}
