@@ -26,9 +26,19 @@ import statistics
 import time
 
 import torch
-import torch_npu  # noqa: F401
 
 F = torch.nn.functional
+
+# the operator class of each operator below (the floor's table is per class)
+CLASS = {
+    "add (a + b)": "elementwise", "add 1000 elements": "elementwise",
+    "mul_ in place": "elementwise", "relu": "elementwise", "add out=": "elementwise",
+    "sum": "reduction", "softmax": "reduction", "layer_norm": "reduction",
+    "matmul": "matmul", "linear (bias)": "matmul",
+    "view (reshape)": "view", "transpose": "view",
+    "empty": "factory", "zeros": "factory",
+    "cat of two": "other", "index a[i]": "other",
+}
 
 
 def operators(dev: str) -> dict:
@@ -36,26 +46,34 @@ def operators(dev: str) -> dict:
     g = torch.Generator().manual_seed(0)
     a = torch.randn(64, 64, generator=g).to(dev)
     b = torch.randn(64, 64, generator=g).to(dev)
+    o = torch.empty(64, 64).to(dev)
+    bias = torch.randn(64, generator=g).to(dev)
     v = torch.randn(1000, generator=g).to(dev)
     i = torch.randint(0, 64, (32,), generator=g).to(dev)
     return {
         "add (a + b)": lambda: a + b,
         "add 1000 elements": lambda: v + v,
         "mul_ in place": lambda: a.mul_(1.0),
-        "sum": lambda: a.sum(),
-        "matmul": lambda: a @ b,
+        "add out=": lambda: torch.add(a, b, out=o),
         "relu": lambda: torch.relu(a),
+        "sum": lambda: a.sum(),
         "softmax": lambda: a.softmax(-1),
         "layer_norm": lambda: F.layer_norm(a, (64,)),
+        "matmul": lambda: a @ b,
+        "linear (bias)": lambda: F.linear(a, b, bias),
+        "view (reshape)": lambda: a.view(4096),
+        "transpose": lambda: a.t(),
+        "empty": lambda: torch.empty(64, 64, device=dev),
+        "zeros": lambda: torch.zeros(64, 64, device=dev),
         "cat of two": lambda: torch.cat([a, b]),
         "index a[i]": lambda: a[i],
-        "view (reshape)": lambda: a.view(4096),
-        "empty": lambda: torch.empty(64, 64, device=dev),
     }
 
 
-def per_op(rounds: int, n: int) -> dict:
-    """name -> (cpu us, npu us): the best round's mean of ``n`` calls."""
+def per_op(rounds: int, n: int, sync=None) -> dict:
+    """name -> (cpu us, npu us): the best round's mean of ``n`` calls (``sync``: the npu
+    device's synchronize, torch.npu's when None)."""
+    sync = sync or torch.npu.synchronize
     ops = {d: operators(d) for d in ("cpu", "npu")}
     best = {(d, k): float("inf") for d in ops for k in ops[d]}
     for _ in range(rounds):
@@ -68,7 +86,7 @@ def per_op(rounds: int, n: int) -> dict:
                 for _ in range(n):
                     f()
                 if d == "npu":
-                    torch.npu.synchronize()
+                    sync()
                 best[d, k] = min(best[d, k], (time.process_time() - t) / n * 1e6)
     return {k: (best["cpu", k], best["npu", k]) for k in ops["cpu"]}
 
@@ -113,6 +131,74 @@ def training(steps: int) -> dict:
     return out
 
 
+def _llama(dev: str):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    m = LlamaForCausalLM(cfg).to(dev)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    ids = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(1)).to(dev)
+
+    def step():
+        t = time.process_time()
+        loss = m(input_ids=ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        loss.item()
+        return (time.process_time() - t) * 1e3
+    return step
+
+
+def _trainer_steps(dev: str, steps: int) -> list:
+    """CPU milliseconds of each step of transformers' Trainer on a tiny GPT-2 on ``dev``."""
+    import tempfile
+    from transformers import (GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback,
+                              TrainingArguments)
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    ids = torch.randint(0, 64, (256, 16), generator=torch.Generator().manual_seed(1))
+    data = [{"input_ids": r, "labels": r} for r in ids]
+    times: list = []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            self.t = time.process_time()
+
+        def on_step_end(self, *a, **k):
+            times.append((time.process_time() - self.t) * 1e3)
+    with tempfile.TemporaryDirectory() as out:
+        targs = TrainingArguments(output_dir=out, max_steps=steps + 3,
+                                  per_device_train_batch_size=4, save_strategy="no",
+                                  logging_strategy="no", report_to="none", disable_tqdm=True,
+                                  use_cpu=dev == "cpu")
+        tr = Trainer(model=GPT2LMHeadModel(cfg), args=targs, train_dataset=data,
+                     callbacks=[Clock()])
+        tr.train()
+    assert str(next(tr.model.parameters()).device).startswith(dev), dev
+    return times[3:]
+
+
+def lib_steps(steps: int) -> dict:
+    """A transformers Trainer step and a tiny Llama step, CPU and npu: their medians (ms)."""
+    out = {}
+    c, n = _trainer_steps("cpu", steps), _trainer_steps("npu", steps)
+    out["Trainer step, tiny GPT-2"] = {"cpu_ms": statistics.median(c),
+                                       "npu_ms": statistics.median(n),
+                                       "ratio": statistics.median(n) / statistics.median(c)}
+    cs, ns = _llama("cpu"), _llama("npu")
+    for _ in range(3):
+        cs(), ns()
+    c, n = [], []
+    for _ in range(steps):
+        c.append(cs())
+        n.append(ns())
+    out["tiny Llama step"] = {"cpu_ms": statistics.median(c), "npu_ms": statistics.median(n),
+                              "ratio": statistics.median(b / a for a, b in zip(c, n))}
+    return out
+
+
 def base_run(base: str, args) -> dict:
     """The same measurement on the npusim checkout at ``base`` (its runtime and torch_npu), in a
     child process: {"ops": {name: [cpu, npu]}, "step": {...}}."""
@@ -129,6 +215,42 @@ def base_run(base: str, args) -> dict:
     return json.loads(out.stdout.splitlines()[-1])
 
 
+def floor_run(args) -> dict:
+    """The bare-fallback floor (benchmarks/npu_floor.py) in a child process (PrivateUse1 is
+    renamed once per process): {name: [cpu us, floor us]}."""
+    import json
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = [sys.executable, os.path.join(here, "npu_floor.py"), "--rounds", str(args.rounds),
+           "--calls", str(args.calls), "--threads", str(args.threads)]
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(here))
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    if out.returncode:
+        raise SystemExit(f"the floor's run failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.splitlines()[-1])["ops"]
+
+
+def geomean(xs) -> float:
+    xs = list(xs)
+    return statistics.geometric_mean(xs) if xs else float("nan")
+
+
+def by_class(ops: dict, floor: dict) -> list:
+    """Per operator class: geometric means of npu / CPU, floor / CPU and npu / floor."""
+    rows = []
+    for cls in dict.fromkeys(CLASS.values()):
+        names = [k for k in ops if CLASS.get(k) == cls and k in floor]
+        if not names:
+            continue
+        rows.append([cls, ", ".join(names),
+                     f"{geomean(ops[k][1] / ops[k][0] for k in names):.1f}x",
+                     f"{geomean(floor[k][1] / floor[k][0] for k in names):.1f}x",
+                     f"{geomean(ops[k][1] / floor[k][1] for k in names):.2f}x"])
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
@@ -139,14 +261,21 @@ def main():
     ap.add_argument("--base", help="an npusim checkout to measure first, for a before column")
     ap.add_argument("--base-label", default="the base checkout",
                     help="how the figures page names --base (e.g. main's commit)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also measure the bare-fallback floor (benchmarks/npu_floor.py)")
+    ap.add_argument("--libs", action="store_true",
+                    help="also a transformers Trainer step and a tiny Llama step")
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    import torch_npu  # noqa: F401
     with open("/proc/loadavg") as f:
         load0 = " ".join(f.read().split()[:3])
     base = base_run(args.base, args) if args.base else None
+    floor = floor_run(args) if args.floor else None
     ops = per_op(args.rounds, args.calls)
     step = training(args.steps)
+    libs = lib_steps(args.steps) if args.libs else None
     if args.json:
         import json
         print(json.dumps({"ops": ops, "step": step}))
@@ -156,51 +285,94 @@ def main():
                  f"{step['ratio']:.2f}x"])
     rows.append(["training step, wall clock (ms)", f"{step['wall_cpu_ms']:.1f}",
                  f"{step['wall_npu_ms']:.1f}", f"{step['wall_ratio']:.2f}x"])
+    for name, st in (libs or {}).items():
+        rows.append([f"{name} (ms)", f"{st['cpu_ms']:.1f}", f"{st['npu_ms']:.1f}",
+                     f"{st['ratio']:.2f}x"])
     head = ["operator", "CPU eager", "npu", "npu / CPU"]
+    if floor:
+        head += ["floor", "floor / CPU", "npu / floor"]
+        for r in rows:
+            f = floor.get(r[0])
+            if f is None:
+                r += ["", "", ""]
+                continue
+            c, fl = f
+            r += [f"{fl:.1f}", f"{fl / c:.1f}x", f"{ops[r[0]][1] / fl:.2f}x"]
     if base:
         head += ["before: CPU eager", "before: npu", "before: npu / CPU"]
         bs = base["step"]
-        for r, (c, n) in zip(rows, base["ops"].values()):
-            r += [f"{c:.1f}", f"{n:.1f}", f"{n / c:.1f}x"]
-        rows[-2] += [f"{bs['cpu_ms']:.1f}", f"{bs['npu_ms']:.1f}", f"{bs['ratio']:.2f}x"]
-        rows[-1] += [f"{bs['wall_cpu_ms']:.1f}", f"{bs['wall_npu_ms']:.1f}",
-                     f"{bs['wall_ratio']:.2f}x"]
+        bops = base["ops"]
+        for r in rows:
+            if r[0] in bops:
+                c, n = bops[r[0]]
+                r += [f"{c:.1f}", f"{n:.1f}", f"{n / c:.1f}x"]
+            elif r[0] == "training step (ms)":
+                r += [f"{bs['cpu_ms']:.1f}", f"{bs['npu_ms']:.1f}", f"{bs['ratio']:.2f}x"]
+            elif r[0] == "training step, wall clock (ms)":
+                r += [f"{bs['wall_cpu_ms']:.1f}", f"{bs['wall_npu_ms']:.1f}",
+                      f"{bs['wall_ratio']:.2f}x"]
+            else:
+                r += ["", "", ""]
     print(" | ".join(head))
     for r in rows:
         print(f"{r[0]:<30} " + " ".join(f"{c:>9}" for c in r[1:]))
+    classes = by_class(ops, floor) if floor else []
+    if classes:
+        print("per class (geometric means): class | operators | npu / CPU | floor / CPU | "
+              "npu / floor")
+        for r in classes:
+            print(" | ".join(r))
     print(f"training step: median ratio {step['ratio']:.2f}x in CPU time, "
-          f"{step['wall_ratio']:.2f}x in wall-clock time (goal <= 2x)"
+          f"{step['wall_ratio']:.2f}x in wall-clock time (goal <= 1.1x)"
           + (f"; before: {base['step']['ratio']:.2f}x, {base['step']['wall_ratio']:.2f}x"
              if base else ""))
     with open("/proc/loadavg") as f:
         load1 = " ".join(f.read().split()[:3])
     print(f"load average: {load0} at the start, {load1} at the end; torch threads {args.threads}")
     if args.figures:
-        from benchmarks.figures import write_section
-        text = (
-            "The torch `npu` device (runtime/torch/) against CPU eager, in one process: each "
-            "operator on 64 x 64 float32 tensors unless named (microseconds of the process's "
-            f"CPU time per call, the best of {args.rounds} interleaved rounds of {args.calls} "
-            "calls), and one training step of a small transformer (2 encoder layers, width 128, "
-            "4 heads, feed-forward 512, batch 8, sequence 64: forward, backward, AdamW step, "
-            "loss read back; milliseconds of CPU time and of wall-clock time, medians of "
-            f"{args.steps} alternating steps; the ratio is the median per-step ratio). CPU time "
-            "is what the device costs; the wall clock also holds the waits for the cores of a "
-            "machine other processes load. Goal of the step: at most 2x. "
-            f"torch intra-op threads: {args.threads}; load average {load0} at the start. An npu "
-            "operator is torch's CPU kernel on views of the device memory plus the device's "
-            "Python: one boxed fallback, the pool's allocation for each result "
-            "(docs/torch.md). "
-            + (f"The *before* columns are the same measurement, in a child process just before, "
-               f"of npusim at {args.base_label}. " if base else "")
-            + ("The two steps' losses are equal, bitwise." if step["same_loss"] else
-               "The losses differ in the last bits: torch's scaled_dot_product_attention takes its "
-               "fused kernel on CPU and its math path on a new backend (docs/torch.md, limits)."))
-        path = write_section("npu-ops", "The torch npu device against CPU eager",
-                             "PYTHONPATH=. python benchmarks/npu_ops.py --figures"
-                             + (f" --base DIR (DIR: {args.base_label})" if base else ""),
-                             head, rows, text)
-        print("wrote", path)
+        write_figures(args, head, rows, classes, step, base, load0, libs)
+
+
+def write_figures(args, head, rows, classes, step, base, load0, libs) -> None:
+    from benchmarks.figures import write_section
+    text = (
+        "The torch `npu` device (runtime/torch/) against CPU eager, in one process: each "
+        "operator on 64 x 64 float32 tensors unless named (microseconds of the process's "
+        f"CPU time per call, the best of {args.rounds} interleaved rounds of {args.calls} "
+        "calls), and one training step of a small transformer (2 encoder layers, width 128, "
+        "4 heads, feed-forward 512, batch 8, sequence 64: forward, backward, AdamW step, "
+        "loss read back; milliseconds of CPU time and of wall-clock time, medians of "
+        f"{args.steps} alternating steps; the ratio is the median per-step ratio). CPU time "
+        "is what the device costs; the wall clock also holds the waits for the cores of a "
+        "machine other processes load. Goals: `a + b` at most 5x CPU eager, the step at "
+        f"most 1.1x. torch intra-op threads: {args.threads}; load average {load0} at the "
+        "start. An npu operator is torch's CPU kernel on views of the device memory plus the "
+        "device's Python: one boxed fallback, the pool's allocation for each result "
+        "(docs/torch.md). "
+        + ("The *floor* is the barest Python PrivateUse1 device (benchmarks/npu_floor.py, in "
+           "a child process: PrivateUse1 is renamed once per process): one boxed fallback "
+           "running torch's CPU kernel on uncached CPU views, `np.empty` memory through "
+           "DLPack, no pool, no stream, no device index; its CPU eager column (same child) "
+           "gives its own ratio. " if classes else "")
+        + ("The Trainer step is transformers' Trainer on a tiny GPT-2 (2 layers, width 32, "
+           "batch 4, sequence 16), the Llama step a tiny LlamaForCausalLM (2 layers, width "
+           "64, batch 4, sequence 32) with AdamW, each the median of its steps, CPU and npu "
+           "one after the other. " if libs else "")
+        + (f"The *before* columns are the same measurement, in a child process just before, "
+           f"of npusim at {args.base_label}. " if base else "")
+        + ("The two steps' losses are equal, bitwise." if step["same_loss"] else
+           "The losses differ in the last bits: torch's scaled_dot_product_attention takes its "
+           "fused kernel on CPU and its math path on a new backend (docs/torch.md, limits)."))
+    if classes:
+        text += ("\n\nPer operator class, geometric means over its operators: "
+                 + "; ".join(f"{r[0]} ({r[1]}): npu {r[2]} CPU, floor {r[3]} CPU, "
+                             f"npu / floor {r[4]}" for r in classes) + ".")
+    cmd = ("PYTHONPATH=. python benchmarks/npu_ops.py --figures"
+           + (" --floor" if classes else "") + (" --libs" if libs else "")
+           + (f" --base DIR (DIR: {args.base_label})" if base else ""))
+    path = write_section("npu-ops", "The torch npu device against CPU eager", cmd, head, rows,
+                         text)
+    print("wrote", path)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from . import graphs as _graphs
 from . import pinned as _pinned
 from . import storage as S
 from .exitgate import gated
-from .ops import fallback
+from .ops import fallback, out_form, structured_kernel
 from .site import user_site
 
 _CPU_KS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -35,17 +35,25 @@ def _dev(device) -> int:
 def empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memory=None,
                         memory_format=None):
     dtype = dtype or torch.get_default_dtype()
-    d = _dev(device)
     size = tuple(size)
-    if memory_format == torch.channels_last and len(size) == 4:
-        n, c, h, w = (max(x, 1) for x in size)
+    if memory_format is None or memory_format == torch.contiguous_format or \
+            len(size) != 4 + (memory_format == torch.channels_last_3d):
+        # the common case: contiguous, on the thread's device (index None or 0, see device.py)
+        c = S._contiguous(size)
+        if c[1] and dtype in S._NUMPY and (device is None or not device.index):
+            d = _device.current()
+            return S.empty_contiguous(size, dtype, d, S._NUMPY[dtype], c[1])
+        return _empty_on(_dev(device), size, c[0], dtype)
+    n, c, *rest = (max(x, 1) for x in size)
+    if memory_format == torch.channels_last:
+        h, w = rest
         stride = (h * w * c, 1, w * c, c)
-    elif memory_format == torch.channels_last_3d and len(size) == 5:
-        n, c, d_, h, w = (max(x, 1) for x in size)
+    elif memory_format == torch.channels_last_3d:
+        d_, h, w = rest
         stride = (d_ * h * w * c, 1, h * w * c, w * c, c)
-    else:
+    else:                       # preserve_format has no tensor to follow: contiguous
         stride = S.contiguous_strides(size)
-    return _empty_on(d, size, stride, dtype)
+    return _empty_on(_dev(device), size, stride, dtype)
 
 
 def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
@@ -292,6 +300,12 @@ def register() -> None:
         _aten.impl("_copy_from", copy_math_bits, key)
     # operators with a CPU kernel that torch would otherwise decompose for a new backend (other
     # rounding, more calls): they take the CPU kernel too, through the fallback
+    for name in _STRUCTURED:      # one Python call each instead of two (ops.structured_kernel)
+        if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + name, "PrivateUse1"):
+            op = _overload(name)
+            out_op = out_form(op)
+            if out_op is not None:
+                _aten.impl(name, structured_kernel(op, out_op), "PrivateUse1")
     for name in _cpu_kernel_ops() + _foreach_ops():
         op = torch.ops.aten
         for part in name.split("."):
@@ -329,6 +343,25 @@ _CPU_FUSED = [n for n in ("native_layer_norm", "native_layer_norm_backward", "na
                           # self of another broadcast shape); on CPU views they are the CPU's
                           "addr_", "logical_and_", "logical_or_", "logical_xor_", "ldexp_")
               if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + n, "PrivateUse1")]
+
+
+# the functional structured operators a training step calls most (forward, backward, losses):
+# on npu each is one Python kernel (ops.structured_kernel) in place of torch's composite, which
+# called the device twice (empty_strided, then the out= form through the fallback)
+_STRUCTURED = ("add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "mm", "addmm", "bmm",
+               "baddbmm", "sum.dim_IntList", "mean.dim", "pow.Tensor_Scalar",
+               "threshold_backward", "gelu", "gelu_backward", "silu", "sigmoid", "tanh", "exp",
+               "neg", "sqrt", "rsqrt", "maximum", "minimum", "clamp", "eq.Tensor", "eq.Scalar",
+               "lt.Scalar", "gt.Scalar", "ne.Scalar")
+
+
+def _overload(name: str):
+    op = torch.ops.aten
+    for part in name.split("."):
+        op = getattr(op, part)
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        op = op.default
+    return op
 
 
 def _cpu_kernel_ops() -> list:

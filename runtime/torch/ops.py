@@ -62,6 +62,7 @@ _info: dict = {}
 _Tensor = torch.Tensor
 _SEQ = (list, tuple)
 _LATER = object()             # _now's answer when the operator needs the general path
+_shared_view = S.shared_cpu_view
 
 
 class _Info:
@@ -240,6 +241,98 @@ def fallback(op, *args, **kwargs):
         return _compute(op, i, dev, args, kwargs)
 
 
+# ---------------------------------------------------------------------- structured operators
+_META: dict = {}              # (operator, its arguments' signature) -> the result's metadata
+_META_MAX = 8192
+
+
+def structured_kernel(op, out_op):
+    """The npu kernel of ``op``, a functional structured operator (``add.Tensor``) whose ``out=``
+    form is ``out_op`` (``add.out``): what torch's composite for a new backend does (allocate
+    the result from the meta function's sizes and strides, then run ``out_op`` into it) in one
+    Python call instead of two trips through the dispatcher (``empty_strided``, then the
+    fallback). The result's metadata comes from ``op`` on meta tensors, remembered per argument
+    signature (devices, dtypes, sizes, strides of the tensors; type and value of the rest): a
+    training step calls the same operators on the same shapes again and again. The same
+    kernel (``out_op``'s CPU kernel into a result of the same sizes and strides), so the same
+    bits; anything unusual (a CPU tensor with dimensions mixed in, two devices, tensor lists)
+    takes the fallback with ``op`` itself, which names the error."""
+    def kernel(*args, **kwargs):
+        key, dev = _signature(op, args, kwargs)
+        if key is None:
+            return fallback(op, *args, **kwargs)
+        m = _META.get(key)
+        if m is None:
+            mop = op
+            i = info(op)
+            if i.packet is not None:            # a Python number: the Scalar overload's meta
+                numbers = _wrapped_numbers(i, args, kwargs)
+                if numbers:
+                    mop = i.packet.get(numbers) or i.packet.setdefault(
+                        numbers, _scalar_overload(op, numbers))
+            margs, mkwargs = map_npu(args, kwargs, meta_like)
+            r = mop(*margs, **mkwargs)          # torch's error for shapes that do not fit
+            if len(_META) >= _META_MAX:
+                _META.clear()
+            m = _META[key] = (tuple(r.size()), tuple(r.stride()), r.dtype)
+        if dev == _device.current():
+            out = S.empty_strided(m[0], m[1], m[2], dev)
+        else:
+            with _device.on(dev):
+                out = S.empty_strided(m[0], m[1], m[2], dev)
+        kwargs["out"] = out
+        return fallback(out_op, *args, **kwargs)
+    kernel.__name__ = f"npu_{op._schema.name.split('::')[-1]}"
+    return kernel
+
+
+def _signature(op, args, kwargs):
+    """(the key of ``op``'s result metadata for these arguments, the npu device index), or
+    (None, -1) when the call is unusual (see structured_kernel)."""
+    key = [op]
+    dev = -1
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(a, _Tensor):
+            d = a.get_device()
+            if d < 0:
+                if a.dim():
+                    return None, -1
+            elif d != dev:
+                if dev >= 0:
+                    return None, -1
+                dev = d
+            key.append((d, a.dtype, a.size(), a.stride()))
+        elif type(a) in _SEQ:
+            for b in a:
+                if isinstance(b, _Tensor):
+                    return None, -1
+            key.append((type(a), tuple(a)))
+        else:
+            key.append((type(a), a))
+    if dev < 0:
+        return None, -1
+    if kwargs:
+        key.append(tuple(kwargs))
+    return tuple(key), dev
+
+
+def out_form(op):
+    """The ``out=`` overload of functional operator ``op`` (its arguments and one kwarg-only
+    ``Tensor(a!) out``, one Tensor result), or None."""
+    packet = getattr(torch.ops.aten, op._schema.name.split("::")[-1])
+    want = [(a.name, str(a.type)) for a in op._schema.arguments]
+    if len(op._schema.returns) != 1 or str(op._schema.returns[0].type) != "Tensor":
+        return None
+    for ov in packet.overloads():
+        cand = getattr(packet, ov)
+        args = cand._schema.arguments
+        if [(a.name, str(a.type)) for a in args[:-1]] == want and args[-1].name == "out" and \
+                args[-1].kwarg_only and args[-1].alias_info is not None and \
+                args[-1].alias_info.is_write and len(cand._schema.returns) == 1:
+            return cand
+    return None
+
+
 def _scalar_overload(op, numbers: tuple):
     """The overload of ``op``'s packet that takes a Scalar where ``op`` takes a Tensor at the
     positions ``numbers`` and is otherwise the same (``remainder.Tensor`` -> ``.Scalar``,
@@ -274,7 +367,7 @@ def _call(op, i: _Info, args, kwargs, cargs: list, ckwargs: dict):
     kernel resizes before it writes, and has warned once already ("An output with one or more
     elements was resized"), as on CPU."""
     try:
-        return op(*cargs, **ckwargs), None
+        return op._op(*cargs, **ckwargs), None
     except RuntimeError as e:
         if not i.written or "not resizable" not in str(e):
             raise
@@ -306,14 +399,44 @@ def _call(op, i: _Info, args, kwargs, cargs: list, ckwargs: dict):
 
 def _now(op, i: _Info, args, kwargs):
     """The operator run at once on shared CPU views, or _LATER (see the note: the fast path)."""
-    st = [-1, False]              # the npu device index; something for the general path
-    cargs = [_view(a, st) for a in args]
-    ckwargs = {k: _view(v, st) for k, v in kwargs.items()} if kwargs else kwargs
-    dev = st[0]
-    if st[1] or dev < 0 or dev != _device.current() or not runtime.current_stream().idle():
+    dev = -1                      # the npu device index
+    cargs = []
+    for a in args:                # the common walk inline: tensors and plain values
+        if isinstance(a, _Tensor):
+            d = a.get_device()
+            if d < 0:             # a CPU tensor: only a 0-dim one (a scalar) may join npu ones
+                if a.dim():
+                    return _LATER
+                cargs.append(a)
+                continue
+            if d != dev:
+                if dev >= 0:      # two npu devices: the general path names them
+                    return _LATER
+                dev = d
+            cargs.append(_shared_view(a))
+        elif type(a) in _SEQ:
+            st = [dev, False]
+            cargs.append(_view(a, st))
+            if st[1]:
+                return _LATER
+            dev = st[0]
+        else:
+            cargs.append(a)
+    if kwargs:
+        st = [dev, False]
+        ckwargs = {k: _view(v, st) for k, v in kwargs.items()}
+        if st[1]:
+            return _LATER
+        dev = st[0]
+    else:
+        ckwargs = kwargs
+    if dev < 0 or dev != _device.current() or not runtime.current_stream().idle():
         return _LATER
     if not i.written:
-        return _rebuild(op(*cargs, **ckwargs), lambda r: to_npu(r, dev))
+        out = op._op(*cargs, **ckwargs)
+        if type(out) is _Tensor:
+            return to_npu(out, dev)
+        return _rebuild(out, lambda r: to_npu(r, dev))
     pairs = []                    # (npu tensor, its CPU view) of each written npu argument
     for pos, name in i.written:
         if pos < len(args):
@@ -335,6 +458,8 @@ def _now(op, i: _Info, args, kwargs):
             _follow(a, c)
     if out is None:
         return out
+    if len(pairs) == 1 and out is pairs[0][1]:      # in place / one out=: the argument itself
+        return pairs[0][0]
     back = {id(c): a for a, c in pairs}
 
     def npu_of(r):
@@ -356,7 +481,7 @@ def _view(a, st):
             if st[0] >= 0:        # two npu devices: the general path names them
                 st[1] = True
             st[0] = d
-        return S.shared_cpu_view(a)
+        return _shared_view(a)
     if type(a) in _SEQ:
         for b in a:
             if isinstance(b, _Tensor):

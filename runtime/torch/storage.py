@@ -125,20 +125,22 @@ class _Memory(DeviceBuffer):
 
 def _new_owner(nbytes: int, device: int, typed=None) -> _Owner:
     """A new allocation of ``nbytes`` as its _Owner (registered in ``_live``), not yet exported.
-    ``typed``: (numpy dtype, shape) of the tensor to be, which ``owner.cpu`` then has."""
+    ``typed``: (numpy dtype, shape) of the tensor to be: the owner and ``owner.cpu`` then have
+    them (the owner is exported as it is)."""
     bind_thread()
     dev = _Memory(nbytes)
     view = host_view(dev.ptr, nbytes)
+    if typed is not None:
+        view = view.view(typed[0]).reshape(typed[1])
     owner = view.view(_Owner)
-    owner.dev, owner.index = dev, device
     # a CPU tensor on the bytes, made from ``view``, never from the owner (a cycle through a
     # torch storage would never be collected); its storage is the one of every CPU view
-    owner.cpu = torch.from_numpy(view if typed is None else view.view(typed[0]).reshape(typed[1]))
-    owner.views = {}                            # shared_cpu_view's cache
-    # what shared_cpu_view checks, cheaply: the device's context is still the one allocated
-    # from (a reset replaces it; nothing else can free memory the owner holds)
-    owner.ctx, owner.dev_id = current_context(), dev.ptr.device_id
-    addr = owner.cpu.data_ptr()                 # (numpy's ``.ctypes.data`` costs 10 us)
+    cpu = torch.from_numpy(view)
+    # ``ctx`` / ``dev_id``: what shared_cpu_view checks, cheaply: the device's context is still
+    # the one allocated from (a reset replaces it; nothing else can free memory the owner holds)
+    owner.__dict__.update(dev=dev, index=device, cpu=cpu, views={}, ctx=current_context(),
+                          dev_id=dev.ptr.device_id)
+    addr = cpu.data_ptr()                       # (numpy's ``.ctypes.data`` costs 10 us)
     with _lock:
         _live[addr] = weakref.ref(owner, lambda r, a=addr: _forget(a, r))
     return owner
@@ -173,6 +175,11 @@ def empty_strided(size, stride, dtype: torch.dtype, device: int) -> torch.Tensor
     """An uninitialised npu tensor with these sizes and strides (the current runtime device
     must be ``device``)."""
     size, stride = tuple(size), tuple(stride)
+    npdt = _NUMPY.get(dtype)
+    if npdt is not None:
+        c = _contiguous(size)
+        if stride == c[0] and c[1]:
+            return empty_contiguous(size, dtype, device, npdt, c[1])
     item = _ITEMSIZE.get(dtype) or torch.empty((), dtype=dtype).element_size()
     numel_span = element_span(size, stride)
     if numel_span == 0:         # no bytes: a storage of 0 bytes, which resize_ then replaces
@@ -181,19 +188,40 @@ def empty_strided(size, stride, dtype: torch.dtype, device: int) -> torch.Tensor
         base = _from_dlpack(np.empty(0, _SAME_SIZE[item]), device)
         t = _view_dtype.redispatch(_CPU, base, dtype) if base.dtype != dtype else base
         return _as_strided.redispatch(_CPU, t, size, stride, 0)
-    else:
-        npdt = _NUMPY.get(dtype)
-        if npdt is not None and stride == contiguous_strides(size):
-            # the common case in one step: the allocation exported with its dtype and shape (a
-            # numpy view of the _Owner, which keeps it alive), without two redispatches
-            owner = _new_owner(numel_span * item, device, (npdt, size))
-            # owner.cpu is its shared CPU view, made here at no cost (the result of an
-            # operator is written through it next)
-            owner.views[(dtype, 0, size, stride)] = owner.cpu
-            return _from_dlpack(owner.view(npdt).reshape(size), device)
-        base = new_storage_tensor(numel_span * item, device)
+    base = new_storage_tensor(numel_span * item, device)
     t = _view_dtype.redispatch(_CPU, base, dtype) if dtype != torch.uint8 else base
     return _as_strided.redispatch(_CPU, t, size, stride, 0)
+
+
+def empty_contiguous(size: tuple, dtype: torch.dtype, device: int, npdt=None,
+                     numel: int = 0) -> torch.Tensor:
+    """``empty_strided`` of contiguous strides, a dtype numpy has (``npdt``) and ``numel`` > 0
+    elements, in one step: the allocation exported with its dtype and shape (the _Owner is that
+    numpy view), without two redispatches. ``owner.cpu`` is its shared CPU view, made here at
+    no cost (an operator's result is written through it next)."""
+    if npdt is None:
+        npdt = _NUMPY[dtype]
+        numel = _contiguous(size)[1]
+    owner = _new_owner(numel * _ITEMSIZE[dtype], device, (npdt, size))
+    owner.views[(dtype, 0, size, _CONTIGUOUS[size][0])] = owner.cpu
+    return _from_dlpack(owner, device)
+
+
+_CONTIGUOUS: dict = {}            # sizes -> (contiguous strides, number of elements)
+
+
+def _contiguous(size: tuple) -> tuple:
+    """(contiguous strides, number of elements) of ``size`` (a tuple), remembered: a training
+    step allocates the same few shapes again and again."""
+    c = _CONTIGUOUS.get(size)
+    if c is None:
+        if len(_CONTIGUOUS) >= 4096:
+            _CONTIGUOUS.clear()
+        n = 1
+        for x in size:
+            n *= x
+        c = _CONTIGUOUS[size] = (contiguous_strides(size), n)
+    return c
 
 
 _ITEMSIZE = {d: torch.empty((), dtype=d).element_size() for d in (

@@ -1,0 +1,220 @@
+"""The bare-fallback floor of a Python PrivateUse1 device: what an npu operator cannot go below.
+
+    python benchmarks/npu_floor.py [--rounds 5] [--calls 300] [--threads 1]    (prints JSON)
+
+The barest device torch's Python route allows, in this process only (PrivateUse1 can be renamed
+once per process: ``benchmarks/npu_ops.py --floor`` runs this file as a child): torch's
+``_setup_privateuseone_for_python_backend`` with its dummy hooks and guard, the device named
+``npu``, and
+
+- memory: ``np.empty`` exported through DLPack with the device kDLExtDev (torch's PrivateUse1),
+  as npusim's storage does, but no pool, no stream, no context, no statistics; a registry maps a
+  storage's address to the CPU storage on the same bytes (a weak reference, so the memory dies
+  with the tensor);
+- one boxed fallback: a view operator runs torch's CPU kernel on the tensor itself; any other
+  swaps each npu tensor for a CPU view (``set_`` on the CPU storage: no cache), runs torch's CPU
+  kernel, and copies a new result into a new npu tensor (a written argument is returned as
+  itself);
+- the same dispatch table as npusim's device for the operators torch would decompose
+  (runtime/torch/kernels.py's lists: layer norm, softmax, ``_foreach_*``... take the CPU kernel
+  through the fallback), so the floor runs the same kernels as npusim's operator;
+- ``empty.memory_format``, ``empty_strided`` and ``_copy_from`` as kernels of their own.
+
+No device index, no stream order, no error checks: it is a measuring stick, not a device. It
+prints, per operator of ``benchmarks/npu_ops.py``, the CPU eager and floor microseconds (the
+best round's mean of process CPU time, interleaved as npu_ops.py does).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import functools
+import json
+import os
+import sys
+import weakref
+
+import numpy as np
+import torch
+
+_KDL_EXT_DEV = 12
+_CPU_KS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_capsule_ptr = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_ptr.restype = ctypes.c_void_p
+_capsule_ptr.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_live: dict = {}                  # storage address -> weakref to its _Owner
+
+
+class _Owner(np.ndarray):
+    """The numpy array a floor storage keeps alive; ``cpu``: the CPU storage on its bytes."""
+
+
+def _forget(addr, ref):
+    if _live.get(addr) is ref:
+        del _live[addr]
+
+
+def _export(arr: np.ndarray) -> torch.Tensor:
+    cap = arr.__dlpack__()
+    p = _capsule_ptr(cap, b"dltensor")
+    dl = (ctypes.c_int32 * 2).from_address(p + 8)
+    dl[0], dl[1] = _KDL_EXT_DEV, 0
+    return torch.from_dlpack(cap)
+
+
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.int64: np.int64,
+          torch.int32: np.int32, torch.bool: np.bool_, torch.uint8: np.uint8,
+          torch.float16: np.float16, torch.int8: np.int8, torch.int16: np.int16}
+
+
+_ITEM = {d: torch.empty((), dtype=d).element_size() for d in (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
+    torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128)}
+
+
+def _contiguous(size) -> tuple:
+    strides, acc = [], 1
+    for n in reversed(size):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def empty_strided(size, stride, dtype=None, **_):
+    dtype = dtype or torch.get_default_dtype()
+    size, stride = tuple(size), tuple(stride)
+    item = _ITEM.get(dtype) or torch.empty((), dtype=dtype).element_size()
+    span = 0 if 0 in size else 1 + sum((n - 1) * s for n, s in zip(size, stride))
+    base = np.empty(max(span, 1) * item, np.uint8)
+    owner = base.view(_Owner)
+    cpu = torch.from_numpy(base)              # holds ``base``, never the owner (no cycle)
+    owner.cpu = cpu.untyped_storage()
+    addr = cpu.data_ptr()
+    _live[addr] = weakref.ref(owner, lambda r, a=addr: _forget(a, r))
+    npdt = _NUMPY.get(dtype)
+    if npdt is not None and span and stride == _contiguous(size):
+        return _export(owner.view(npdt).reshape(size))   # dtype and shape in one step
+    t = _export(owner)
+    if dtype != torch.uint8:
+        t = torch.ops.aten.view.dtype.redispatch(_CPU_KS, t, dtype)
+    return torch.ops.aten.as_strided.default.redispatch(_CPU_KS, t, size, stride, 0)
+
+
+def empty_memory_format(size, dtype=None, memory_format=None, **_):
+    size = tuple(size)
+    return empty_strided(size, _contiguous(size), dtype)
+
+
+def cpu_view(t: torch.Tensor) -> torch.Tensor:
+    st = _live[t.untyped_storage().data_ptr()]().cpu
+    return torch.empty((0,), dtype=t.dtype).set_(st, t.storage_offset(), t.size(), t.stride())
+
+
+def copy_from(src, dst, non_blocking=False):
+    s = cpu_view(src) if src.device.type == "npu" else src
+    d = cpu_view(dst) if dst.device.type == "npu" else dst
+    d.copy_(s)
+    return dst
+
+
+@functools.lru_cache(maxsize=None)
+def _schema(op):
+    rets = op._schema.returns
+    view = any(r.alias_info is not None and not r.alias_info.is_write for r in rets)
+    factory = any(a.name == "device" for a in op._schema.arguments)
+    return view, factory
+
+
+def _swap(a):
+    if isinstance(a, torch.Tensor):
+        return cpu_view(a) if a.device.type == "npu" else a
+    if isinstance(a, (list, tuple)) and any(isinstance(b, torch.Tensor) for b in a):
+        return type(a)(_swap(b) for b in a)
+    return a
+
+
+def fallback(op, *args, **kwargs):
+    view, factory = _schema(op)
+    if view:
+        return op.redispatch(_CPU_KS, *args, **kwargs)
+    cargs = [_swap(a) for a in args]
+    ckwargs = {k: _swap(v) for k, v in kwargs.items()}
+    if factory:
+        ckwargs["device"] = "cpu"
+    back = {id(c): a for a, c in zip(args, cargs) if c is not a}
+    back.update((id(ckwargs[k]), v) for k, v in kwargs.items() if ckwargs[k] is not v)
+    out = op(*cargs, **ckwargs)
+
+    def to_npu(r):
+        a = back.get(id(r))
+        if a is not None:
+            return a
+        t = empty_strided(r.size(), r.stride() if r.is_contiguous() else
+                          _contiguous(tuple(r.size())), r.dtype)
+        cpu_view(t).copy_(r)
+        return t
+    if isinstance(out, torch.Tensor):
+        return to_npu(out)
+    if isinstance(out, (list, tuple)):
+        return type(out)(to_npu(o) if isinstance(o, torch.Tensor) else o for o in out)
+    return out
+
+
+class _Module:
+    """The floor device's torch.npu: what the benchmark calls."""
+
+    @staticmethod
+    def synchronize(device=None):
+        pass
+
+    @staticmethod
+    def is_available():
+        return True
+
+
+_libs: list = []
+
+
+def install() -> None:
+    """Make ``npu`` the floor device in this process (once; PrivateUse1 is renamed for good)."""
+    from torch.utils import backend_registration as br
+    if torch._C._get_privateuse1_backend_name() != "privateuseone":
+        raise RuntimeError("the floor needs a process whose PrivateUse1 backend is not "
+                           "registered yet (run this file as its own process)")
+    br._setup_privateuseone_for_python_backend("npu", backend_module=_Module())
+    fb = torch.library.Library("_", "IMPL")
+    fb.fallback(fallback, "PrivateUse1")
+    fb.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+    lib = torch.library.Library("aten", "IMPL")
+    for name, fn in (("empty.memory_format", empty_memory_format),
+                     ("empty_strided", empty_strided), ("_copy_from", copy_from)):
+        lib.impl(name, fn, "PrivateUse1")
+    # the same operators as npusim's device take their CPU kernel instead of a decomposition
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, root)
+    from runtime.torch.kernels import _cpu_kernel_ops, _foreach_ops
+    for name in _cpu_kernel_ops() + _foreach_ops():
+        op = torch.ops.aten
+        for part in name.split("."):
+            op = getattr(op, part)
+        if isinstance(op, torch._ops.OpOverloadPacket):
+            op = op.default
+        lib.impl(name, functools.partial(fallback, op), "PrivateUse1")
+    _libs.extend((fb, lib))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    install()
+    from benchmarks.npu_ops import per_op
+    ops = per_op(args.rounds, args.calls, sync=_Module.synchronize)
+    print(json.dumps({"ops": ops}))
+
+
+if __name__ == "__main__":
+    main()
