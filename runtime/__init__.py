@@ -50,7 +50,7 @@ _CALLABLE_MODULES = {"stream": "context", "graph": "graph"}   # module name -> i
 # (runtime/aliases.py, the one finder, which hccl's old paths use too)
 _MOVED: dict[str, str] = {
     **{m: f"memory.{m}" for m in ("blocks", "card", "device_memory", "free_lists", "front_cache",
-                                  "pool", "pool_args", "stats")},     # the memory room
+                                  "ipc", "pool", "pool_args", "stats")},  # the memory room
     "acl_codes": "acl.codes", "acl_data": "acl.data", "acl_mdl": "acl.capture",
     "acl_ptr": "acl.pointers",                                        # the acl room
 }

@@ -254,8 +254,8 @@ TABLE = Table("runtime", [
         "runtime.config.job, hccl.init", lo=1, hi=65535),
     Var("NPUSIM_NODE", "text", None, "the node npurun started this rank on, '<job id>/<node "
         "rank>' (set by npurun): shared memory and pid liveness only within it",
-        "runtime.ipc", check=lambda v: "" if (len(v) <= 200 and v.isprintable()
-                                              and not any(c.isspace() for c in v)) else
+        "runtime.memory.ipc", check=lambda v: "" if (len(v) <= 200 and v.isprintable()
+                                                     and not any(c.isspace() for c in v)) else
         f"a node name ({len(v)} characters): npurun sets it to '<job id>/<node rank>' "
         "(printable, no whitespace, at most 200 characters); unset it outside npurun"),
     Var("NPUSIM_NODE_CORES", "int", None, "cores the ranks of this node share (set by npurun: "

@@ -7,14 +7,16 @@ Layers, top to bottom (each imports only the ones below it, and ``runtime``'s co
   memset): the public API, re-exported here (``runtime.memory.malloc`` ...);
 - ``pool`` (CachingAllocator: the policy) over ``front_cache``, ``free_lists``, ``blocks``,
   ``stats`` and ``pool_args``: pure, no device, no threads (docs/memory.md);
-- ``device_memory`` (a device's raw allocator over a memfd) and ``card`` (the card's ledger the
-  processes sharing one device charge).
+- ``device_memory`` (a device's raw allocator over a memfd), ``card`` (the card's ledger the
+  processes sharing one device charge) and ``ipc`` (that memory mapped by the other processes
+  of the node: hccl's shared-memory data path).
 
 ``runtime.context`` makes each device's ``DeviceMemory`` and ``CachingAllocator``; the API
 modules import the context, never the reverse. So this package imports nothing when it loads:
 its names load with their module on first use (PEP 562), and ``import runtime.memory.pool``
 (what the context does) does not pull the API in. The old paths ``runtime.pool``,
-``runtime.blocks``, ``runtime.card`` ... are aliases of these modules (runtime/aliases.py).
+``runtime.blocks``, ``runtime.card``, ``runtime.ipc`` ... are aliases of these modules
+(runtime/aliases.py).
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ _NAMES = {     # submodule -> the public names it defines, re-exported here
 }
 _EXPORTS = {name: mod for mod, names in _NAMES.items() for name in names}
 _SUBMODULES = ("alloc", "blocks", "card", "copies", "device_memory", "free_lists", "front_cache",
-               "pointers", "pool", "pool_args", "stats")
+               "ipc", "pointers", "pool", "pool_args", "stats")
 
 __all__ = sorted(_EXPORTS)
 

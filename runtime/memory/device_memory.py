@@ -118,7 +118,7 @@ class DeviceMemory:
 
     @property
     def handle(self) -> str:
-        """This memory's name for ``runtime.ipc.PeerMemory`` in another process of the node."""
+        """This memory's name for ``ipc.PeerMemory`` in another process of the node."""
         return f"{os.getpid()}:{self._fd}:{self.name}"
 
     def close(self) -> None:

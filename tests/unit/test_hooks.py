@@ -132,7 +132,7 @@ def test_the_memory_fraction_reads_back(device):
 def test_old_memory_paths_are_the_moved_modules():
     code = ("import importlib, sys, runtime\n"
             "for name in ['pool', 'pool_args', 'blocks', 'free_lists', 'front_cache', 'stats',\n"
-            "             'device_memory', 'card']:\n"
+            "             'device_memory', 'card', 'ipc']:\n"
             "    m = importlib.import_module('runtime.' + name)\n"
             "    new = 'runtime.memory.' + name\n"
             "    assert m is sys.modules[new] and m.__name__ == m.__spec__.name == new, name\n"

@@ -30,9 +30,9 @@ import threading
 
 import numpy as np
 
-from . import config
-from .context import contexts_by_device
-from .errors import MemoryAccessError
+from .. import config
+from ..current import contexts_by_device
+from ..errors import MemoryAccessError
 
 _node_id: str | None = None
 NODE_ENV = "NPUSIM_NODE"     # set by npurun for its workers: "<job id>/<node rank>"
