@@ -253,7 +253,9 @@ def structured_kernel(op, out_op):
     Python call instead of two trips through the dispatcher (``empty_strided``, then the
     fallback). The result's metadata comes from ``op`` on meta tensors, remembered per argument
     signature (devices, dtypes, sizes, strides of the tensors; type and value of the rest): a
-    training step calls the same operators on the same shapes again and again. The same
+    training step calls the same operators on the same shapes again and again; where the meta
+    kernel raises (shapes that do not fit), the fallback runs ``op`` and raises the CPU's
+    error, in the CPU's words. The same
     kernel (``out_op``'s CPU kernel into a result of the same sizes and strides), so the same
     bits; anything unusual (a CPU tensor with dimensions mixed in, two devices, tensor lists)
     takes the fallback with ``op`` itself, which names the error."""
@@ -271,7 +273,10 @@ def structured_kernel(op, out_op):
                     mop = i.packet.get(numbers) or i.packet.setdefault(
                         numbers, _scalar_overload(op, numbers))
             margs, mkwargs = map_npu(args, kwargs, meta_like)
-            r = mop(*margs, **mkwargs)          # torch's error for shapes that do not fit
+            try:
+                r = mop(*margs, **mkwargs)
+            except Exception:   # shapes that do not fit: the CPU kernel names them (meta's
+                return fallback(op, *args, **kwargs)    # words differ), or runs what meta lacks
             if len(_META) >= _META_MAX:
                 _META.clear()
             m = _META[key] = (tuple(r.size()), tuple(r.stride()), r.dtype)

@@ -1,0 +1,178 @@
+"""The npu operators' fast paths (runtime/torch/ops.py: ``_now``, ``structured_kernel``;
+storage.py: ``empty_contiguous``) against CPU eager, bitwise, at their corners: layouts and
+promotion the meta signature must tell apart, a busy stream (the task path), the pool's exact
+accounting after many operators, an ``out=`` that grows, views of views, and the errors."""
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is optional: pip install torch --index-url "
+                                            "https://download.pytorch.org/whl/cpu")
+torch_npu = pytest.importorskip("torch_npu")
+
+import runtime  # noqa: E402
+
+
+def _same(a, b):
+    a, b = a.detach().cpu(), b.detach().cpu()
+    assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride(), (a, b)
+    a, b = a.contiguous(), b.contiguous()
+    if a.is_floating_point():
+        a, b = a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8)
+    assert torch.equal(a, b)
+
+
+def _slow(seconds):
+    """Hold the current npu stream busy with a kernel until the returned event is set."""
+    go = threading.Event()
+    runtime.launch(lambda: go.wait(seconds), stream=torch.npu.current_stream().npu_stream)
+    return go
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _device():
+    torch.npu.set_device(0)
+    torch.arange(8.0, device="npu").mul(2)      # torch's first meta kernel imports sympy
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(6, 5, generator=g)
+    b = torch.randn(6, 5, generator=g)
+    i = torch.randint(-4, 5, (6, 5), generator=g)
+    j = torch.randint(1, 5, (6, 5), generator=g)
+    return a, b, i, j
+
+
+# the structured operators of kernels._STRUCTURED, with the layouts, broadcasts, promotions and
+# Python numbers whose result metadata differs (the meta cache's key must tell them apart)
+CASES = [
+    lambda a, b, i, j: a + b,
+    lambda a, b, i, j: a.t() + b.t(),                 # a transposed result, as CPU lays it
+    lambda a, b, i, j: a[:, :1] + b,                  # broadcast
+    lambda a, b, i, j: a + 2,                         # a Python number (add.Scalar's meta)
+    lambda a, b, i, j: i + 2,                         # ... int stays int
+    lambda a, b, i, j: i + 2.5,                       # ... int + float is float
+    lambda a, b, i, j: i + True,
+    lambda a, b, i, j: a + torch.tensor(3.0),         # a 0-dim CPU tensor joins
+    lambda a, b, i, j: i * torch.tensor(1.5, dtype=torch.float64),
+    lambda a, b, i, j: torch.add(a, b, alpha=0.5),
+    lambda a, b, i, j: a - b, lambda a, b, i, j: a * b, lambda a, b, i, j: a / b,
+    lambda a, b, i, j: i / j,                         # int / int is float
+    lambda a, b, i, j: torch.div(i, j, rounding_mode="floor"),
+    lambda a, b, i, j: a @ b.t(), lambda a, b, i, j: a.t() @ b,
+    lambda a, b, i, j: torch.addmm(a[:, :1], a, b.t()[:, :1].expand(5, 5).contiguous()),
+    lambda a, b, i, j: torch.bmm(a.view(2, 3, 5), b.view(2, 5, 3)),
+    lambda a, b, i, j: a.sum(1), lambda a, b, i, j: a.sum(0, keepdim=True),
+    lambda a, b, i, j: a.mean(1), lambda a, b, i, j: i.sum(1),
+    lambda a, b, i, j: a.pow(2), lambda a, b, i, j: a.sigmoid(), lambda a, b, i, j: a.tanh(),
+    lambda a, b, i, j: torch.nn.functional.gelu(a), lambda a, b, i, j: torch.nn.functional.silu(a),
+    lambda a, b, i, j: a.exp(), lambda a, b, i, j: -a, lambda a, b, i, j: a.abs().sqrt(),
+    lambda a, b, i, j: torch.maximum(a, b), lambda a, b, i, j: a.clamp(-0.5, 0.5),
+    lambda a, b, i, j: a > 0, lambda a, b, i, j: a == b, lambda a, b, i, j: i != 0,
+    lambda a, b, i, j: a[::2] + b[1::2],              # views with an offset
+]
+
+
+def _run(fn, dev, inputs):
+    return fn(*(t.to(dev) for t in inputs))
+
+
+@pytest.mark.parametrize("k", range(len(CASES)))
+def test_structured_operators_are_the_cpus_bitwise_with_its_layout(k):
+    inputs = _inputs()
+    for _ in range(2):                  # the second call takes the remembered metadata
+        _same(_run(CASES[k], "npu", inputs), _run(CASES[k], "cpu", inputs))
+
+
+def test_a_busy_stream_takes_the_task_path_with_the_same_results():
+    inputs = _inputs()
+    npu_inputs = [t.to("npu") for t in inputs]
+    s = torch.npu.current_stream()
+    go = _slow(60)
+    try:
+        assert not s.npu_stream.idle()
+        outs = [f(*npu_inputs) for f in CASES]
+        assert not s.npu_stream.idle()            # queued behind the kernel, not run
+    finally:
+        go.set()
+    for f, o in zip(CASES, outs):
+        _same(o, f(*inputs))
+
+
+def test_backward_through_the_structured_operators_is_the_cpus():
+    def loss(dev):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+        m.to(dev)
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1)).to(dev)
+        out = (m(x).sigmoid() * 3 - 1).pow(2).mean()
+        out.backward()
+        return out, [p.grad for p in m.parameters()]
+    (lc, gc), (ln, gn) = loss("cpu"), loss("npu")
+    _same(ln, lc)
+    for a, b in zip(gn, gc):
+        _same(a, b)
+
+
+def test_memory_allocated_is_exact_after_many_operators():
+    torch.npu.synchronize()
+    base = torch.npu.memory_allocated()
+    a, b = torch.randn(64, 64).npu(), torch.randn(64, 64).npu()
+    with_inputs = torch.npu.memory_allocated()
+    assert with_inputs > base
+    for _ in range(300):
+        c = (a + b) * a @ b
+        c = c.sum(1) + c.mean(0)
+        torch.empty(17, 3, device="npu")
+        del c
+    torch.npu.synchronize()
+    assert torch.npu.memory_allocated() == with_inputs
+    held = [a + b for _ in range(10)]
+    one = torch.npu.memory_allocated() - with_inputs
+    assert one > 0 and one % 10 == 0
+    stats = torch.npu.memory_stats()
+    assert stats["allocation.all.current"] >= 12
+    del held
+    assert torch.npu.memory_allocated() == with_inputs
+    del a, b
+    assert torch.npu.memory_allocated() == base
+
+
+def test_an_out_that_grows_or_is_a_view_is_written_as_on_cpu():
+    a, b, _, _ = _inputs()
+    outs = {}
+    for dev in ("cpu", "npu"):
+        small = torch.zeros(2, device=dev)
+        with pytest.warns(UserWarning, match="resized"):
+            r = torch.add(a.to(dev), b.to(dev), out=small)
+        assert r is small
+        big = torch.zeros(8, 10, device=dev)
+        view = big.t()[2:7]                        # a view of a view, as out=
+        torch.mul(a.to(dev).t(), 2, out=view[:, :6])
+        base = torch.arange(40.0, device=dev).view(5, 8)
+        w = base.t()[1:6:2]                         # views of views, written in place
+        w.add_(b.to(dev)[:3, :5])
+        w[1:].mul_(3)
+        outs[dev] = (small, big, base)
+    for n, c in zip(outs["npu"], outs["cpu"]):
+        _same(n, c)
+
+
+def test_the_errors_are_torchs():
+    a = torch.randn(3, 4).npu()
+    with pytest.raises(RuntimeError, match="must match the size"):
+        a + torch.randn(5, 4).npu()
+    with pytest.raises(RuntimeError, match="same device.*npu:0 and cpu"):
+        a + torch.randn(3, 4)
+    with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied"):
+        a @ a
+
+
+def test_another_device_is_switched_to_and_back():
+    a = torch.randn(4, 4)
+    x = a.to("npu:1")
+    torch.npu.set_device(0)
+    r = x + x
+    assert r.device == torch.device("npu", 1) and torch.npu.current_device() == 0
+    _same(r, a + a)
