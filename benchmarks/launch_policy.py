@@ -12,7 +12,7 @@ A cell is the median over rounds of the bench's 1 KiB / 64 KiB medians; the load
 the other programs' CPU use before the load's runs (in cores, as npurun's watcher measures it)
 are recorded per load. Policies (environment of npurun):
 
-    default          nothing set: npurun's watcher (launcher/schedwatch.py): SCHED_BATCH and
+    default          nothing set: npurun's watcher (launcher/agent/schedwatch.py): SCHED_BATCH and
                      one core per rank pair while other programs use < 0.3 cores, else the
                      default class on the cores they leave free
     nothing          NPUSIM_BIND=0 NPUSIM_SCHED_BATCH=0 (npurun's default between #37's steps)
@@ -122,7 +122,7 @@ def others(seconds: float = 1.0) -> float:
     """The other programs' CPU use of this process's cores over ``seconds``, in cores (as
     npurun's watcher measures it), or nan where /proc is missing."""
     try:
-        from launcher.schedwatch import CpuProbe  # noqa: PLC0415
+        from launcher.agent.schedwatch import CpuProbe  # noqa: PLC0415
         probe = CpuProbe(os.sched_getaffinity(0))
         probe((os.getpid(),))
         time.sleep(seconds)

@@ -46,6 +46,8 @@ _MOVED = {
     "diagnose": "diagnosis.diagnose", "failslow": "diagnosis.failslow",
     "report": "diagnosis.report", "status": "diagnosis.status", "summary": "diagnosis.summary",
     "verdict": "diagnosis.verdict",
+    "attempts": "agent.attempts", "entrycheck": "agent.entrycheck",
+    "schedwatch": "agent.schedwatch",
 }
 _aliases.install(__name__, _MOVED)
 

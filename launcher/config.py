@@ -187,7 +187,7 @@ def profile_dir() -> str | None:
 
 def sched_watch() -> bool:
     """NPUSIM_SCHED_WATCH: whether npurun adapts its crowded ranks' class and cores to the other
-    programs' CPU use (launcher/schedwatch.py; default on)."""
+    programs' CPU use (launcher/agent/schedwatch.py; default on)."""
     return get("NPUSIM_SCHED_WATCH")
 
 

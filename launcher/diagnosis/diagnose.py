@@ -311,7 +311,7 @@ class Diagnoser:
         elif cycle is not None:
             self._cycle = cycle
             if now - self._cycle_since >= self.stable_for:
-                from launcher.agent import StopRequest  # noqa: PLC0415
+                from launcher.agent.api import StopRequest  # noqa: PLC0415
                 ranks = sorted({e["rank"] for e in cycle})
                 return StopRequest(f"deadlock: ranks {ranks} wait for each other{_across(cycle)} "
                                    f"(stable for {now - self._cycle_since:.0f} s)")
@@ -322,7 +322,7 @@ class Diagnoser:
     def _watch_slow(self, states: dict) -> None:
         """Feed the fail-slow detector; a notice for each new episode (the job keeps running)."""
         self.slow.add(states)
-        from launcher.agent import say  # noqa: PLC0415
+        from launcher.agent.api import say  # noqa: PLC0415
         for f in self.slow.check():
             say(f"npurun: notice: {f.line()}; the job keeps running")
 
@@ -332,7 +332,7 @@ class Diagnoser:
         slow = self.slow.summary()
         if not slow:
             return
-        from launcher.agent import say  # noqa: PLC0415
+        from launcher.agent.api import say  # noqa: PLC0415
         path = os.path.join(self.report_dir, "failslow_report.json")
         try:
             os.makedirs(self.report_dir, exist_ok=True)
@@ -365,7 +365,7 @@ class Diagnoser:
         threads = {i.rank: (i.state or {}).get("threads") for i in infos}
         stacks_now = {r: report.name_threads(st, threads.get(r)) for r, st in collect_stacks(
             ((w.proc, w.proc.files.stack_file) for w in local.values()), 2.0).items()}
-        from launcher.agent import say  # noqa: PLC0415
+        from launcher.agent.api import say  # noqa: PLC0415
         say(report.format_notice(stall, v, culprits, stacks_now, now=now, reminder=last is not None,
                                  settings=f"NPUSIM_HANG_NOTICE={self.notice_after:g}, "
                                           f"HCCL_EXEC_TIMEOUT={config.exec_timeout_text()}"))

@@ -1,6 +1,6 @@
 """npusim's library leaves the scheduling class of the user's threads alone (4 ranks on 2 cores);
 npurun's watcher moves crowded ranks between SCHED_BATCH / one core and the default class / every
-core as other programs come and go (launcher/schedwatch.py).
+core as other programs come and go (launcher/agent/schedwatch.py).
 
 With the watcher off, npurun starts the ranks in the default class; NPUSIM_SCHED_BATCH=1 starts
 them in SCHED_BATCH and npurun says so, also for ranks forked by the fork server. Either way the
@@ -159,7 +159,7 @@ def test_npurun_gives_its_own_thread_its_cores_back():
         assert os.sched_getaffinity(0) == before
 
 
-# -- the watcher (launcher/schedwatch.py) ------------------------------------------------------
+# -- the watcher (launcher/agent/schedwatch.py) ------------------------------------------------
 
 RANK = """
 import os, sys, threading
@@ -213,7 +213,7 @@ def test_watcher_leaves_batch_while_a_busy_loop_runs():
     (``free_cores`` of its use) within a bounded time after a busy loop starts, and back after
     it stops; a thread that chose its own class and cores keeps them throughout. The probe is the busy loop's own CPU use (the machine is shared: its other
     programs would decide for it); ``CpuProbe``, the default, is tested through npurun below."""
-    from launcher import schedwatch
+    from launcher.agent import schedwatch
     mask = frozenset(os.sched_getaffinity(0))
     cores = sorted(mask)
     if os.sched_getscheduler(0) != os.SCHED_OTHER:
@@ -288,7 +288,7 @@ def test_watcher_leaves_batch_while_a_busy_loop_runs():
 
 
 def test_policy_watches_crowded_ranks_only_where_no_knob_fixes_it(monkeypatch):
-    from launcher import schedwatch
+    from launcher.agent import schedwatch
     from runtime import sched
     for k in ("NPUSIM_SCHED_BATCH", "NPUSIM_BIND", "NPUSIM_SCHED_WATCH",
               "NPUSIM_SCHED_WATCH_CORES"):
@@ -317,7 +317,7 @@ def test_policy_watches_crowded_ranks_only_where_no_knob_fixes_it(monkeypatch):
 
 def _others(seconds: float) -> float:
     """The most other programs used of this process's cores in any 0.2 s of ``seconds``."""
-    from launcher.schedwatch import CpuProbe
+    from launcher.agent.schedwatch import CpuProbe
     probe, worst = CpuProbe(os.sched_getaffinity(0)), 0.0
     probe((os.getpid(),))
     end = time.monotonic() + seconds
@@ -425,7 +425,7 @@ def test_watcher_first_decides_the_state_ranks_start_in():
     """``Watcher.first``: quiet when the other programs' use over npurun's start-up is below
     half the threshold (the helpers it names counted as the job's), else the default state;
     either way it waits at least FIRST_WINDOW and then starts the sampling thread."""
-    from launcher import schedwatch
+    from launcher.agent import schedwatch
     mask = frozenset(os.sched_getaffinity(0))
     pol = schedwatch.Policy(4, len(mask), watch_batch=True, watch_bind=True, threshold=0.3)
     for load, quiet in ((0.1, True), (0.2, False), (None, False)):
@@ -449,7 +449,7 @@ def test_watcher_first_decides_the_state_ranks_start_in():
 def test_a_process_started_since_the_last_sample_counts_as_the_jobs():
     """``CpuProbe``: a new pid voids the sample unless the caller says it started it since
     the previous one (then all its run time is the job's)."""
-    from launcher.schedwatch import CpuProbe
+    from launcher.agent.schedwatch import CpuProbe
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
                              stdin=subprocess.PIPE)
     try:
@@ -507,7 +507,7 @@ sys.stdin.readline()
 def test_a_thread_a_rank_makes_later_moves_with_it():
     """A thread a rank starts after the watcher placed it (a stream worker made at first use)
     inherits the rank's state, is the watcher's, and moves at the next switch with the rest."""
-    from launcher import schedwatch
+    from launcher.agent import schedwatch
     mask = frozenset(os.sched_getaffinity(0))
     if os.sched_getscheduler(0) != os.SCHED_OTHER:
         pytest.skip("this test runs outside the default class")

@@ -1,7 +1,8 @@
-"""launcher.attempts: the end-of-job table of a restarted job, and where the attempts resumed."""
+"""launcher.agent.attempts: the end-of-job table of a restarted job, and where the attempts
+resumed."""
 from __future__ import annotations
 
-from launcher.attempts import AttemptRecord, failure_class, format_attempts
+from launcher.agent.attempts import AttemptRecord, failure_class, format_attempts
 
 
 def test_table_names_culprits_classes_and_where_the_next_resumed():
@@ -53,7 +54,7 @@ def test_failure_class():
 def test_a_long_verdict_line_is_kept_whole():
     """The attempts line carries the verdict's whole first line (it was cut at 160 characters,
     mid-word: "(victims, not; ...")."""
-    from launcher.agent import _first_line
+    from launcher.agent.supervisor import _first_line
     verdict = ("rank 1 is dead (killed by SIGKILL; its last seq is unknown: its last published "
                "state (seq 86 enqueued, 81 completed) is older than the others' progress (seq "
                "101 completed)); rank(s) [0, 2] only waited for it (victims, not causes)")

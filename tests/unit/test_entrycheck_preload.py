@@ -1,4 +1,4 @@
-"""launcher.entrycheck.preload_for: what the fork server imports for a script (torch when the
+"""launcher.agent.entrycheck.preload_for: what the fork server imports for a script (torch when the
 script imports it at its top level; torch._dynamo when it uses DDP or torch.compile)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from launcher.entrycheck import preload_for
+from launcher.agent.entrycheck import preload_for
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 

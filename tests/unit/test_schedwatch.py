@@ -1,9 +1,9 @@
-"""npurun's watcher decides, sample by sample, where crowded ranks run (launcher/schedwatch.py):
-the decisions alone, with a probe that replays other programs' CPU use (no rank is moved:
-tests/procs/test_sched_procs.py moves real ones)."""
+"""npurun's watcher decides, sample by sample, where crowded ranks run
+(launcher/agent/schedwatch.py): the decisions alone, with a probe that replays other programs'
+CPU use (no rank is moved: tests/procs/test_sched_procs.py moves real ones)."""
 import pytest
 
-from launcher.schedwatch import Policy, Watcher, free_cores
+from launcher.agent.schedwatch import Policy, Watcher, free_cores
 
 
 @pytest.mark.parametrize("ncores, ranks, load, now, want", [

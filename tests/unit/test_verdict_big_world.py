@@ -254,9 +254,9 @@ class _Agent:
 def test_a_notice_due_between_two_polls_reads_only_the_ranks_of_its_stall(monkeypatch):
     """A full poll of 128 states took 5-15 s on a loaded machine: the notice falls due between
     two, after a read of the 4 ranks of the stall, not of all 128."""
-    import launcher.agent
+    import launcher.agent.api
     said, read = [], []
-    monkeypatch.setattr(launcher.agent, "say", said.append)
+    monkeypatch.setattr(launcher.agent.api, "say", said.append)
     infos = job(128, barrier_first=True, live=True)
     for i in infos:
         for r in i.state["in_flight"]:

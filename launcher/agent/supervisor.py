@@ -1,7 +1,9 @@
 """The agent: one per node; starts its ranks, supervises them, stops them, restarts the job.
 
-Data model as torch elastic's: a ``WorkerSpec`` (what to run, how many, the policies), a
-``Worker`` per local rank with a ``WorkerState``, and a ``RunResult``. The state machine:
+Data model as torch elastic's (``api``): a ``WorkerSpec`` (what to run, how many, the
+policies), a ``Worker`` per local rank with a ``WorkerState``, and a ``RunResult``; how an
+attempt's ranks start (files, environment, launch policy, fork server) is ``start``'s. The
+state machine:
 
     join (rendezvous) -> attempt k: start ranks -> HEALTHY
         all ranks exit 0 -> (all nodes done) -> SUCCEEDED
@@ -15,7 +17,7 @@ Hooks for diagnosis (the hang detector plugs in here): ``on_tick`` callables run
 interval and may return a ``StopRequest`` to end the job; ``before_stop`` callables run before
 the launcher stops live ranks, while they can still be inspected; ``verdict_hooks`` hand over
 the job verdict of the failure, if any: npurun then prints it first and a failure summary that
-agrees with it (``launcher.diagnosis.summary.format_story``) instead of the first-failure summary.
+agrees with it (``diagnosis.summary.format_story``) instead of the first-failure summary.
 ``collect_stacks()`` takes every live rank's Python stacks now (SIGUSR1 + faulthandler, no
 cooperation needed); ``stop_signal``, ``request_status()`` and ``say()`` are public for them.
 
@@ -24,40 +26,35 @@ their communicators' store keys (``hccl/<job>/<k+1>/...``) and diag keys, so not
 attempt wrote to the store is read again; their transports bind new ephemeral ports; and the
 failed attempt's /dev/shm segments are removed before the next starts (on every node before
 the restart barrier, so no node removes a segment of the new attempt). A job that restarted
-ends with one line per attempt (``launcher.attempts``): the culprit and class of each failure
-and where the next attempt resumed, as its ranks printed it.
+ends with one line per attempt (``attempts``): the culprit and class of each failure and where
+the next attempt resumed, as its ranks printed it.
 
 Runs in the main thread: it installs signal handlers, and it forks the ranks from the thread
 that lives as long as the launcher (their parent-death signal follows the forking thread).
 """
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
-from launcher import config, schedwatch
-from launcher.procs import proc, shm, stacks
-from launcher.attempts import RESUMED_MARKER, AttemptRecord, failure_class, format_attempts
-from launcher.entrycheck import preload_for, script_problem
-from launcher.procs.env import JobInfo, worker_env
-from launcher.errors import Interrupted, describe_exit, signal_name
-from launcher.procs.forkclient import ForkServerError
-from launcher.procs.janitor import Janitor
-from launcher.procs.output import OutputPump, Std, std_for
-from launcher.procs.proc import LogFiles, WorkerProcess
+from launcher.agent.api import RunResult, StopRequest, Worker, WorkerSpec, WorkerState, say
+from launcher.agent.attempts import RESUMED_MARKER, AttemptRecord, failure_class, format_attempts
+from launcher.agent.entrycheck import script_problem
+from launcher.agent.start import RankStarter
 from launcher.diagnosis.report import ranks_text
 from launcher.diagnosis.summary import (Culprit, ProcessFailure, format_story, format_summary,
                                         root_cause, story_exit_code)
-from runtime import sched
+from launcher.errors import Interrupted, describe_exit, signal_name
+from launcher.procs import proc, shm, stacks
+from launcher.procs.env import JobInfo
+from launcher.procs.janitor import Janitor
+from launcher.procs.output import OutputPump, std_for
 
 log = logging.getLogger("launcher")
 
@@ -67,66 +64,6 @@ FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 GROUP_AT = 8
 INTERRUPT_MARKER = b"KeyboardInterrupt: stopped"
 ONE_LINE_MARKER = b" (full traceback: "      # launcher.worker's one-line errors end so
-
-
-class WorkerState(str, enum.Enum):
-    INIT = "INIT"
-    HEALTHY = "HEALTHY"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    STOPPED = "STOPPED"        # terminated by the launcher
-
-
-@dataclass
-class WorkerSpec:
-    """What the agent runs on this node, and its policies."""
-
-    cmd: list[str]
-    nproc_per_node: int
-    title: str = "npurun"
-    max_restarts: int = 0
-    monitor_interval: float = 0.1
-    stop_grace: float = 5.0
-    log_dir: str | None = None          # None: a temporary directory, removed at exit
-    redirects: Std | dict = Std.NONE
-    tee: Std | dict = Std.NONE
-    console_ranks: set | None = None    # --local-ranks-filter: local ranks shown on the console
-    base_env: dict = field(default_factory=config.environment)
-
-
-@dataclass
-class Worker:
-    local_rank: int
-    rank: int
-    proc: WorkerProcess
-    state: WorkerState = WorkerState.INIT
-
-
-@dataclass
-class StopRequest:
-    """Returned by an ``on_tick`` hook to stop the job: why, and the exit code to report."""
-
-    message: str
-    exitcode: int = 1
-
-
-@dataclass
-class RunResult:
-    state: WorkerState
-    exitcode: int                        # what npurun exits with
-    attempt: int = 0
-    failures: list[ProcessFailure] = field(default_factory=list)
-    signum: int = 0
-    message: str = ""
-
-
-def say(text: str) -> None:
-    """Print one of npurun's own messages (stderr, whole lines)."""
-    try:
-        sys.stderr.write(text.rstrip("\n") + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
 
 
 class Agent:
@@ -146,8 +83,7 @@ class Agent:
         self._janitor: Janitor | None = None
         self._pump: OutputPump | None = None
         self._waiter: proc.Waiter | None = None
-        self._server = None             # the node's fork server (launcher.procs.forkserver), if any
-        self._schedwatch = None         # launcher.schedwatch.Watcher, if the policy watches
+        self._starter: RankStarter | None = None   # with the fork server and the watcher
         self._log_root: str | None = None
         self._temp_root = False
         self.keep_logs = False          # keep a temporary log root (a verdict points into it)
@@ -220,6 +156,8 @@ class Agent:
         self._pump.watch(RESUMED_MARKER, self._saw_resumed)
         self._pump.watch(ONE_LINE_MARKER, self._saw_one_liner)
         self._waiter = proc.Waiter((self._wake_r,))
+        self._starter = RankStarter(self.spec, self._pump, self._janitor,
+                                    stopping=lambda: bool(self._signal))
         try:
             self.rdzv.should_stop = self._stop_signal
             self.job = self.rdzv.join()
@@ -323,100 +261,8 @@ class Agent:
         return self._temp_root and (redirected or self.keep_logs)
 
     def _start_workers(self) -> None:
-        job, spec = self.job, self.spec
-        self.workers = []
-        for local_rank in range(spec.nproc_per_node):
-            files = LogFiles(os.path.join(self.attempt_dir, str(local_rank)))
-            os.makedirs(files.dir, exist_ok=True)
-            for stale in (files.error_file, files.stack_file, files.traceback_file):
-                if os.path.exists(stale):  # a reused --run-id: never read an old run's files
-                    os.unlink(stale)
-            env = worker_env(spec.base_env, job, local_rank, self.attempt, files)
-            wp = WorkerProcess(spec.cmd, env, rank=job.global_rank(local_rank),
-                               local_rank=local_rank, files=files,
-                               redirect=std_for(spec.redirects, local_rank),
-                               tee=std_for(spec.tee, local_rank),
-                               console=spec.console_ranks is None
-                               or local_rank in spec.console_ranks)
-            self.workers.append(Worker(local_rank, wp.rank, wp))
-        n = spec.nproc_per_node
-        policy = schedwatch.policy(n)     # launcher/schedwatch.py
-        batch, bind = policy.batch, policy.bind
-        if self.attempt == 0:
-            if policy.announce():
-                say(policy.announce())
-            self._schedwatch = schedwatch.start(policy)
-        server = self._fork_server()
-        if self._signal:            # Ctrl-C while the fork server started: no rank to start
-            return
-        if self._schedwatch is not None:    # crowded ranks start in the watcher's state
-            watcher = self._schedwatch
-            quiet = watcher.first([server.pid] if server is not None else []) \
-                if self.attempt == 0 else watcher.quiet
-            if quiet:
-                batch, bind = batch or policy.watch_batch, bind or policy.watch_bind
-        with sched.spawning(batch):   # Linux children inherit class and affinity (runtime/sched.py)
-            # all forks first, then the interpreters start in parallel; with a fork server,
-            # every rank is asked for before any answer is awaited (ForkServer.request)
-            asked = []
-            for w in self.workers:
-                core = sched.core_of(w.local_rank, n) if bind else None
-                with sched.pinned(core):
-                    try:
-                        w.proc.start(self._pump, self._janitor, server,
-                                     {"core": core, "batch": batch}, wait=False)
-                        asked.append(w)
-                        continue
-                    except ForkServerError as e:    # it died: its ranks die with it
-                        say(f"npurun: {e}; rank {w.rank} and the next start in fresh "
-                            "interpreters")
-                        server = None
-                        w.proc.start(self._pump, self._janitor)
-                w.state = WorkerState.HEALTHY
-            for w in asked:
-                try:
-                    w.proc.finish_start()
-                except ForkServerError as e:
-                    if server is not None:
-                        say(f"npurun: {e}; rank {w.rank} and the ranks not yet forked start "
-                            "in fresh interpreters")
-                        server = None
-                    with sched.pinned(sched.core_of(w.local_rank, n) if bind else None):
-                        w.proc.start(self._pump, self._janitor)
-                w.state = WorkerState.HEALTHY
-        if self._schedwatch is not None:
-            self._schedwatch.follow([(w.local_rank, w.proc.pid) for w in self.workers],
-                                    [server.pid] if server is not None else [])
-        log.info("npurun: attempt %d: started ranks %s (pids %s)", self.attempt,
-                 [w.rank for w in self.workers], [w.proc.pid for w in self.workers])
-
-    def _fork_server(self):
-        """The node's fork server (started once, again after it died), or None: turned off
-        (NPUSIM_FORKSERVER=0), or it failed to start (then fresh interpreters, said once)."""
-        if self._server is not None and self._server.usable():
-            return self._server
-        if self._server is not None:
-            say(f"npurun: the fork server (pid {self._server.pid}) died; starting a new one")
-            self._server.close()
-            self._server = None
-        if not config.fork_server() or proc.worker_argv(self.spec.cmd) is None:
-            return None
-        from launcher.procs.forkclient import ForkServer  # noqa: PLC0415
-        w0 = self.workers[0].proc
-        try:
-            self._server = ForkServer(self.spec.cmd[0], w0.env, self._janitor,
-                                      should_stop=lambda: bool(self._signal),
-                                      preload=preload_for(proc.worker_argv(self.spec.cmd)),
-                                      title_room=sum(len(os.fsencode(a)) + 1
-                                                     for a in self.spec.cmd))
-        except (ForkServerError, OSError) as e:
-            if not self._signal:
-                say(f"npurun: no fork server ({e}); each rank starts in a fresh interpreter "
-                    "(NPUSIM_FORKSERVER=0 says so in advance)")
-            return None
-        log.info("npurun: fork server pid %d imported %d modules in %.2f s", self._server.pid,
-                 len(self._server.preloaded), self._server.import_seconds)
-        return self._server
+        self.workers = self._starter.workers(self.job, self.attempt, self.attempt_dir)
+        self._starter.start(self.workers, self.attempt)
 
     def _reap(self) -> list[Worker]:
         exited = []
@@ -631,13 +477,13 @@ class Agent:
     def _shutdown(self) -> None:
         """Whatever happened: no rank, no segment, no temp dir, no store left behind."""
         try:
-            if self._schedwatch is not None:
-                self._schedwatch.close()
+            if self._starter is not None:
+                self._starter.close_watcher()
             if self.workers:
                 self._stop_live("npurun is exiting", signal.SIGTERM)
         finally:
-            if self._server is not None:    # after the ranks: their parent-death signal
-                self._server.close()
+            if self._starter is not None:   # after the ranks: their parent-death signal
+                self._starter.close_server()
             if self._pump is not None:
                 self._pump.close()
             if self.job is not None:
