@@ -42,6 +42,12 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module):              # the module at the new path ran already:
         module.__spec__ = module.__spec__.loader_state  # only its own spec is put back
 
+    def get_code(self, fullname):
+        """The code of the module at the new path: ``python -m OLD`` (runpy asks the loader
+        for it) runs the moved module as ``__main__``, as ``python -m NEW`` does."""
+        spec = importlib.util.find_spec(self.aliases[fullname])
+        return spec.loader.get_code(spec.name)
+
 
 def _finder() -> _Finder:
     """The one finder on ``sys.meta_path`` (kept, with its table, if this module is reloaded)."""
