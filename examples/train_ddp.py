@@ -517,7 +517,7 @@ def main(argv=None) -> int:
         comm.barrier(stream=trainer.comm_stream)    # every rank's trace is on disk
         trainer.comm_stream.synchronize()
         if lead:   # this job's ranks only, not traces a larger earlier run left there
-            from launcher import tracemerge
+            from launcher.profile import tracemerge
             merged = os.path.join(args.profile, tracemerge.MERGED_NAME)
             tracemerge.merge([os.path.join(args.profile, f"trace_rank{r}.json")
                               for r in range(comm.size)], merged)

@@ -48,6 +48,8 @@ _MOVED = {
     "verdict": "diagnosis.verdict",
     "attempts": "agent.attempts", "entrycheck": "agent.entrycheck",
     "schedwatch": "agent.schedwatch",
+    "fluctuation": "profile.fluctuation", "profparts": "profile.parts",
+    "profsummary": "profile.summary", "tracemerge": "profile.tracemerge",
 }
 _aliases.install(__name__, _MOVED)
 

@@ -325,7 +325,7 @@ def _merge_traces(agent, profile: str | None = None) -> None:
     d = profile or config.profile_dir()
     if not d or agent.job is None:
         return
-    from launcher.tracemerge import merge  # noqa: PLC0415
+    from launcher.profile.tracemerge import merge  # noqa: PLC0415
     paths = [p for p in (os.path.join(d, f"trace_rank{r}.json")
                          for r in range(agent.job.world_size)) if os.path.exists(p)]
     if paths:
@@ -336,7 +336,7 @@ def _merge_traces(agent, profile: str | None = None) -> None:
                   "(open it in https://ui.perfetto.dev)", file=sys.stderr)
         except (OSError, ValueError) as e:
             print(f"npurun: could not merge the traces in {d}: {e}", file=sys.stderr)
-        from launcher.profsummary import summarize_dir  # noqa: PLC0415
+        from launcher.profile.summary import summarize_dir  # noqa: PLC0415
         try:
             print("npurun: " + "\n".join(summarize_dir(d, paths)), file=sys.stderr)
         except Exception as e:  # noqa: BLE001 - the job's result must not depend on its summary

@@ -1,6 +1,6 @@
-"""Fluctuations judged by device time (launcher/fluctuation.py): the time a task held its stream
-less its worker's run delay. A delay that burns no CPU is the operator's; the scheduler's share
-is not. And the profiler records each task's run delay from the worker's schedstat."""
+"""Fluctuations judged by device time (launcher/profile/fluctuation.py): the time a task held its
+stream less its worker's run delay. A delay that burns no CPU is the operator's; the scheduler's
+share is not. And the profiler records each task's run delay from the worker's schedstat."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from launcher import fluctuation, profparts, profsummary
+from launcher.profile import fluctuation, parts as profparts, summary as profsummary
 
 SITE = "job.py:23 in <module>"
 STEPS = np.arange(1, 21)

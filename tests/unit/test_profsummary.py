@@ -1,5 +1,5 @@
-"""launcher.profsummary on synthetic traces of known content: the step split adds up, a slow call
-and a slow rank are found (rank, step, call site), a healthy trace flags nothing; the files."""
+"""launcher.profile.summary on synthetic traces of known content: the step split adds up, a slow
+call and a slow rank are found (rank, step, call site), a healthy trace flags nothing; the files."""
 from __future__ import annotations
 
 import csv
@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from launcher import fluctuation, profparts, profsummary
+from launcher.profile import fluctuation, parts as profparts, summary as profsummary
 
 pytestmark = pytest.mark.timeout(30)
 T0 = 1_700_000_000_000_000.0        # wall-clock microseconds, as the runtime stamps them

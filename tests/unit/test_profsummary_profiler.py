@@ -10,7 +10,7 @@ import pytest
 
 import runtime
 from runtime import profiler
-from launcher import profsummary
+from launcher.profile import summary as profsummary
 
 pytestmark = pytest.mark.timeout(60)
 

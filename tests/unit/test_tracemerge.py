@@ -1,5 +1,5 @@
-"""launcher.tracemerge: per-rank Chrome traces become one trace with a process per rank and a
-track per stream; events and timestamps are kept as they are."""
+"""launcher.profile.tracemerge: per-rank Chrome traces become one trace with a process per rank and
+a track per stream; events and timestamps are kept as they are."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from launcher import tracemerge
+from launcher.profile import tracemerge
 
 
 def rank_trace(rank, spans, *, label=True, streams=None):

@@ -6,7 +6,7 @@ and torchtitan-npu. What a recording is: npusim's trace of every task of every s
 (runtime/profiler.py, docs/profiling.md), not msprof's; what is written for each active cycle of
 the schedule: a directory ``DIR/<worker>_<pid>_<time>_ascend_pt`` (torch_npu's naming) holding
 the process's trace ``trace_rank<N>.json`` (N: the rank, else 0; open it in Perfetto) and, from
-the handler (``analyse_flag=True``), the summary of launcher.profsummary (``summary.json``,
+the handler (``analyse_flag=True``), the summary of launcher.profile.summary (``summary.json``,
 ``op_summary.csv``: steps, the compute / transfer / copy / wait / host split, the operator
 table). Each active step is one step of that summary: ``prof.step()`` marks step boundaries
 (``runtime.profiler.step``) and spans ``ProfilerStep#N`` on the host track when a schedule is
@@ -104,7 +104,7 @@ def tensorboard_trace_handler(dir_name: Optional[str] = None, worker_name: Optio
 def analyse(profiler_path: str, max_process_number: int = 1, export_type=None) -> list[str]:
     """Write the summary (``summary.json``, ``op_summary.csv``) of the traces in
     ``profiler_path`` there; returns the summary's console lines."""
-    from launcher.profsummary import summarize_dir
+    from launcher.profile.summary import summarize_dir
     return summarize_dir(profiler_path)
 
 

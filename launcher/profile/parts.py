@@ -23,16 +23,15 @@ wall-clock microseconds shared by the ranks of a machine). Three rules, each sta
   code between tasks, or the device waiting on an event). Overlap is thereby counted once, as the
   more useful activity, and the five parts sum to the step time exactly.
 
-Pure: numpy on arrays built from the traces; no printing. Used by ``launcher.profsummary``.
+Pure: numpy on arrays built from the traces; no printing. Used by ``summary``.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from launcher.tracemerge import labelled_rank
+from launcher.profile.tracemerge import labelled_rank, read_trace
 
 PARTS = ("compute", "transfer", "copy", "peer_wait", "host")
 COMPUTE, TRANSFER, COPY, WAIT, HOST = range(5)
@@ -80,14 +79,7 @@ class RankTrace:
 
 def load(path: str, rank: int | None = None) -> RankTrace:
     """One rank's trace file. Raises ValueError naming the file when it is not a Chrome trace."""
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read trace {path}: {e}") from None
-    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
-    if not isinstance(events, list):
-        raise ValueError(f"{path} is not a Chrome trace (no traceEvents list)")
+    doc, events = read_trace(path)
     if rank is None:
         rank = _rank_of(path, events)
     rt = RankTrace(rank=rank, path=path)

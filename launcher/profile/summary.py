@@ -2,10 +2,10 @@
 
 ``npurun --profile DIR`` prints it at the end of the job; ``python -m launcher.profsummary DIR``
 prints it from a trace directory afterwards. Per rank: the step time and its split (compute,
-collectives' transfer, waiting for a late peer, copies, host time; ``launcher.profparts`` states
+collectives' transfer, waiting for a late peer, copies, host time; ``parts`` states
 the rules), the memory peak; the slowest rank, by how much and in which operator; the top
 operators by total time with calls, mean, p50, p99, max (torch.profiler's ``key_averages``
-table); fluctuations (``launcher.fluctuation``). DIR also gets ``summary.json`` and
+table); fluctuations (``fluctuation``). DIR also gets ``summary.json`` and
 ``op_summary.csv`` (one row per rank and operator); docs/profiling.md describes both.
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ from collections import Counter
 
 import numpy as np
 
-from launcher import fluctuation, profparts
-from launcher.profparts import PARTS, RankTrace
+from launcher.profile import fluctuation, parts as profparts
+from launcher.profile.parts import PARTS, RankTrace
 
 SCHEMA_VERSION = 1
 SUMMARY_JSON = "summary.json"
@@ -316,7 +316,7 @@ def summarize_dir(directory: str, paths: list[str] | None = None, *, sort: str =
                   top: int = 10) -> list[str]:
     """Summarize the rank traces of ``directory`` (or ``paths``), write the JSON and CSV files
     there and return the console lines. Raises FileNotFoundError / ValueError (named)."""
-    from launcher.tracemerge import rank_traces
+    from launcher.profile.tracemerge import rank_traces
     paths = paths if paths is not None else rank_traces(directory)
     if not paths:
         raise FileNotFoundError(f"no trace_rank<N>.json files in {directory}")

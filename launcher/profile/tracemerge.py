@@ -25,8 +25,10 @@ _RANK_FILE = re.compile(r"trace_rank(\d+)\.json$")
 _RANK_LABEL = re.compile(r"rank (\d+)$")
 
 
-def _load(path: str) -> list[dict]:
-    """The event list of one Chrome trace (object form with traceEvents, or a bare list)."""
+def read_trace(path: str) -> tuple[dict | list, list[dict]]:
+    """One Chrome trace file: (the document, its event list), the document an object with
+    traceEvents or a bare list. Raises ValueError naming the file when it cannot be read or is
+    not a Chrome trace."""
     try:
         with open(path) as f:
             doc = json.load(f)
@@ -36,7 +38,7 @@ def _load(path: str) -> list[dict]:
     if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
         raise ValueError(f"{path} is not a Chrome trace: expected a list of events or an object "
                          "with a 'traceEvents' list")
-    return events
+    return doc, events
 
 
 def labelled_rank(path: str, events: list[dict]) -> int | None:
@@ -72,7 +74,7 @@ def merge(paths: list[str], out_path: str) -> dict:
     """
     if not paths:
         raise ValueError("merge: no trace files given")
-    loaded = [(p, _load(p)) for p in paths]
+    loaded = [(p, read_trace(p)[1]) for p in paths]
     ranks = [_rank_of(p, ev) for p, ev in loaded]
     taken: set[int] = set()
     pid_for: list[int] = []
