@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import mmap
+import multiprocessing as mp
 import os
 import platform
 import secrets
@@ -24,8 +25,6 @@ import statistics
 import time
 
 import numpy as np
-
-from benchmarks import twoproc
 
 _FLAGS = 64             # two int64 flags, then each rank's half
 
@@ -108,11 +107,31 @@ def _rank(r: int, path: str, nbytes: int, swaps: int, out) -> None:
     sw.close()
 
 
+def run_procs(target, args: list, timeout: float) -> dict:
+    """``target(*args[i], queue)`` in one spawned process per ``args[i]`` (no fork of a threaded
+    parent); each puts one ``(key, value)`` pair on ``queue``. Returns those pairs as a dict
+    (``queue.Empty`` when one does not come within ``timeout`` s); a process still running 30 s
+    after is killed. The floors' two bare processes (this module's, ``benchmarks.ringfloor``'s)."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*a, out)) for a in args]
+    for p in procs:
+        p.start()
+    try:
+        return dict(out.get(timeout=timeout) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
 def measure(nbytes: int = 1024, swaps: int = 20000) -> float:
     """The slower rank's median microseconds per swap-and-add of ``nbytes``."""
     path = create(nbytes)
     try:
-        res = twoproc.run(_rank, [(r, path, max(4, nbytes), swaps) for r in range(2)], 300)
+        res = run_procs(_rank, [(r, path, max(4, nbytes), swaps) for r in range(2)], 300)
     finally:
         os.unlink(path)
     return max(res.values())

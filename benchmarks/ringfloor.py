@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from benchmarks import twoproc
+from benchmarks.floor import run_procs
 from hccl.transport import shm
 
 _FP = (0, 0, 0, 0, 0)
@@ -55,8 +55,8 @@ def _rank(r: int, conn, nbytes: int, swaps: int, spin: float, out) -> None:
 def measure(nbytes: int, swaps: int, spin_us: float) -> list[float]:
     """Each rank's median swap (us) of ``nbytes``, waiters spinning ``spin_us`` first."""
     a, b = mp.Pipe()
-    res = twoproc.run(_rank, [(r, c, nbytes, swaps, spin_us * 1e-6) for r, c in ((0, a), (1, b))],
-                      600)
+    res = run_procs(_rank, [(r, c, nbytes, swaps, spin_us * 1e-6) for r, c in ((0, a), (1, b))],
+                    600)
     return [res[0], res[1]]
 
 
