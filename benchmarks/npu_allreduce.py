@@ -79,11 +79,12 @@ def rank_side(out: str, rounds: int) -> None:
     def take(a, start, t):
         copies["out"] += 1
         return real[2](a, start, t)
-    # work.py's Staging.load and the backend (which imported them by name) call them
-    backend = sys.modules["hccl.torch.backend"]
+    # ops.py's StagedBody calls them as work.py's attributes; an older backend.py (a --base
+    # checkout) imported them by name
     torch_work.Staging.buffer = buffer
-    torch_work.put = backend.put = put
-    torch_work.take = backend.take = take
+    for m in (torch_work, sys.modules["hccl.torch.backend"]):
+        if hasattr(m, "put"):
+            m.put, m.take = put, take
     import numpy as np
 
     import runtime

@@ -103,6 +103,12 @@ class Comm(Collectives):
             raise InvalidArgumentError(f"set_exec_timeout(seconds={seconds!r}): must be a positive number")
         self.exec_timeout = float(seconds)
 
+    def find_call(self, key, objs: tuple):
+        """The Call remembered under ``key`` (``collectives.all_reduce_keyed``) if it still
+        holds for the buffers ``objs`` (``hccl.call.Calls.find``), else None: its ``issue``
+        repeats it without the checks."""
+        return self._calls.find(key, objs)
+
     def timeout(self) -> tuple[float, bool]:
         """The longest wait for a peer, and whether ``set_exec_timeout`` set it (every call asks;
         the text naming the source is built by ``executor.failure`` only)."""

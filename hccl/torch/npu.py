@@ -1,28 +1,23 @@
-"""npu tensors in the "hccl" backend: collectives on the tensors' own device memory.
+"""npu tensors in the "hccl" backend: their NPU, the communication streams, and the short
+branch of one dense tensor's all_reduce.
 
 Design note (torch_npu's ProcessGroupHCCL). An npu tensor's bytes are npusim device memory
 (runtime/torch/storage.py), so a collective takes its ``DevicePtr`` as it is: no staging copy,
-no host round trip. Ordering is the stream's, as on a real NPU:
+no host round trip (ops.py writes every collective once; this module holds what is npu's):
 
 - the process group keeps one communication stream per NPU (``Streams``); a collective call
   records an event on the caller's current stream of the tensors' NPU and makes the
-  communication stream wait for it (stream-side: the host does not block), so the collective
-  runs after the kernels that produced its inputs;
-- the collective, and what completes it on the device (AVG's division, the copy of a gathered
-  buffer into a list of outputs, a non-contiguous tensor's copy back), are enqueued on the
-  communication stream; an end event is recorded after them;
+  communication stream wait for it (stream-side: the host does not block);
 - ``Work.wait()`` makes the caller's current stream wait for the end event and returns at once
-  (torch_npu's ``synchronizeStreams``); the Work's future completes, on the group's completer
-  thread, once the end event is reached (DDP's reducer reads it), and fails with npusim's error;
-- the tensors (and temporaries) are kept alive until the end event is reached, so their memory
-  is not reused while the communication stream still reads or writes it (torch_npu's
-  ``recordStream``).
+  (torch_npu's ``synchronizeStreams``); the Work's future completes once the end event is
+  reached (DDP's reducer reads it), and fails with npusim's error;
+- the tensors are kept alive until the end event is reached (torch_npu's ``recordStream``).
 
-Repeated calls on the same tensors pass the same DevicePtrs, so they find the Call the
-communicator bound the first time (hccl/call.py): DDP's buckets are the same tensors every step.
-What is not done here (gather, scatter, bitwise reductions, uneven all_to_all, all_to_all on
-lists, receive from any source) stages through host memory as CPU tensors do, and its
-``Work.wait()`` blocks the host (docs/torch.md).
+``FastAllReduce`` is the npu path's branch for its common call: one dense tensor (DDP's
+buckets, the same tensors every step), found by its DevicePtr in the communicator's bound Calls
+(hccl/call.py); a collective that ran whole at its issue completes its Work at once, a late
+one is completed by the group's next call or by whoever asks its Work, without waking the
+completer thread (work.py's ``Completer.defer``).
 """
 from __future__ import annotations
 
@@ -35,7 +30,6 @@ from runtime import graph, sanitizer
 from runtime.context import contexts_by_device, current_stream_of
 from runtime.errors import NpuError
 from runtime.torch import device as npu_device
-from runtime.torch import graphs as npu_graphs
 from runtime.torch import storage as npu_storage
 
 from .. import collectives as C
@@ -76,10 +70,6 @@ _NP: dict = {}      # torch dtype -> numpy dtype, of the dtypes allreduce_one ha
 _KEY = "torch npu allreduce"    # its Calls' keys: (_KEY, address, count, dtype, op, stream)
 
 
-def _nothing() -> None:
-    pass
-
-
 class Streams:
     """The process group's communication stream on each NPU, made on first use."""
 
@@ -109,231 +99,75 @@ class Streams:
                 pass          # the error was (or will be) delivered to its Work
 
 
-class _Body:
-    """What one call enqueues on the communication stream: pointers of dense tensors, and the
-    tensors to keep alive until the end event."""
+class FastAllReduce:
+    """One dense npu tensor's all_reduce, the common call (DDP's buckets), on the shortest
+    branch of the npu path (ops.py). What the general path finds per call is found once per
+    (tensor address, count, dtype, op, NPU) and kept (``_seen``): the communication stream,
+    the DevicePtr and the key of the communicator's bound Call, which ``Comm.find_call``
+    validates at every call (a freed or reallocated tensor misses: found afresh). A collective
+    done at its issue completes its Work at once; a late one is deferred (work.py's
+    ``Completer.defer``)."""
 
-    __slots__ = ("keep", "after")
+    BOUND = 4096        # entries of ``_seen`` (cleared when full)
 
-    def __init__(self):
-        self.keep: list = []
-        self.after: list = []      # (dense temporary, tensor) pairs copied back at the end
-
-    def dense(self, t: torch.Tensor) -> torch.Tensor:
-        """``t`` itself when contiguous, else a contiguous copy made on the stream (copied back
-        by ``finish``)."""
-        self.keep.append(t)
-        if t.is_contiguous():
-            return t
-        c = t.contiguous()
-        self.keep.append(c)
-        self.after.append((c, t))
-        return c
-
-    def ptr(self, t: torch.Tensor):
-        """The DevicePtr of contiguous npu tensor ``t`` (an empty DeviceArray when it has no
-        bytes: every rank still takes part in the collective)."""
-        o = npu_storage.owner_of(t)
-        if o is None or t.numel() == 0:
-            a = runtime.empty(0, np_dtype(t, "collective"))
-            self.keep.append(a)
-            return a
-        return o.dev.ptr + t.storage_offset() * t.element_size()
-
-    def temp(self, n: int, like: torch.Tensor) -> torch.Tensor:
-        t = torch.empty(n, dtype=like.dtype, device=like.device)
-        self.keep.append(t)
-        return t
-
-    def finish(self) -> None:
-        for c, t in self.after:
-            t.copy_(c)
-
-
-class NpuCollectives:
-    """The npu path of a process group ``pg`` (an HcclProcessGroup): see the module note."""
-
-    def __init__(self, pg, completer, name: str):
+    def __init__(self, pg, streams: Streams):
         self._pg = pg
-        self._completer = completer
-        self.streams = Streams(name)
-
-    def _run(self, api: str, tensors: list, outputs: list, body, site: str, lane=None) -> Work:
-        """Enqueue ``body(b, stream)`` on the communication stream of the tensors' NPU (or the
-        point-to-point ``lane``'s stream), after the caller's current stream; a Work whose
-        ``wait()`` orders the caller's current stream after it."""
-        dev = device_of(tensors, api)
-        stream, completer = lane if lane is not None else (self.streams.get(dev),
-                                                           self._completer)
-        b = _Body()
-        with npu_device.on(dev):
-            cur = runtime.current_stream()
-            stream.wait_event(cur.record_event())
-            try:
-                with runtime.stream(stream), torch.no_grad():
-                    body(b, stream, site)
-                    b.finish()
-            finally:
-                end = stream.record_event()
-        work = Work(api, outputs)
-        work.order_after(dev, end)
-        keep = b.keep
-        if end.captured_by is not None:     # in a torch graph capture: done at each replay
-            npu_graphs.captured_work(work, end, keep)
-            return work
-        completer.submit(work, end, lambda: None, keep.clear)
-        return work
+        self._completer = pg._completer
+        self.streams = streams
+        self._seen: dict = {}
 
     def allreduce_one(self, t: torch.Tensor, dev: int, rop, site: str) -> Work | None:
         """The common call (one contiguous npu tensor, no AVG, no capture, no stream check:
         the backend's ``allreduce`` checked the rest) with only what it needs, or None for
-        the general path (``allreduce``); ``dev``: its NPU (``npu_index``). The communication
-        stream waits for the caller's current stream only when that one has work pending, and
-        a collective that ran whole at its issue (hccl/call.py's ``begin``) completes its Work
-        at once: no events, no completer, nothing for ``wait()`` to order."""
+        the general path; ``dev``: its NPU (``npu_index``). The communication stream waits
+        for the caller's current stream only when that one has work pending."""
         ctx = contexts_by_device.get(dev)
         n = t.numel()
         if ctx is None or not n or sanitizer.on or graph.active:
             return None
-        stream = self.streams._streams.get(dev) or self.streams.get(dev)
+        seen = (t.data_ptr(), n, t.dtype, rop, dev)
+        got = self._seen.get(seen)
+        if got is None:
+            got = self._find(t, n, rop, dev, seen)
+            if got is None:
+                return None
+        stream, objs, key = got
         cur = current_stream_of(ctx)
         if stream.capture is not None or cur.capture is not None:
             return None
         if not cur.idle():
             stream.wait_event(cur.record_event())
-        p = npu_storage.owner_of(t)
-        if p is None:
-            return None
-        p = p.dev.ptr + t.storage_offset() * t.element_size()
-        dt = _NP.get(t.dtype)
-        if dt is None:
-            dt = _NP[t.dtype] = np_dtype(t, "allreduce")    # raises for a dtype hccl lacks
-        # the communicator's Call for these very arguments (as a method's repeat finds it:
-        # ``collectives._repeat``), else checked and made, and remembered under this key
-        comm, objs = self._pg.comm, (p, p)
-        key = (_KEY, p.addr, n, dt, rop, stream)
-        call = comm._calls.find(key, objs)
+        comm = self._pg.comm
+        call = comm.find_call(key, objs)
+        if call is None:                # first call, or the tensor's memory changed hands
+            stream, objs, key = self._find(t, n, rop, dev, seen)
+            call = comm.find_call(key, objs)
         if call is not None:
             call.issue(objs, site)
-        else:
-            C.all_reduce_keyed(p, p, n, dt, rop, comm, stream, site, key)
-        outputs = [t]
-        work = Work("allreduce", outputs)
+        else:   # checked and made, and remembered under this key (``collectives._repeat``)
+            p = objs[0]
+            C.all_reduce_keyed(p, p, n, key[3], rop, comm, stream, site, key)
+        work = Work("allreduce", [t])
         # idle(): done at the call, every task before it finished, no error pending
-        if stream._done >= stream._issued and stream._error is None and \
-                self._completer.finished(work):
+        if stream.idle() and self._completer.finished(work):
             return work
         end = stream.record_event()
         work.order_after(dev, end)
-        self._completer.submit(work, end, _nothing, outputs.copy().clear)
+        self._completer.defer(work, end, [t].clear)
         return work
 
-    # -- collectives: each returns a Work, or None when the npu path does not take the call
-    def allreduce(self, tensors, rop, avg: bool, site: str) -> Work:
-        pg = self._pg
-
-        def body(b, s, site):
-            for t in tensors:
-                d = b.dense(t)
-                p = b.ptr(d)
-                C.all_reduce(p, p, d.numel(), np_dtype(d, "allreduce"), rop, pg.comm, s, site=site)
-                if avg:
-                    d.div_(pg.comm.size)
-        return self._run("allreduce", list(tensors), list(tensors), body, site)
-
-    def broadcast(self, tensors, root: int, site: str) -> Work:
-        pg = self._pg
-
-        def body(b, s, site):
-            for t in tensors:
-                d = b.dense(t)
-                C.broadcast(b.ptr(d), d.numel(), np_dtype(d, "broadcast"), root, pg.comm, s,
-                            site=site)
-        return self._run("broadcast", list(tensors), list(tensors), body, site)
-
-    def reduce(self, tensors, rop, avg: bool, root: int, site: str) -> Work:
-        pg = self._pg
-        mine = pg.comm.rank == root
-
-        def body(b, s, site):
-            for t in tensors:
-                d = b.dense(t) if mine else t.contiguous()     # only the root's is written
-                b.keep.append(d)
-                p = b.ptr(d)
-                C.reduce(p, p if mine else None, d.numel(), np_dtype(d, "reduce"), rop, root,
-                         pg.comm, s, site=site)
-                if avg and mine:
-                    d.div_(pg.comm.size)
-        return self._run("reduce", list(tensors), list(tensors), body, site)
-
-    def allgather(self, outs, inp, site: str, api: str = "allgather") -> Work:
-        """``outs``: one tensor per rank (a list), or one tensor of size x input's elements."""
-        pg = self._pg
-        n, size = inp.numel(), pg.comm.size
-        single = isinstance(outs, torch.Tensor)
-
-        def body(b, s, site):
-            src = b.dense(inp)
-            if single:
-                dst = b.dense(outs)
-            else:
-                dst = b.temp(n * size, inp)
-            C.all_gather(b.ptr(src), b.ptr(dst), n, np_dtype(inp, api), pg.comm, s, site=site)
-            if not single:
-                for r, o in enumerate(outs):
-                    o.copy_(dst[r * n:(r + 1) * n].view(o.shape))
-        outputs = [outs] if single else list(outs)
-        return self._run(api, [inp, *outputs], outputs, body, site)
-
-    def reduce_scatter(self, out, ins, rop, avg: bool, site: str,
-                       api: str = "reduce_scatter") -> Work:
-        """``ins``: one tensor per rank (a list), or one tensor of size x output's elements."""
-        pg = self._pg
-        n = out.numel()
-        single = isinstance(ins, torch.Tensor)
-
-        def body(b, s, site):
-            if single:
-                src = b.dense(ins)
-            else:
-                src = torch.cat([t.reshape(-1) for t in ins]) if n else b.temp(0, out)
-                b.keep.append(src)
-            dst = b.dense(out)
-            C.reduce_scatter(b.ptr(src), b.ptr(dst), n, np_dtype(out, api), rop, pg.comm, s,
-                             site=site)
-            if avg:
-                dst.div_(pg.comm.size)
-        inputs = [ins] if single else list(ins)
-        return self._run(api, [out, *inputs], [out], body, site)
-
-    def all_to_all_single(self, output, input, chunk: int, site: str) -> Work:
-        """Equal blocks of ``chunk`` elements to and from every rank."""
-        pg = self._pg
-        api = "all_to_all_single"
-
-        def body(b, s, site):
-            src, dst = b.dense(input), b.dense(output)
-            C.all_to_all(b.ptr(src), chunk, b.ptr(dst), chunk, np_dtype(output, api), pg.comm, s,
-                         site=site)
-        return self._run(api, [output, input], [output], body, site)
-
-    def send(self, tensors, dst: int, lane, site: str) -> Work:
-        pg = self._pg
-
-        def body(b, s, site):
-            for t in tensors:
-                d = b.dense(t)
-                C.send(b.ptr(d), d.numel(), np_dtype(d, "send"), dst, pg.comm, s, site=site)
-        return self._run("send", list(tensors), list(tensors), body, site, lane)
-
-    def recv(self, tensors, src: int, lane, site: str) -> Work:
-        pg = self._pg
-
-        def body(b, s, site):
-            for t in tensors:
-                d = b.dense(t)
-                C.recv(b.ptr(d), d.numel(), np_dtype(d, "recv"), src, pg.comm, s, site=site)
-        return self._run("recv", list(tensors), list(tensors), body, site, lane)
-
-    def close(self) -> None:
-        self.streams.close()
+    def _find(self, t: torch.Tensor, n: int, rop, dev: int, seen) -> tuple | None:
+        """(stream, buffers, Call key) of ``t``'s all_reduce, kept under ``seen``; None when
+        ``t``'s memory is not npusim's."""
+        o = npu_storage.owner_of(t)
+        if o is None:
+            return None
+        p = o.dev.ptr + t.storage_offset() * t.element_size()
+        dt = _NP.get(t.dtype)
+        if dt is None:
+            dt = _NP[t.dtype] = np_dtype(t, "allreduce")    # raises for a dtype hccl lacks
+        stream = self.streams.get(dev)
+        got = self._seen[seen] = (stream, (p, p), (_KEY, p.addr, n, dt, rop, stream))
+        if len(self._seen) > self.BOUND:
+            self._seen.clear()
+        return got

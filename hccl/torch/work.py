@@ -32,6 +32,7 @@ a Work's references are all dropped inside the gate (``Completer._complete``).
 """
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 
@@ -69,20 +70,24 @@ class Work(dist._Work):
     DDP's reducer included, reads it; see the module note).
     """
 
+    # what every Work starts with, as class attributes (set per Work only when it changes:
+    # the npu all_reduce makes one per call). ``_done`` / ``_fut``: made at first need
+    # (``get_future``, a wait for a Work not finished: most calls finish at the call and
+    # nobody asks): ``_done`` is completed with None or the error by ``complete``; ``_fut``
+    # follows it at once, in torch's terms (the callback holds the outputs, never the Work:
+    # no cycle through C++)
+    _error: BaseException | None = None
+    _finished = False        # complete() ran (and completed the futures, if made)
+    _done: Future | None = None
+    _fut: Future | None = None
+    source = -1              # the sender of a receive from any source
+    _after = None            # (NPU, end event) of a collective on npu tensors (npu.py)
+    _pending = None          # the Completer that holds this Work deferred (``defer``)
+
     def __init__(self, name: str, outputs: list):
         super().__init__()
         self.name = name
         self._outputs = outputs
-        self._error: BaseException | None = None
-        self._finished = False   # complete() ran (and completed the futures, if made)
-        # made at first need (``get_future``, a wait for a Work not finished: most calls
-        # finish at the call and nobody asks): ``_done`` is completed with None or the error
-        # by ``complete``; ``_fut`` follows it at once, in torch's terms (the callback holds
-        # the outputs, never the Work: no cycle through C++)
-        self._done: Future | None = None
-        self._fut: Future | None = None
-        self.source = -1         # the sender of a receive from any source
-        self._after = None       # (NPU, end event) of a collective on npu tensors (npu.py)
 
     def order_after(self, dev: int, event) -> None:
         """This Work's collective ran on npu tensors of NPU ``dev`` and ends at ``event``:
@@ -110,7 +115,7 @@ class Work(dist._Work):
         src, value = point
         if src is cur or cur.capture is not None:
             cur.wait_event(event)
-        elif src._done < value or src._error is not None:   # else: reached, no task
+        elif not src.idle():       # else: reached, no error pending: no task
             # the runtime's wait task, except that whoever runs it (the host's synchronize,
             # usually) first runs the collective's queued rest itself rather than wait for
             # the communication stream's worker to wake for it; lazily enqueued: the host
@@ -137,6 +142,8 @@ class Work(dist._Work):
         fut = self._fut
         if fut is not None:
             return fut
+        if self._pending is not None and not self._finished:
+            self._pending.hand_over()       # a deferred Work: the thread completes it now
         with _FUTURES:
             fut = self._fut
             if fut is not None:
@@ -149,7 +156,12 @@ class Work(dist._Work):
         return fut
 
     def is_completed(self) -> bool:
-        return self._finished
+        if not self._finished:
+            if self._pending is not None:
+                self._pending.poll()        # a deferred Work: completed if its end is reached
+            fut = self._fut     # done once complete() fired it (it sets _finished just after)
+            return self._finished or (fut is not None and fut.done())
+        return True
 
     def is_success(self) -> bool:
         return self._finished and self._error is None
@@ -188,6 +200,10 @@ class Work(dist._Work):
                 GATE.leave()
 
 
+def _nothing() -> None:
+    pass
+
+
 _FUTURES = threading.Lock()     # a Work's futures are made or completed once: by one of
 #                                 get_future() and complete(), whichever sees the other's part
 
@@ -224,24 +240,37 @@ class Completer:
     Works still queued, completes at once in the submitting thread instead (a small call on
     an idle stream runs whole at its issue: handing its completion to the thread cost a wake-up
     and GIL hand-offs per call). Order holds: a Work completes inline only while nothing is
-    queued, and the thread counts a Work as queued until it has completed it. With the stream
-    sanitizer on, every Work goes to the thread, whose event wait is the one it models."""
+    queued or deferred, and the thread counts a Work as queued until it has completed it. With
+    the stream sanitizer on, every Work goes to the thread, whose event wait is the one it models.
+
+    A Work may also be *deferred* (``defer``: the npu all_reduce that did not finish at its
+    issue): it waits, in order, without waking the thread, for the group's next call
+    (``submit``, ``finished``, ``defer``), which completes it in its own thread if its end is
+    reached and hands it to the thread otherwise, or for its own ``is_completed`` (which
+    completes it if reached) or ``get_future`` / ``synchronize`` (which hand it over); ``close``
+    hands over what is left. Measured: waking the thread for each late 1 KiB all_reduce cost the
+    caller more than the collective (the thread's wake-up and GIL hand-offs)."""
 
     def __init__(self, name: str):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._failed: BaseException | None = None
         self._lock = threading.Lock()
         self._queued = 0            # submitted to the thread and not yet completed by it
+        self._deferred: collections.deque = collections.deque()    # ``defer``'s, in order
+        self._draining = threading.RLock()      # held while deferred Works complete inline
         self._thread = threading.Thread(target=self._loop, name=f"hccl-torch-{name}", daemon=True)
         self._thread.start()
 
     def submit(self, work: Work, event, finish, cleanup) -> None:
         """Complete ``work`` once ``event`` is reached: ``finish()`` copies results back,
         ``cleanup()`` releases staging memory whatever happened."""
+        if self._deferred:
+            self.hand_over()
         item = [work, event, finish, cleanup]
         del work, finish, cleanup
         with self._lock:
-            inline = self._queued == 0 and not sanitizer.on and event.query()
+            inline = self._queued == 0 and not self._deferred and not sanitizer.on and \
+                event.query()
             if not inline:
                 self._queued += 1
                 self._queue.put(item)
@@ -252,13 +281,65 @@ class Completer:
         """Complete ``work`` now, in the calling thread, if none of the group's Works is
         queued (its collective ran whole at its issue: nothing to wait for, no copies, no
         staging); False, having done nothing, otherwise (``submit`` it then)."""
+        if self._deferred and not self._drain(False):
+            return False
         with self._lock:
-            if self._queued or sanitizer.on:
+            if self._queued or self._deferred or sanitizer.on:
                 return False
         work.complete(self._failed)     # enters the exit gate if it calls into torch
         return True
 
+    def defer(self, work: Work, event, cleanup) -> None:
+        """Complete ``work`` once ``event`` is reached, as ``submit`` with nothing to copy back,
+        but without waking the thread (see the class note); ``cleanup()`` releases what the
+        collective kept alive."""
+        if self._queued or sanitizer.on:
+            self.submit(work, event, _nothing, cleanup)
+            return
+        if self._deferred:
+            self.poll()         # the earlier ones first: those reached complete here
+        work._pending = self
+        with self._lock:
+            self._deferred.append([work, event, _nothing, cleanup])
+
+    def poll(self) -> None:
+        """Complete the deferred Works whose end is reached, in order, in this thread (if no
+        other thread does it now)."""
+        if self._deferred and self._draining.acquire(False):
+            try:
+                self._drain(False)
+            finally:
+                self._draining.release()
+
+    def hand_over(self) -> None:
+        """Complete the deferred Works whose end is reached here, hand the others to the
+        thread."""
+        self._drain(True)
+
+    def _drain(self, hand_over: bool) -> bool:
+        """Complete deferred Works in order while their end is reached and nothing is queued;
+        the rest go to the thread when ``hand_over``. True when nothing is deferred now."""
+        with self._draining:
+            while True:
+                with self._lock:
+                    d = self._deferred
+                    if not d:
+                        return True
+                    item = d[0]
+                    if not self._queued and not sanitizer.on and item[1].query():
+                        d.popleft()
+                    elif hand_over:
+                        self._queued += len(d)
+                        for it in d:
+                            self._queue.put(it)
+                        d.clear()
+                        return True
+                    else:
+                        return False
+                self._complete(item)
+
     def close(self) -> None:
+        self.hand_over()
         self._queue.put(None)
 
     def _complete(self, item: list) -> None:
@@ -317,7 +398,7 @@ def np_dtype(t: torch.Tensor, api: str) -> np.dtype:
     return dt
 
 
-def _as_tensor(flat: np.ndarray, dtype: torch.dtype, shape) -> torch.Tensor:
+def as_tensor(flat: np.ndarray, dtype: torch.dtype, shape) -> torch.Tensor:
     """A torch tensor sharing ``flat``'s memory (bfloat16 goes through int16: numpy has none)."""
     if dtype == torch.bfloat16:
         return torch.from_numpy(flat.view(np.int16)).view(torch.bfloat16).view(shape)
@@ -365,14 +446,14 @@ def view(a, start: int = 0, count: int | None = None) -> np.ndarray:
 def put(a, start: int, t: torch.Tensor) -> None:
     """Copy tensor ``t`` (any strides) into device array ``a`` at element ``start``."""
     if t.numel():
-        _as_tensor(view(a, start, t.numel()), t.dtype, t.shape).copy_(t.detach())
+        as_tensor(view(a, start, t.numel()), t.dtype, t.shape).copy_(t.detach())
 
 
 def take(a, start: int, t: torch.Tensor) -> None:
     """Copy ``t.numel()`` elements of device array ``a`` from ``start`` into tensor ``t``."""
     if t.numel():
         with torch.no_grad():
-            t.copy_(_as_tensor(view(a, start, t.numel()), t.dtype, t.shape))
+            t.copy_(as_tensor(view(a, start, t.numel()), t.dtype, t.shape))
 
 
 def same_dtype(tensors, api: str) -> np.dtype:
