@@ -100,7 +100,7 @@ def _instrument_launcher(marks: dict) -> None:
         setattr(owner, name, timed)
 
     wrap(forkclient.ForkServer, "__init__", "fork_server_ready")
-    from launcher.diagnosis import diagnose  # noqa: PLC0415
+    from launcher.agent import diagnose  # noqa: PLC0415
     orig_states = diagnose.Diagnoser.states
 
     def states(self):

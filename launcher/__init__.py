@@ -43,7 +43,7 @@ _MOVED = {
     "env": "procs.env", "forkclient": "procs.forkclient", "forkserver": "procs.forkserver",
     "janitor": "procs.janitor", "output": "procs.output", "proc": "procs.proc",
     "proctitle": "procs.proctitle", "shm": "procs.shm", "stacks": "procs.stacks",
-    "diagnose": "diagnosis.diagnose", "failslow": "diagnosis.failslow",
+    "diagnose": "agent.diagnose", "failslow": "diagnosis.failslow",
     "report": "diagnosis.report", "status": "diagnosis.status", "summary": "diagnosis.summary",
     "verdict": "diagnosis.verdict",
     "attempts": "agent.attempts", "entrycheck": "agent.entrycheck",

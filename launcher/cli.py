@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                                   max_restarts=args.max_restarts,
                                   timeout=config.connect_timeout(), hint=hint)
         agent = Agent(spec, rdzv)
-        from launcher.diagnosis.diagnose import Diagnoser  # noqa: PLC0415
+        from launcher.agent.diagnose import Diagnoser  # noqa: PLC0415
         from launcher.diagnosis.status import register, status_file  # noqa: PLC0415
         diagnoser = Diagnoser(agent, report_dir=args.log_dir)
         registration = None

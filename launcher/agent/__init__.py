@@ -1,6 +1,8 @@
 """The agent: one per node, as torch elastic's; it joins the job's rendezvous, starts this
-node's ranks (``start``), supervises, stops and restarts them (``supervisor``), and hands each
-failure to the diagnosis hooks (``api``: the data model and the hooks' contract).
+node's ranks (``start``, the launch policy ``schedwatch``), supervises, stops and restarts them
+(``supervisor``, ``attempts``), and runs the diagnosis hooks (``api``: the data model and the
+hooks' contract; ``diagnose``: the hang, deadlock and fail-slow watch and the job verdict, in
+the words of ``launcher.diagnosis``).
 
 ``from launcher.agent import Agent, WorkerSpec`` works as it did when this was one module; the
 names load on first use (PEP 562), so ``launcher.agent.schedwatch`` alone stays light.

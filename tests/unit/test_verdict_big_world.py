@@ -15,7 +15,7 @@ import os
 import pytest
 
 from launcher.diagnosis import verdict
-from launcher.diagnosis.diagnose import Diagnoser
+from launcher.agent.diagnose import Diagnoser
 from launcher.diagnosis.report import BIG_LINES, format_report
 from launcher.diagnosis.summary import Culprit, ProcessFailure, format_story
 from launcher.diagnosis.verdict import RankInfo, classify

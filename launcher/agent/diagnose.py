@@ -1,7 +1,7 @@
 """npurun's side of hang diagnosis: gather every rank's state, print ONE verdict, keep it as JSON.
 
-Plugs into the agent (``launcher.agent``): a ``before_stop`` hook runs on the first failure while
-the other ranks are still alive. It
+Plugs into the agent (``supervisor``'s hooks, ``api``): a ``before_stop`` hook runs on the
+first failure while the other ranks are still alive. It
 
 1. takes the local ranks' Python stacks (SIGUSR1 + faulthandler, no cooperation needed) and
    reads every rank's state from the store (one store serves every node);
