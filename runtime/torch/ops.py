@@ -259,36 +259,71 @@ def structured_kernel(op, out_op):
     kernel (``out_op``'s CPU kernel into a result of the same sizes and strides), so the same
     bits; anything unusual (a CPU tensor with dimensions mixed in, two devices, tensor lists)
     takes the fallback with ``op`` itself, which names the error."""
+    oi = info(out_op)
+
     def kernel(*args, **kwargs):
         key, dev = _signature(op, args, kwargs)
         if key is None:
             return fallback(op, *args, **kwargs)
         m = _META.get(key)
         if m is None:
-            mop = op
-            i = info(op)
-            if i.packet is not None:            # a Python number: the Scalar overload's meta
-                numbers = _wrapped_numbers(i, args, kwargs)
-                if numbers:
-                    mop = i.packet.get(numbers) or i.packet.setdefault(
-                        numbers, _scalar_overload(op, numbers))
-            margs, mkwargs = map_npu(args, kwargs, meta_like)
-            try:
-                r = mop(*margs, **mkwargs)
-            except Exception:   # shapes that do not fit: the CPU kernel names them (meta's
-                return fallback(op, *args, **kwargs)    # words differ), or runs what meta lacks
-            if len(_META) >= _META_MAX:
-                _META.clear()
-            m = _META[key] = (tuple(r.size()), tuple(r.stride()), r.dtype)
+            m = _meta(op, oi, key, args, kwargs)
+            if m is None:   # shapes that do not fit: the CPU kernel names them (meta's words
+                return fallback(op, *args, **kwargs)    # differ), or runs what meta lacks
+        size, stride, dtype, numbers = m
         if dev == _device.current():
-            out = S.empty_strided(m[0], m[1], m[2], dev)
+            # the common case: no Python number (the out= overload takes the tensors), an
+            # idle stream, nothing recording (the fallback's own conditions for ``_now``)
+            if not numbers and not profiler.active() and not stream_check_enabled() and \
+                    not _rgraph.active and runtime.current_stream().idle():
+                out, c = S.empty_with_view(size, stride, dtype, dev)
+                return _into(out_op, args, kwargs, out, c, size, stride)
+            out = S.empty_strided(size, stride, dtype, dev)
         else:
             with _device.on(dev):
-                out = S.empty_strided(m[0], m[1], m[2], dev)
+                out = S.empty_strided(size, stride, dtype, dev)
         kwargs["out"] = out
         return fallback(out_op, *args, **kwargs)
     kernel.__name__ = f"npu_{op._schema.name.split('::')[-1]}"
     return kernel
+
+
+def _meta(op, oi: _Info, key, args, kwargs):
+    """The result's (sizes, strides, dtype, positions of Python numbers) for ``op`` on these
+    arguments, from its meta kernel (remembered under ``key``); None when the meta raises."""
+    mop = op
+    numbers = ()
+    i = info(op)
+    if i.packet is not None:            # a Python number: the Scalar overload's meta
+        numbers = _wrapped_numbers(i, args, kwargs)
+        if numbers:
+            mop = i.packet.get(numbers) or i.packet.setdefault(
+                numbers, _scalar_overload(op, numbers))
+    margs, mkwargs = map_npu(args, kwargs, meta_like)
+    try:
+        r = mop(*margs, **mkwargs)
+    except Exception:
+        return None
+    if len(_META) >= _META_MAX:
+        _META.clear()
+    m = _META[key] = (tuple(r.size()), tuple(r.stride()), r.dtype, numbers)
+    return m
+
+
+def _into(out_op, args, kwargs, out, c, size, stride):
+    """``out_op``'s CPU kernel on the arguments' shared CPU views into ``c``, the view of
+    ``out``, a new npu tensor of the meta's sizes and strides (structured_kernel's common case:
+    ``_signature`` checked the devices, the caller the stream); ``out``."""
+    cargs = [_shared_view(a) if isinstance(a, _Tensor) and a.get_device() >= 0 else a
+             for a in args]
+    ckwargs = {k: _shared_view(v) if isinstance(v, _Tensor) and v.get_device() >= 0 else v
+               for k, v in kwargs.items()}
+    ckwargs["out"] = c
+    out_op._op(*cargs, **ckwargs)
+    if c.size() != size or c.stride() != stride:    # never seen: a kernel that restrided it
+        S.forget_cpu_view(out)
+        _follow(out, c)
+    return out
 
 
 def _signature(op, args, kwargs):

@@ -33,6 +33,7 @@ finding it walks the Python stack, 20-40 us deep inside a model, more than all t
 from __future__ import annotations
 
 import ctypes
+import struct
 import threading
 import weakref
 
@@ -83,11 +84,15 @@ def _from_dlpack(arr: np.ndarray, device: int) -> torch.Tensor:
     """An ``npu:device`` tensor on the bytes of numpy array ``arr`` (its dtype, shape and
     strides), keeping ``arr`` alive."""
     cap = arr.__dlpack__()
-    p = _capsule_ptr(cap, b"dltensor")
     # DLTensor: void *data; DLDevice {int32 device_type; int32 device_id}; ...
-    dl_device = (ctypes.c_int32 * 2).from_address(p + 8)
-    dl_device[0], dl_device[1] = _KDL_EXT_DEV, device
+    dl_device = _DL_DEVICE.get(device)
+    if dl_device is None:
+        dl_device = _DL_DEVICE[device] = struct.pack("=ii", _KDL_EXT_DEV, device)
+    ctypes.memmove(_capsule_ptr(cap, b"dltensor") + 8, dl_device, 8)
     return torch.from_dlpack(cap)
+
+
+_DL_DEVICE: dict = {}             # device index -> the DLDevice's 8 bytes
 
 
 def new_storage_tensor(nbytes: int, device: int) -> torch.Tensor:
@@ -191,6 +196,20 @@ def empty_strided(size, stride, dtype: torch.dtype, device: int) -> torch.Tensor
     base = new_storage_tensor(numel_span * item, device)
     t = _view_dtype.redispatch(_CPU, base, dtype) if dtype != torch.uint8 else base
     return _as_strided.redispatch(_CPU, t, size, stride, 0)
+
+
+def empty_with_view(size: tuple, stride: tuple, dtype: torch.dtype, device: int) -> tuple:
+    """``(empty_strided(...), its shared CPU view)``: an operator's result and what its CPU
+    kernel writes through."""
+    npdt = _NUMPY.get(dtype)
+    if npdt is not None:
+        c = _contiguous(size)
+        if stride == c[0] and c[1]:
+            owner = _new_owner(c[1] * _ITEMSIZE[dtype], device, (npdt, size))
+            owner.views[(dtype, 0, size, stride)] = owner.cpu
+            return _from_dlpack(owner, device), owner.cpu
+    t = empty_strided(size, stride, dtype, device)
+    return t, shared_cpu_view(t)
 
 
 def empty_contiguous(size: tuple, dtype: torch.dtype, device: int, npdt=None,
