@@ -33,7 +33,7 @@ from runtime.torch import storage as npu_storage
 from .. import collectives as C
 from .npu import Streams, device_of, on_npu
 from . import work as torch_work
-from .work import Staging, Work, as_tensor, np_dtype, view
+from .work import Spares, Staging, Work, as_tensor, np_dtype, view
 
 _BITWISE = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}
 
@@ -127,9 +127,9 @@ class StagedBody(Body):
 
     __slots__ = ("staging", "arrays")
 
-    def __init__(self):
+    def __init__(self, spares: Spares | None = None):
         super().__init__()
-        self.staging = Staging()
+        self.staging = Staging(spares)
         self.arrays: dict = {}     # id of a staging tensor -> its device array
 
     def _stage(self, n: int, like: torch.Tensor, api: str = "collective"):
@@ -167,6 +167,7 @@ class Ops:
     def __init__(self, pg, name: str):
         self._pg = pg
         self.streams = Streams(name)
+        self.spares = Spares()      # staging buffers for the next calls
 
     def run(self, api: str, tensors: list, outputs: list, body, site: str, lane=None,
             staged: bool | None = None) -> Work:
@@ -181,7 +182,7 @@ class Ops:
             for t in tensors:
                 np_dtype(t, api)
             stream, completer = lane or (pg.stream, pg._completer)
-            b = StagedBody()
+            b = StagedBody(self.spares)
             try:
                 body(b, stream, site)
             except BaseException:
@@ -378,6 +379,7 @@ class Ops:
 
     def close(self) -> None:
         self.streams.close()
+        self.spares.close()
 
 
 __all__ = ["Ops", "Body", "DeviceBody", "StagedBody"]
