@@ -209,7 +209,7 @@ def _repeat(comm, op: OpType, send, recv, redop, root, stream):
     very objects checked, still in the same live allocations (``hccl.call``)."""
     if type(send) is not DeviceArray or comm._destroyed:
         return None
-    if type(stream) is Stream and not stream._destroyed:
+    if type(stream) is Stream and not stream.destroyed:
         s = stream
     elif stream is None:
         s = current_stream()

@@ -146,6 +146,11 @@ class Stream(StreamBase):
         """True once the task with timeline value ``value`` has finished (an event's query)."""
         return self._done >= value
 
+    @property
+    def destroyed(self) -> bool:
+        """True once ``destroy()`` ran: the stream takes no more work."""
+        return self._destroyed
+
     def query(self) -> bool:
         """True when every task enqueued so far has finished (the stream is idle)."""
         return self._done >= self._issued
