@@ -45,7 +45,7 @@ from ..comm import Comm
 from ..errors import InvalidArgumentError
 from . import p2p as torch_p2p
 from . import rendezvous as torch_rendezvous
-from .npu import FastAllReduce, npu_index
+from .npu import NPU_OF, FastAllReduce, npu_index
 from .ops import Ops
 from .sparse import SparseAllReduce
 from .rendezvous import DEFAULT_TIMEOUT, JobStore
@@ -206,7 +206,9 @@ class HcclProcessGroup(dist.ProcessGroup):
             t = tensors[0]
             r = opts.reduceOp
             rop = _PLAIN.get(getattr(r, "op", r))
-            dev = None if rop is None else npu_index(t)
+            dev = None if rop is None else NPU_OF.get(t.device)
+            if dev is None and rop is not None:
+                dev = npu_index(t)
             if dev is not None and t.dtype is not torch.bool and not t.is_sparse \
                     and t.is_contiguous():
                 if self._closed:

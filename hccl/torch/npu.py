@@ -42,18 +42,18 @@ def on_npu(tensors) -> bool:
     return any(isinstance(t, torch.Tensor) and t.device.type == "npu" for t in tensors)
 
 
-_DEVICES: dict = {}     # torch.device -> NPU index, of the npu devices met (``npu_index``)
+NPU_OF: dict = {}     # torch.device -> NPU index, of the npu devices met (``npu_index``)
 
 
 def npu_index(t: torch.Tensor) -> int | None:
     """The NPU of tensor ``t``, None when it is not an npu tensor (a dict lookup by its
     ``torch.device``: the device's type name costs more than the lookup)."""
     d = t.device
-    i = _DEVICES.get(d)
+    i = NPU_OF.get(d)
     if i is None:
         if d.type != "npu":
             return None
-        i = _DEVICES[d] = d.index if d.index is not None else 0
+        i = NPU_OF[d] = d.index if d.index is not None else 0
     return i
 
 

@@ -286,7 +286,11 @@ class Completer:
         with self._lock:
             if self._queued or self._deferred or sanitizer.on:
                 return False
-        work.complete(self._failed)     # enters the exit gate if it calls into torch
+        if work._done is None:          # no futures (a Work just made): ``complete``'s part
+            work._error = self._failed
+            work._finished = True
+        else:
+            work.complete(self._failed)     # enters the exit gate if it calls into torch
         return True
 
     def defer(self, work: Work, event, cleanup) -> None:
