@@ -13,6 +13,7 @@ alias finder, ``runtime/aliases.py``).
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import sys
@@ -24,9 +25,11 @@ def _alias_finder():
     runtime's logging there (tests/unit/test_env_table.py keeps ``runtime`` out of a rank's
     bootstrap). ``runtime/__init__`` later finds the same module in ``sys.modules``."""
     name = "runtime.aliases"
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "runtime", "aliases.py")
+    if name not in sys.modules and not os.path.exists(path):    # installed apart: the usual way
+        importlib.import_module(name)
     if name not in sys.modules:
-        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            "runtime", "aliases.py")
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
