@@ -36,6 +36,22 @@ changed the metadata of a written argument's view (an ``out=`` it resized) is ca
 the view's address, sizes and strides before and after; the npu tensor then follows and the
 cached view is dropped. Nothing else is captured on that path: the call site is taken only where
 something will name it (a task, a sanitizer record; a TaskError needs a task).
+
+Structured operators in one call (``structured_kernel``). For a functional structured operator
+(``add.Tensor``, ``mm``, ``sum.dim_IntList``: kernels.py's ``_STRUCTURED``) torch gives a new
+backend a composite that calls the device twice: ``empty_strided`` for the result (sizes and
+strides from the meta function), then the ``out=`` form through the fallback. npusim registers
+one Python kernel instead, which does the same: the result's metadata from the operator on meta
+tensors, remembered per argument signature (the tensors' devices, dtypes, sizes and strides;
+the other arguments' types and values), the result allocated with its CPU view
+(storage.empty_with_view), then, on an idle stream with nothing recording, the ``out=`` form's
+CPU kernel on the shared views (``_into``); otherwise the fallback takes the ``out=`` form
+(task path, capture, sanitizer records as for any operator). The same kernel into the same
+layout: the same bits. A call the signature does not cover (tensor lists, a CPU tensor with
+dimensions, two devices) or whose meta kernel raises takes the fallback with the functional
+operator, which raises torch's CPU error. Measured (benchmarks/npu_ops.py, 64x64 ``a + b``):
+41 us before, 22.6 us after, against 1.8 us on CPU; the bare-fallback floor, torch's composite
+and no pool (benchmarks/npu_floor.py), takes 38 us.
 """
 from __future__ import annotations
 
@@ -619,9 +635,10 @@ def to_npu(r: torch.Tensor, dev: int) -> torch.Tensor:
     """A new npu tensor holding CPU result ``r`` (same sizes, dense strides)."""
     if r.device.type == _NPU:
         return r
-    t = S.empty_strided(r.size(), _dense_strides(r), r.dtype, dev)
-    if r.numel():
-        S.shared_cpu_view(t).copy_(r)      # the next operator will read t: cache its view
+    if not r.numel():
+        return S.empty_strided(r.size(), _dense_strides(r), r.dtype, dev)
+    t, c = S.empty_with_view(tuple(r.size()), _dense_strides(r), r.dtype, dev)
+    c.copy_(r)                  # through its cached view: the next operator will read t
     return t
 
 
