@@ -28,28 +28,29 @@ _ROWS = [
      "npurun is taken for dead (multi-node jobs)", "launcher.rendezvous", {"lo": 0}),
     ("NPUSIM_HANG_NOTICE", "seconds", 15.0, "seconds the ranks of a collective may wait for one "
      "that does not come before npurun names it, with its state and stack, as a notice (0 off)",
-     "launcher.diagnose", {"lo": 0}),
+     "launcher.agent.diagnose", {"lo": 0}),
     ("NPUSIM_HANG_REMIND", "seconds", 300.0, "seconds between two reminders of the same stall",
-     "launcher.diagnose", {"lo": 0}),
+     "launcher.agent.diagnose", {"lo": 0}),
     ("NPUSIM_DEADLOCK_STABLE", "seconds", 3.0, "seconds a wait-for cycle must stay the same "
-     "before npurun calls it a deadlock", "launcher.diagnose", {"lo": 0}),
+     "before npurun calls it a deadlock", "launcher.agent.diagnose", {"lo": 0}),
     ("NPUSIM_FORKSERVER", "switch", True, "1: npurun starts the ranks of a node by forking one "
      "prepared process that imported numpy, pyzmq, runtime and hccl once; 0: each rank is a "
-     "fresh interpreter", "launcher.agent", {}),
+     "fresh interpreter", "launcher.agent.start", {}),
     ("NPUSIM_SCHED_WATCH", "switch", True, "1: with more ranks than cores, npurun runs its "
      "ranks in SCHED_BATCH, one core per rank pair, while no other program uses the cores, and "
      "in the default class on the cores the others leave free as soon as one does (a watcher "
      "thread; said on its first line); 0: npurun changes nothing NPUSIM_SCHED_BATCH / NPUSIM_BIND do not ask for",
-     "launcher.schedwatch", {}),
+     "launcher.agent.schedwatch", {}),
     ("NPUSIM_SCHED_WATCH_CORES", "number", 0.3, "the other programs' CPU use, in cores, above "
      "which npurun's watcher takes the ranks out of SCHED_BATCH to the cores the others leave "
-     "free (back after 0.6 s below half of it)", "launcher.schedwatch", {"lo": 0, "hi": 4096}),
+     "free (back after 0.6 s below half of it)", "launcher.agent.schedwatch",
+     {"lo": 0, "hi": 4096}),
     ("NPUSIM_FORKSERVER_PRELOAD", "text", None, "more modules the fork server imports before it "
-     "forks the ranks (comma-separated, e.g. torch)", "launcher.forkserver", {}),
+     "forks the ranks (comma-separated, e.g. torch)", "launcher.procs.forkserver", {}),
     ("XDG_RUNTIME_DIR", "path", None, "the per-user directory for the loopback multi-node "
      "secret file", "launcher.secret", {}),
     ("PYTHON_EXEC", "path", None, "the interpreter that runs the workers (as torchrun)",
-     "launcher.env", {"shown": "this one"}),
+     "launcher.procs.env", {"shown": "this one"}),
     ("PET_<FLAG>", "text", None, "torchrun's defaults of npurun's flags (e.g. "
      "PET_NPROC_PER_NODE)", "launcher.cli", {}),
     ("NPUSIM_LAUNCHER_PID", "int", None, "npurun's pid (set by npurun): a rank whose launcher "
