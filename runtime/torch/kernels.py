@@ -300,8 +300,11 @@ def register() -> None:
         _aten.impl("_copy_from", copy_math_bits, key)
     # operators with a CPU kernel that torch would otherwise decompose for a new backend (other
     # rounding, more calls): they take the CPU kernel too, through the fallback
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
     for name in _STRUCTURED:      # one Python call each instead of two (ops.structured_kernel)
-        if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + name, "PrivateUse1"):
+        # only where torch's composite for a new backend is the structured one
+        if has("aten::" + name, "CompositeExplicitAutogradNonFunctional") and \
+                not has("aten::" + name, "PrivateUse1"):
             op = _overload(name)
             out_op = out_form(op)
             if out_op is not None:
@@ -348,11 +351,15 @@ _CPU_FUSED = [n for n in ("native_layer_norm", "native_layer_norm_backward", "na
 # the functional structured operators a training step calls most (forward, backward, losses):
 # on npu each is one Python kernel (ops.structured_kernel) in place of torch's composite, which
 # called the device twice (empty_strided, then the out= form through the fallback)
-_STRUCTURED = ("add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "mm", "addmm", "bmm",
-               "baddbmm", "sum.dim_IntList", "mean.dim", "pow.Tensor_Scalar",
-               "threshold_backward", "gelu", "gelu_backward", "silu", "sigmoid", "tanh", "exp",
-               "neg", "sqrt", "rsqrt", "maximum", "minimum", "clamp", "eq.Tensor", "eq.Scalar",
-               "lt.Scalar", "gt.Scalar", "ne.Scalar")
+_STRUCTURED = ("add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "div.Tensor_mode", "mm",
+               "addmm", "bmm", "baddbmm", "sum.dim_IntList", "mean.dim", "pow.Tensor_Scalar",
+               "pow.Tensor_Tensor", "threshold_backward", "gelu", "gelu_backward", "silu",
+               "silu_backward", "sigmoid", "sigmoid_backward", "tanh", "tanh_backward", "exp",
+               "log", "neg", "sqrt", "rsqrt", "sin", "cos", "maximum", "minimum", "clamp",
+               "clamp_min", "eq.Tensor", "eq.Scalar", "ne.Tensor", "ne.Scalar", "lt.Tensor",
+               "lt.Scalar", "gt.Tensor", "gt.Scalar", "le.Scalar", "ge.Scalar", "addcmul",
+               "addcdiv", "lerp.Scalar", "cat", "_softmax", "_log_softmax",
+               "_softmax_backward_data", "_log_softmax_backward_data")
 
 
 def _overload(name: str):

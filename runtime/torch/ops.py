@@ -47,8 +47,8 @@ the other arguments' types and values), the result allocated with its CPU view
 (storage.empty_with_view), then, on an idle stream with nothing recording, the ``out=`` form's
 CPU kernel on the shared views (``_into``); otherwise the fallback takes the ``out=`` form
 (task path, capture, sanitizer records as for any operator). The same kernel into the same
-layout: the same bits. A call the signature does not cover (tensor lists, a CPU tensor with
-dimensions, two devices) or whose meta kernel raises takes the fallback with the functional
+layout: the same bits. A call the signature does not cover (a CPU tensor with dimensions,
+also in a list, two devices) or whose meta kernel raises takes the fallback with the functional
 operator, which raises torch's CPU error. Measured (benchmarks/npu_ops.py, 64x64 ``a + b``):
 41 us before, 22.6 us after, against 1.8 us on CPU; the bare-fallback floor, torch's composite
 and no pool (benchmarks/npu_floor.py), takes 38 us.
@@ -273,9 +273,10 @@ def structured_kernel(op, out_op):
     kernel raises (shapes that do not fit), the fallback runs ``op`` and raises the CPU's
     error, in the CPU's words. The same
     kernel (``out_op``'s CPU kernel into a result of the same sizes and strides), so the same
-    bits; anything unusual (a CPU tensor with dimensions mixed in, two devices, tensor lists)
+    bits; anything unusual (a CPU tensor with dimensions mixed in, two devices)
     takes the fallback with ``op`` itself, which names the error."""
     oi = info(out_op)
+    out_name = out_op._schema.arguments[-1].name      # out, grad_input
 
     def kernel(*args, **kwargs):
         key, dev = _signature(op, args, kwargs)
@@ -293,12 +294,12 @@ def structured_kernel(op, out_op):
             if not numbers and not profiler.active() and not stream_check_enabled() and \
                     not _rgraph.active and runtime.current_stream().idle():
                 out, c = S.empty_with_view(size, stride, dtype, dev)
-                return _into(out_op, args, kwargs, out, c, size, stride)
+                return _into(out_op, out_name, args, kwargs, out, c, size, stride)
             out = S.empty_strided(size, stride, dtype, dev)
         else:
             with _device.on(dev):
                 out = S.empty_strided(size, stride, dtype, dev)
-        kwargs["out"] = out
+        kwargs[out_name] = out
         return fallback(out_op, *args, **kwargs)
     kernel.__name__ = f"npu_{op._schema.name.split('::')[-1]}"
     return kernel
@@ -326,15 +327,13 @@ def _meta(op, oi: _Info, key, args, kwargs):
     return m
 
 
-def _into(out_op, args, kwargs, out, c, size, stride):
+def _into(out_op, out_name, args, kwargs, out, c, size, stride):
     """``out_op``'s CPU kernel on the arguments' shared CPU views into ``c``, the view of
     ``out``, a new npu tensor of the meta's sizes and strides (structured_kernel's common case:
     ``_signature`` checked the devices, the caller the stream); ``out``."""
-    cargs = [_shared_view(a) if isinstance(a, _Tensor) and a.get_device() >= 0 else a
-             for a in args]
-    ckwargs = {k: _shared_view(v) if isinstance(v, _Tensor) and v.get_device() >= 0 else v
-               for k, v in kwargs.items()}
-    ckwargs["out"] = c
+    cargs = [_cpu_of(a) for a in args]
+    ckwargs = {k: _cpu_of(v) for k, v in kwargs.items()}
+    ckwargs[out_name] = c
     out_op._op(*cargs, **ckwargs)
     if c.size() != size or c.stride() != stride:    # never seen: a kernel that restrided it
         S.forget_cpu_view(out)
@@ -358,11 +357,18 @@ def _signature(op, args, kwargs):
                     return None, -1
                 dev = d
             key.append((d, a.dtype, a.size(), a.stride()))
-        elif type(a) in _SEQ:
+        elif type(a) in _SEQ:             # sizes, dims; a list of npu tensors (cat)
+            sub = []
             for b in a:
                 if isinstance(b, _Tensor):
-                    return None, -1
-            key.append((type(a), tuple(a)))
+                    d = b.get_device()
+                    if d < 0 or d != dev and dev >= 0:
+                        return None, -1
+                    dev = d
+                    sub.append((d, b.dtype, b.size(), b.stride()))
+                else:
+                    sub.append((type(b), b))
+            key.append((type(a), tuple(sub)))
         else:
             key.append((type(a), a))
     if dev < 0:
@@ -372,9 +378,20 @@ def _signature(op, args, kwargs):
     return tuple(key), dev
 
 
+def _cpu_of(a):
+    """``a`` with its npu tensors (also in a list) as their shared CPU views (``_into``)."""
+    if isinstance(a, _Tensor):
+        return _shared_view(a) if a.get_device() >= 0 else a
+    if type(a) in _SEQ:
+        for b in a:
+            if isinstance(b, _Tensor):
+                return type(a)(_shared_view(x) if isinstance(x, _Tensor) else x for x in a)
+    return a
+
+
 def out_form(op):
     """The ``out=`` overload of functional operator ``op`` (its arguments and one kwarg-only
-    ``Tensor(a!) out``, one Tensor result), or None."""
+    written Tensor: ``out``, ``grad_input``; one Tensor result), or None."""
     packet = getattr(torch.ops.aten, op._schema.name.split("::")[-1])
     want = [(a.name, str(a.type)) for a in op._schema.arguments]
     if len(op._schema.returns) != 1 or str(op._schema.returns[0].type) != "Tensor":
@@ -382,8 +399,7 @@ def out_form(op):
     for ov in packet.overloads():
         cand = getattr(packet, ov)
         args = cand._schema.arguments
-        if [(a.name, str(a.type)) for a in args[:-1]] == want and args[-1].name == "out" and \
-                args[-1].kwarg_only and args[-1].alias_info is not None and \
+        if [(a.name, str(a.type)) for a in args[:-1]] == want and args[-1].kwarg_only and args[-1].alias_info is not None and \
                 args[-1].alias_info.is_write and len(cand._schema.returns) == 1:
             return cand
     return None

@@ -71,6 +71,16 @@ CASES = [
     lambda a, b, i, j: torch.maximum(a, b), lambda a, b, i, j: a.clamp(-0.5, 0.5),
     lambda a, b, i, j: a > 0, lambda a, b, i, j: a == b, lambda a, b, i, j: i != 0,
     lambda a, b, i, j: a[::2] + b[1::2],              # views with an offset
+    lambda a, b, i, j: torch.cat([a, b]), lambda a, b, i, j: torch.cat([a[:, :2], b.t().t()], 1),
+    lambda a, b, i, j: torch.cat([i, j, i[:1]]), lambda a, b, i, j: torch.stack([a, b], 1),
+    lambda a, b, i, j: a.softmax(-1), lambda a, b, i, j: a.log_softmax(0),
+    lambda a, b, i, j: a.t().softmax(1),
+    lambda a, b, i, j: torch.addcmul(a, a, b, value=0.5),
+    lambda a, b, i, j: torch.addcdiv(a, a, b.abs() + 1, value=2),
+    lambda a, b, i, j: torch.lerp(a, b, 0.3), lambda a, b, i, j: (a.abs() + 1).log(),
+    lambda a, b, i, j: a.sin() + a.cos(), lambda a, b, i, j: a.clamp_min(0),
+    lambda a, b, i, j: torch.pow(a.abs(), b), lambda a, b, i, j: a <= 0,
+    lambda a, b, i, j: a < b, lambda a, b, i, j: a >= b, lambda a, b, i, j: i != j,
 ]
 
 
@@ -103,10 +113,15 @@ def test_a_busy_stream_takes_the_task_path_with_the_same_results():
 def test_backward_through_the_structured_operators_is_the_cpus():
     def loss(dev):
         torch.manual_seed(0)
-        m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+        m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 32),
+                                torch.nn.SiLU(), torch.nn.Linear(32, 8), torch.nn.Tanh(),
+                                torch.nn.ReLU(), torch.nn.Linear(8, 4))
         m.to(dev)
         x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1)).to(dev)
-        out = (m(x).sigmoid() * 3 - 1).pow(2).mean()
+        y = m(x)
+        out = (y.sigmoid() * 3 - 1).pow(2).mean() + y.softmax(-1).sum(0).mean() + \
+            torch.nn.functional.cross_entropy(y, torch.arange(8).remainder(4).to(dev)) + \
+            torch.cat([y, y.exp()], 1).log_softmax(-1).mean()
         out.backward()
         return out, [p.grad for p in m.parameters()]
     (lc, gc), (ln, gn) = loss("cpu"), loss("npu")
@@ -167,6 +182,10 @@ def test_the_errors_are_torchs():
         a + torch.randn(3, 4)
     with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied"):
         a @ a
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.cat([a, torch.randn(3, 4)])
+    with pytest.raises(RuntimeError, match="Sizes of tensors must match"):
+        torch.cat([a, torch.randn(3, 5).npu()])
 
 
 def test_another_device_is_switched_to_and_back():
