@@ -208,6 +208,8 @@ def base_run(base: str, args) -> dict:
     import sys
     cmd = [sys.executable, os.path.abspath(__file__), "--json", "--rounds", str(args.rounds),
            "--calls", str(args.calls), "--steps", str(args.steps), "--threads", str(args.threads)]
+    if args.libs:
+        cmd.append("--libs")
     env = dict(os.environ, PYTHONPATH=os.path.abspath(base))
     out = subprocess.run(cmd, cwd=base, env=env, capture_output=True, text=True, timeout=1800)
     if out.returncode:
@@ -278,7 +280,7 @@ def main():
     libs = lib_steps(args.steps) if args.libs else None
     if args.json:
         import json
-        print(json.dumps({"ops": ops, "step": step}))
+        print(json.dumps({"ops": ops, "step": step, "libs": libs}))
         return
     rows = [[k, f"{c:.1f}", f"{n:.1f}", f"{n / c:.1f}x"] for k, (c, n) in ops.items()]
     rows.append(["training step (ms)", f"{step['cpu_ms']:.1f}", f"{step['npu_ms']:.1f}",
@@ -311,6 +313,9 @@ def main():
             elif r[0] == "training step, wall clock (ms)":
                 r += [f"{bs['wall_cpu_ms']:.1f}", f"{bs['wall_npu_ms']:.1f}",
                       f"{bs['wall_ratio']:.2f}x"]
+            elif r[0][:-len(" (ms)")] in (base.get("libs") or {}):
+                st = base["libs"][r[0][:-len(" (ms)")]]
+                r += [f"{st['cpu_ms']:.1f}", f"{st['npu_ms']:.1f}", f"{st['ratio']:.2f}x"]
             else:
                 r += ["", "", ""]
     print(" | ".join(head))
