@@ -45,7 +45,7 @@ from ..comm import Comm
 from ..errors import InvalidArgumentError
 from . import p2p as torch_p2p
 from . import rendezvous as torch_rendezvous
-from .npu import NPU_OF, FastAllReduce, npu_index
+from .npu import FastAllReduce
 from .ops import Ops
 from .sparse import SparseAllReduce
 from .rendezvous import DEFAULT_TIMEOUT, JobStore
@@ -65,8 +65,9 @@ _BITWISE = (dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR)
 _BOOL = {ReduceOp.SUM: ReduceOp.MAX, ReduceOp.PROD: ReduceOp.MIN}
 
 # what an all_reduce on one dense npu tensor (not bool) takes straight to
-# FastAllReduce.allreduce_one: a reduction that is neither AVG nor bitwise
-_PLAIN = {k: v for k, v in _REDUCE.items() if k != dist.ReduceOp.AVG}
+# FastAllReduce.allreduce_one: a reduction that is neither AVG nor bitwise, by its RedOpType's
+# value (an int: the enum's own hash is a call into torch)
+_PLAIN = {k.value: v for k, v in _REDUCE.items() if k != dist.ReduceOp.AVG}
 
 _world_lock = threading.Lock()
 _world: Comm | None = None          # the default group's communicator (sub-groups derive from it)
@@ -202,20 +203,17 @@ class HcclProcessGroup(dist.ProcessGroup):
 
     # -- collectives: checked here, run by ops.py (npu tensors on their memory, CPU staged)
     def allreduce(self, tensors, opts=None):
-        if opts is not None and len(tensors) == 1:     # the common call, checked at once
+        if opts is not None and len(tensors) == 1 and not self._closed:
+            # the common call: one dense tensor, a plain op; npu.py's short branch tells the
+            # rest (an npu tensor, not bool) by what it found for this tensor before
             t = tensors[0]
-            r = opts.reduceOp
-            rop = _PLAIN.get(getattr(r, "op", r))
-            dev = None if rop is None else NPU_OF.get(t.device)
-            if dev is None and rop is not None:
-                dev = npu_index(t)
-            if dev is not None and t.dtype is not torch.bool and not t.is_sparse \
-                    and t.is_contiguous():
-                if self._closed:
-                    raise InvalidArgumentError("allreduce: the process group was shut down")
-                work = self._fast.allreduce_one(t, dev, rop, _user_site())
-                if work is not None:
-                    return work
+            if not t.is_sparse and t.is_contiguous():
+                r = opts.reduceOp
+                kind = getattr(r, "op", r).value
+                if kind in _PLAIN:
+                    work = self._fast.allreduce_one(t, kind, _PLAIN[kind], _user_site())
+                    if work is not None:
+                        return work
         opts = opts or dist.AllreduceOptions()
         if any(t.is_sparse for t in tensors):
             return self._sparse.all_reduce(tensors, opts.reduceOp)

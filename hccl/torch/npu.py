@@ -100,13 +100,13 @@ class Streams:
 
 
 class FastAllReduce:
-    """One dense npu tensor's all_reduce, the common call (DDP's buckets), on the shortest
-    branch of the npu path (ops.py). What the general path finds per call is found once per
-    (tensor address, count, dtype, op, NPU) and kept (``_seen``): the communication stream,
-    the DevicePtr and the key of the communicator's bound Call, which ``Comm.find_call``
-    validates at every call (a freed or reallocated tensor misses: found afresh). A collective
-    done at its issue completes its Work at once; a late one is deferred (work.py's
-    ``Completer.defer``)."""
+    """One dense tensor's all_reduce, the common call (DDP's buckets), on the shortest branch
+    of the npu path (ops.py). What the general path finds per call is found once per (tensor
+    address, count, dtype, op) and kept (``_seen``): whether it is an npu tensor the branch
+    takes, its NPU, the communication stream, the DevicePtr, and the Call the communicator
+    bound for it, which ``Call.holds`` validates at every call (a freed or reallocated tensor
+    misses: found afresh). A collective done at its issue completes its Work at once; a late
+    one is deferred (work.py's ``Completer.defer``)."""
 
     BOUND = 4096        # entries of ``_seen`` (cleared when full)
 
@@ -115,59 +115,79 @@ class FastAllReduce:
         self._completer = pg._completer
         self.streams = streams
         self._seen: dict = {}
+        # a Work completed at the call, by ``_seen``'s key, given again for the same tensor's
+        # next call completed at the call while nobody made its futures (``Completer.clean``):
+        # a completed Work is all state, and making one is a call into torch's C++
+        self._done: dict = {}
 
-    def allreduce_one(self, t: torch.Tensor, dev: int, rop, site: str) -> Work | None:
-        """The common call (one contiguous npu tensor, no AVG, no capture, no stream check:
-        the backend's ``allreduce`` checked the rest) with only what it needs, or None for
-        the general path; ``dev``: its NPU (``npu_index``). The communication stream waits
-        for the caller's current stream only when that one has work pending."""
-        ctx = contexts_by_device.get(dev)
-        n = t.numel()
-        if ctx is None or not n or sanitizer.on or graph.active:
-            return None
-        seen = (t.data_ptr(), n, t.dtype, rop, dev)
+    def allreduce_one(self, t: torch.Tensor, kind: int, rop, site: str) -> Work | None:
+        """All_reduce of contiguous dense ``t`` with ``rop`` (torch's op ``kind``: neither AVG
+        nor bitwise; the backend checked), or None for the general path (not an npu tensor of
+        npusim's memory, bool, empty, a capture, the stream sanitizer). The communication
+        stream waits for the caller's current stream only when that one has work pending."""
+        seen = (t.data_ptr(), t.numel(), t.dtype, kind)
         got = self._seen.get(seen)
         if got is None:
-            got = self._find(t, n, rop, dev, seen)
-            if got is None:
-                return None
-        stream, objs, key = got
+            got = self._find(t, rop, seen)
+        if got is False or sanitizer.on or graph.active:
+            return None
+        dev, stream, objs, call = got
+        ctx = contexts_by_device.get(dev)
+        if ctx is None:
+            return None
         cur = current_stream_of(ctx)
         if stream.capture is not None or cur.capture is not None:
             return None
         if not cur.idle():
             stream.wait_event(cur.record_event())
-        comm = self._pg.comm
-        call = comm.find_call(key, objs)
-        if call is None:                # first call, or the tensor's memory changed hands
-            stream, objs, key = self._find(t, n, rop, dev, seen)
-            call = comm.find_call(key, objs)
+        if call is None or not call.holds(objs):    # first call, or the memory changed hands
+            got = self._find(t, rop, seen)
+            if got is False:
+                return None
+            dev, stream, objs, call = got
         if call is not None:
             call.issue(objs, site)
-        else:   # checked and made, and remembered under this key (``collectives._repeat``)
+        else:   # checked and made, and remembered under its key (``collectives._repeat``)
             p = objs[0]
-            C.all_reduce_keyed(p, p, n, key[3], rop, comm, stream, site, key)
-        work = Work("allreduce", [t])
+            key = (_KEY, p.addr, t.numel(), _NP[t.dtype], rop, stream)
+            C.all_reduce_keyed(p, p, t.numel(), key[3], rop, self._pg.comm, stream, site, key)
+            self._seen[seen] = (dev, stream, objs, self._pg.comm.find_call(key, objs))
         # idle(): done at the call, every task before it finished, no error pending
-        if stream.idle() and self._completer.finished(work):
-            return work
+        if stream.idle():
+            work = self._done.get(seen)
+            if work is not None and work.untouched(t) and self._completer.clean():
+                return work     # the same tensor's last Work: completed, untouched, as new
+            work = Work("allreduce", [t])
+            if self._completer.finished(work):
+                if work.untouched(t):
+                    self._done[seen] = work
+                return work
+        else:
+            work = Work("allreduce", [t])
         end = stream.record_event()
         work.order_after(dev, end)
         self._completer.defer(work, end, [t].clear)
         return work
 
-    def _find(self, t: torch.Tensor, n: int, rop, dev: int, seen) -> tuple | None:
-        """(stream, buffers, Call key) of ``t``'s all_reduce, kept under ``seen``; None when
-        ``t``'s memory is not npusim's."""
-        o = npu_storage.owner_of(t)
+    def _find(self, t: torch.Tensor, rop, seen):
+        """(NPU, stream, buffers, bound Call or None) of ``t``'s all_reduce, kept under
+        ``seen``; False (kept too) when the branch does not take ``t``."""
+        if len(self._seen) >= self.BOUND:
+            self._seen.clear()
+            self._done.clear()
+        self._done.pop(seen, None)
+        dev = npu_index(t)
+        o = None if dev is None or t.dtype == torch.bool or not t.numel() else \
+            npu_storage.owner_of(t)
         if o is None:
-            return None
+            self._seen[seen] = False
+            return False
         p = o.dev.ptr + t.storage_offset() * t.element_size()
         dt = _NP.get(t.dtype)
         if dt is None:
             dt = _NP[t.dtype] = np_dtype(t, "allreduce")    # raises for a dtype hccl lacks
         stream = self.streams.get(dev)
-        got = self._seen[seen] = (stream, (p, p), (_KEY, p.addr, n, dt, rop, stream))
-        if len(self._seen) > self.BOUND:
-            self._seen.clear()
+        objs = (p, p)
+        call = self._pg.comm.find_call((_KEY, p.addr, t.numel(), dt, rop, stream), objs)
+        got = self._seen[seen] = (dev, stream, objs, call)
         return got

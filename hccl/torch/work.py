@@ -89,6 +89,12 @@ class Work(dist._Work):
         self.name = name
         self._outputs = outputs
 
+    def untouched(self, t) -> bool:
+        """Whether this Work completed with success at its call on tensor ``t`` alone, and
+        nobody made its futures: as a new Work of the same call would be."""
+        return self._finished and self._error is None and self._done is None and \
+            self._after is None and len(self._outputs) == 1 and self._outputs[0] is t
+
     def order_after(self, dev: int, event) -> None:
         """This Work's collective ran on npu tensors of NPU ``dev`` and ends at ``event``:
         ``wait()`` then orders the caller's current stream after it instead of blocking."""
@@ -341,6 +347,12 @@ class Completer:
                     else:
                         return False
                 self._complete(item)
+
+    def clean(self) -> bool:
+        """Whether a Work completed now would succeed at once (``finished``): nothing queued
+        or deferred, no failure."""
+        with self._lock:
+            return not (self._queued or self._deferred or sanitizer.on or self._failed)
 
     def close(self) -> None:
         self.hand_over()
