@@ -1,14 +1,18 @@
 """Benchmark of npusim's torch npu device against CPU eager (a benchmark, not a timed test).
 
     PYTHONPATH=. python benchmarks/npu_ops.py [--rounds 7] [--steps 15] [--threads 1] [--figures]
-                                              [--base DIR]
+                                              [--base DIR] [--floor] [--libs] [--busy]
 
 Prints microseconds per small operator on npu and on CPU eager, and one training step of a small
 transformer (2 encoder layers, width 128, 4 heads, feed-forward 512, batch 8, sequence 64;
 forward, backward, AdamW step) on npu and on CPU, with their ratios. ``--figures`` also writes
 the section "npu-ops" of docs/figures.md. ``--base DIR`` first runs the same measurement on another
 checkout of npusim (e.g. ``git archive`` of main into DIR) in a child process, and puts its npu
-figures and ratios next to these ones: before and after from one run.
+figures and ratios next to these ones: before and after from one run. ``--floor`` adds the
+bare-fallback floor (benchmarks/npu_floor.py, a child process) per operator and per operator
+class; ``--libs`` a transformers Trainer step (tiny GPT-2) and a tiny Llama step; ``--busy`` the
+same measurement again while another program (a Python spin loop it starts and kills) keeps one
+core busy.
 
 The machine is shared and its load moves: both devices are measured in the same process, one
 after the other within each round (operators) or step (training), so a load change hits both, and
@@ -217,6 +221,30 @@ def base_run(base: str, args) -> dict:
     return json.loads(out.stdout.splitlines()[-1])
 
 
+def busy_run(args) -> dict:
+    """The operators and the steps again while another program keeps one core busy (a Python
+    spin loop, started here and killed after): {"rows": {row name: (cpu, npu, ratio text)}}."""
+    import subprocess
+    import sys
+    spin = subprocess.Popen([sys.executable, "-c", "while 1: pass"])
+    try:
+        time.sleep(0.5)
+        floor = floor_run(args) if args.floor else None
+        ops = per_op(args.rounds, args.calls)
+        step = training(args.steps)
+        libs = lib_steps(args.steps) if args.libs else {}
+    finally:
+        spin.kill()
+        spin.wait(timeout=30)
+    rows = {k: (c, n, f"{n / c:.1f}x") for k, (c, n) in ops.items()}
+    rows["training step (ms)"] = (step["cpu_ms"], step["npu_ms"], f"{step['ratio']:.2f}x")
+    rows["training step, wall clock (ms)"] = (step["wall_cpu_ms"], step["wall_npu_ms"],
+                                              f"{step['wall_ratio']:.2f}x")
+    for name, st in libs.items():
+        rows[f"{name} (ms)"] = (st["cpu_ms"], st["npu_ms"], f"{st['ratio']:.2f}x")
+    return {"rows": rows, "step": step, "classes": by_class(ops, floor) if floor else []}
+
+
 def floor_run(args) -> dict:
     """The bare-fallback floor (benchmarks/npu_floor.py) in a child process (PrivateUse1 is
     renamed once per process): {name: [cpu us, floor us]}."""
@@ -267,6 +295,8 @@ def main():
                     help="also measure the bare-fallback floor (benchmarks/npu_floor.py)")
     ap.add_argument("--libs", action="store_true",
                     help="also a transformers Trainer step and a tiny Llama step")
+    ap.add_argument("--busy", action="store_true",
+                    help="measure again while another program keeps one core busy")
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -278,6 +308,7 @@ def main():
     ops = per_op(args.rounds, args.calls)
     step = training(args.steps)
     libs = lib_steps(args.steps) if args.libs else None
+    busy = busy_run(args) if args.busy else None
     if args.json:
         import json
         print(json.dumps({"ops": ops, "step": step, "libs": libs}))
@@ -300,6 +331,11 @@ def main():
                 continue
             c, fl = f
             r += [f"{fl:.1f}", f"{fl / c:.1f}x", f"{ops[r[0]][1] / fl:.2f}x"]
+    if busy:
+        head += ["core busy: CPU eager", "core busy: npu", "core busy: npu / CPU"]
+        for r in rows:
+            got = busy["rows"].get(r[0])
+            r += ["", "", ""] if got is None else [f"{got[0]:.1f}", f"{got[1]:.1f}", got[2]]
     if base:
         head += ["before: CPU eager", "before: npu", "before: npu / CPU"]
         bs = base["step"]
@@ -327,6 +363,13 @@ def main():
               "npu / floor")
         for r in classes:
             print(" | ".join(r))
+    if busy and busy["classes"]:
+        print("per class, one core busy:")
+        for r in busy["classes"]:
+            print(" | ".join(r))
+    if busy:
+        print(f"one core busy: training step {busy['step']['ratio']:.2f}x in CPU time, "
+              f"{busy['step']['wall_ratio']:.2f}x in wall-clock time")
     print(f"training step: median ratio {step['ratio']:.2f}x in CPU time, "
           f"{step['wall_ratio']:.2f}x in wall-clock time (goal <= 1.1x)"
           + (f"; before: {base['step']['ratio']:.2f}x, {base['step']['wall_ratio']:.2f}x"
@@ -335,10 +378,10 @@ def main():
         load1 = " ".join(f.read().split()[:3])
     print(f"load average: {load0} at the start, {load1} at the end; torch threads {args.threads}")
     if args.figures:
-        write_figures(args, head, rows, classes, step, base, load0, libs)
+        write_figures(args, head, rows, classes, step, base, load0, libs, busy)
 
 
-def write_figures(args, head, rows, classes, step, base, load0, libs) -> None:
+def write_figures(args, head, rows, classes, step, base, load0, libs, busy=None) -> None:
     from benchmarks.figures import write_section
     text = (
         "The torch `npu` device (runtime/torch/) against CPU eager, in one process: each "
@@ -363,6 +406,9 @@ def write_figures(args, head, rows, classes, step, base, load0, libs) -> None:
            "batch 4, sequence 16), the Llama step a tiny LlamaForCausalLM (2 layers, width "
            "64, batch 4, sequence 32) with AdamW, each the median of its steps, CPU and npu "
            "one after the other. " if libs else "")
+        + ("The *core busy* columns are the same measurement again while another program "
+           "(`python -c 'while 1: pass'`, started by the benchmark and killed after) keeps "
+           "one core busy. " if args.busy else "")
         + (f"The *before* columns are the same measurement, in a child process just before, "
            f"of npusim at {args.base_label}. " if base else "")
         + ("The two steps' losses are equal, bitwise." if step["same_loss"] else
@@ -372,8 +418,13 @@ def write_figures(args, head, rows, classes, step, base, load0, libs) -> None:
         text += ("\n\nPer operator class, geometric means over its operators: "
                  + "; ".join(f"{r[0]} ({r[1]}): npu {r[2]} CPU, floor {r[3]} CPU, "
                              f"npu / floor {r[4]}" for r in classes) + ".")
+    if busy and busy["classes"]:
+        text += ("\n\nThe same with one core busy: "
+                 + "; ".join(f"{r[0]}: npu {r[2]} CPU, floor {r[3]} CPU, npu / floor {r[4]}"
+                             for r in busy["classes"]) + ".")
     cmd = ("PYTHONPATH=. python benchmarks/npu_ops.py --figures"
            + (" --floor" if classes else "") + (" --libs" if libs else "")
+           + (" --busy" if args.busy else "")
            + (f" --base DIR (DIR: {args.base_label})" if base else ""))
     path = write_section("npu-ops", "The torch npu device against CPU eager", cmd, head, rows,
                          text)
