@@ -61,6 +61,10 @@ def unsupported_class(name: str, why: str, module: str = "torch.npu"):
 
 def synchronize(device=None) -> None:
     """Wait for every stream of ``device`` (the current one by default)."""
+    if device is None:          # the current device: no switch to make and undo
+        _device.current()       # (chooses the default device on first use)
+        runtime.synchronize()
+        return
     d = _device.check_index(device)
     with _device.on(d):
         runtime.synchronize()
