@@ -26,8 +26,9 @@ Before the user's code runs, the bootstrap installs, in this order:
    torchrun's ranks read, forked or not (``ps aux | grep train.py`` and ``pkill -f train.py``
    find the ranks), and its name ``rank<RANK>:<script>`` (15 bytes: ``top``, ``ps -o comm``).
 
-Only the standard library (and ``hccl.failure``, which imports nothing else) is imported here, so
-start-up stays fast; ``cloudpickle`` is imported in spawn mode only.
+Only the standard library is imported here, so start-up stays fast: ``hccl.failure`` (whose
+package brings ``runtime``'s light init) only when a rank fails, ``cloudpickle`` in spawn mode
+only.
 """
 from __future__ import annotations
 
@@ -42,7 +43,6 @@ import sys
 import time
 import traceback
 
-from hccl.failure import Failure, of_exception, origin
 from launcher import config
 from launcher.procs.proctitle import show_command
 
@@ -100,6 +100,7 @@ def error_record(exc: BaseException) -> dict:
     exception carries a traceback; for ``released``, ``abort``: the typed abort record that
     released it (kind, rank, text), when the error carries one.
     """
+    from hccl.failure import Failure, of_exception, origin
     site = user_site(exc.__traceback__)
     exc = origin(exc)       # npusim's error, when torch handed it on as a RuntimeError
     kind, type_name = of_exception(exc)
@@ -183,6 +184,7 @@ def _console_text(exc: BaseException | None, text: str) -> str:
     ``traceback.log`` next to the error file. Any other exception prints in full, as Python
     does.
     """
+    from hccl.failure import Failure, of_exception
     path = config.error_file()
     interrupted = _interrupt(exc) is not None
     if exc is None or not path or (of_exception(exc)[0] is Failure.ERROR and not interrupted):
