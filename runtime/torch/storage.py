@@ -42,7 +42,7 @@ import torch
 
 import runtime
 from runtime import profiler
-from runtime.context import contexts_by_device, current_context
+from runtime.context import contexts_by_device
 from runtime.memory import DeviceBuffer, free_from_gc, host_view, malloc_at
 from runtime.pool import MemMallocPolicy
 from runtime.sanitizer import stream_check_enabled
@@ -143,10 +143,11 @@ def _new_owner(nbytes: int, device: int, typed=None) -> _Owner:
     cpu = torch.from_numpy(view)
     # ``ctx`` / ``dev_id``: what shared_cpu_view checks, cheaply: the device's context is still
     # the one allocated from (a reset replaces it; nothing else can free memory the owner holds)
-    owner.__dict__.update(dev=dev, index=device, cpu=cpu, views={}, ctx=current_context(),
-                          dev_id=dev.ptr.device_id)
+    dev_id = dev.ptr.device_id      # the current device's context is the one allocated from
+    owner.__dict__.update(dev=dev, index=device, cpu=cpu, views={},
+                          ctx=contexts_by_device.get(dev_id), dev_id=dev_id)
     addr = cpu.data_ptr()                       # (numpy's ``.ctypes.data`` costs 10 us)
-    with _lock:
+    with _lock:         # (the memory of a dying owner may be reused before its _forget runs)
         _live[addr] = weakref.ref(owner, lambda r, a=addr: _forget(a, r))
     return owner
 
