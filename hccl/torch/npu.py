@@ -116,7 +116,7 @@ class FastAllReduce:
         self.streams = streams
         self._seen: dict = {}
         # a Work completed at the call, by ``_seen``'s key, given again for the same tensor's
-        # next call completed at the call while nobody made its futures (``Completer.clean``):
+        # next call completed at the call while nobody made its futures (``Completer.again``):
         # a completed Work is all state, and making one is a call into torch's C++
         self._done: dict = {}
 
@@ -142,7 +142,7 @@ class FastAllReduce:
             stream.wait_event(cur.record_event())
         if call is None or not call.holds(objs):    # first call, or the memory changed hands
             got = self._find(t, rop, seen)
-            if got is False:
+            if got is False or got[0] != dev:
                 return None
             dev, stream, objs, call = got
         if call is not None:
@@ -155,11 +155,11 @@ class FastAllReduce:
         # idle(): done at the call, every task before it finished, no error pending
         if stream.idle():
             work = self._done.get(seen)
-            if work is not None and work.untouched(t) and self._completer.clean():
+            if work is not None and self._completer.again(work, t):
                 return work     # the same tensor's last Work: completed, untouched, as new
             work = Work("allreduce", [t])
             if self._completer.finished(work):
-                if work.untouched(t):
+                if work.is_success():
                     self._done[seen] = work
                 return work
         else:

@@ -89,12 +89,6 @@ class Work(dist._Work):
         self.name = name
         self._outputs = outputs
 
-    def untouched(self, t) -> bool:
-        """Whether this Work completed with success at its call on tensor ``t`` alone, and
-        nobody made its futures: as a new Work of the same call would be."""
-        return self._finished and self._error is None and self._done is None and \
-            self._after is None and len(self._outputs) == 1 and self._outputs[0] is t
-
     def order_after(self, dev: int, event) -> None:
         """This Work's collective ran on npu tensors of NPU ``dev`` and ends at ``event``:
         ``wait()`` then orders the caller's current stream after it instead of blocking."""
@@ -348,11 +342,15 @@ class Completer:
                         return False
                 self._complete(item)
 
-    def clean(self) -> bool:
-        """Whether a Work completed now would succeed at once (``finished``): nothing queued
-        or deferred, no failure."""
+    def again(self, work: Work, t) -> bool:
+        """Whether ``work``, completed with success at its call on tensor ``t`` alone and with
+        no futures made, may stand for a new call on ``t`` that ``finished`` would complete with
+        success now (nothing queued or deferred, no failure): it is then as a new Work."""
         with self._lock:
-            return not (self._queued or self._deferred or sanitizer.on or self._failed)
+            if self._queued or self._deferred or sanitizer.on or self._failed:
+                return False
+        return work._finished and work._error is None and work._done is None and \
+            work._after is None and len(work._outputs) == 1 and work._outputs[0] is t
 
     def close(self) -> None:
         self.hand_over()

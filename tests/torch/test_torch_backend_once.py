@@ -46,3 +46,19 @@ def test_late_npu_all_reduce_works_are_deferred_and_completed():
         assert r["finished_after_next"] and r["x"] == [6.0, 6.0]
         assert r["future"] == [12.0, 12.0] and r["completed"]
         assert r["polled"] and r["left"] == 0
+
+
+@pytest.mark.timeout(30)
+def test_a_completed_untouched_work_stands_for_the_same_tensors_next_call():
+    import torch
+
+    from hccl.torch.work import Completer, Work
+    c = Completer("once")
+    t = torch.ones(2)
+    w = Work("allreduce", [t])
+    assert c.finished(w) and w.is_success() and w.is_completed()
+    assert c.again(w, t)
+    assert not c.again(w, torch.ones(2))        # another tensor: a Work of its own
+    w.get_future()                              # someone holds its futures: never again
+    assert not c.again(w, t)
+    c.close()
