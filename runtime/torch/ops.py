@@ -43,7 +43,7 @@ backend a composite that calls the device twice: ``empty_strided`` for the resul
 strides from the meta function), then the ``out=`` form through the fallback. npusim registers
 one Python kernel instead, which does the same: the result's metadata from the operator on meta
 tensors, remembered per argument signature (the tensors' devices, dtypes, sizes and strides;
-the other arguments' types and values), the result allocated with its CPU view
+the other arguments' types and values; torch's default dtype), the result allocated with its CPU view
 (storage.empty_with_view), then, on an idle stream with nothing recording, the ``out=`` form's
 CPU kernel on the shared views (``_into``); otherwise the fallback takes the ``out=`` form
 (task path, capture, sanitizer records as for any operator). The same kernel into the same
@@ -79,6 +79,7 @@ _Tensor = torch.Tensor
 _SEQ = (list, tuple)
 _LATER = object()             # _now's answer when the operator needs the general path
 _shared_view = S.shared_cpu_view
+_default_dtype = torch.get_default_dtype
 
 
 class _Info:
@@ -268,7 +269,8 @@ def structured_kernel(op, out_op):
     the result from the meta function's sizes and strides, then run ``out_op`` into it) in one
     Python call instead of two trips through the dispatcher (``empty_strided``, then the
     fallback). The result's metadata comes from ``op`` on meta tensors, remembered per argument
-    signature (devices, dtypes, sizes, strides of the tensors; type and value of the rest): a
+    signature (devices, dtypes, sizes, strides of the tensors; type and value of the rest;
+    torch's default dtype): a
     training step calls the same operators on the same shapes again and again; where the meta
     kernel raises (shapes that do not fit), the fallback runs ``op`` and raises the CPU's
     error, in the CPU's words. The same
@@ -375,6 +377,7 @@ def _signature(op, args, kwargs):
         return None, -1
     if kwargs:
         key.append(tuple(kwargs))
+    key.append(_default_dtype())      # an int / int or int + float result's dtype follows it
     return tuple(key), dev
 
 

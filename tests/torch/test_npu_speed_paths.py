@@ -95,6 +95,19 @@ def test_structured_operators_are_the_cpus_bitwise_with_its_layout(k):
         _same(_run(CASES[k], "npu", inputs), _run(CASES[k], "cpu", inputs))
 
 
+def test_the_remembered_metadata_follows_the_default_dtype():
+    i, j = torch.tensor([[1, 2], [3, 4]]), torch.tensor([[2, 2], [2, 2]])
+    _same(i.npu() / j.npu(), i / j)                   # float32
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        _same(i.npu() / j.npu(), i / j)               # the same signature: now float64
+        _same(i.npu() + 0.5, i + 0.5)
+    finally:
+        torch.set_default_dtype(prev)
+    _same(i.npu() / j.npu(), i / j)
+
+
 def test_a_busy_stream_takes_the_task_path_with_the_same_results():
     inputs = _inputs()
     npu_inputs = [t.to("npu") for t in inputs]
