@@ -115,10 +115,11 @@ class FastAllReduce:
         self._completer = pg._completer
         self.streams = streams
         self._seen: dict = {}
-        # a Work completed at the call, by ``_seen``'s key, given again for the same tensor's
-        # next call completed at the call while nobody made its futures (``Completer.again``):
-        # a completed Work is all state, and making one is a call into torch's C++
-        self._done: dict = {}
+        # the last Work completed at the call (``_seen``'s key, Work), given again for the same
+        # tensor's next call completed at the call while nobody made its futures
+        # (``Completer.again``): a completed Work is all state, and making one is a call into
+        # torch's C++. One only: it keeps its tensor alive until the group's next such call
+        self._last: tuple = (None, None)
 
     def allreduce_one(self, t: torch.Tensor, kind: int, rop, site: str) -> Work | None:
         """All_reduce of contiguous dense ``t`` with ``rop`` (torch's op ``kind``: neither AVG
@@ -154,13 +155,13 @@ class FastAllReduce:
             self._seen[seen] = (dev, stream, objs, self._pg.comm.find_call(key, objs))
         # idle(): done at the call, every task before it finished, no error pending
         if stream.idle():
-            work = self._done.get(seen)
-            if work is not None and self._completer.again(work, t):
+            key, work = self._last
+            if key == seen and self._completer.again(work, t):
                 return work     # the same tensor's last Work: completed, untouched, as new
             work = Work("allreduce", [t])
             if self._completer.finished(work):
                 if work.is_success():
-                    self._done[seen] = work
+                    self._last = (seen, work)
                 return work
         else:
             work = Work("allreduce", [t])
@@ -174,8 +175,7 @@ class FastAllReduce:
         ``seen``; False (kept too) when the branch does not take ``t``."""
         if len(self._seen) >= self.BOUND:
             self._seen.clear()
-            self._done.clear()
-        self._done.pop(seen, None)
+        self._last = (None, None)
         dev = npu_index(t)
         o = None if dev is None or t.dtype == torch.bool or not t.numel() else \
             npu_storage.owner_of(t)
