@@ -46,6 +46,7 @@ def test_late_npu_all_reduce_works_are_deferred_and_completed():
         assert r["finished_after_next"] and r["x"] == [6.0, 6.0]
         assert r["future"] == [12.0, 12.0] and r["completed"]
         assert r["polled"] and r["left"] == 0
+        assert r["freed"]
 
 
 @pytest.mark.timeout(30)

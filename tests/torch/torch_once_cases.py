@@ -154,6 +154,18 @@ def deferred_works(rank: int) -> dict:
     torch.npu.synchronize()
     out["polled"] = w3.is_completed()
     out["left"] = len(completer._deferred)
+    # a temporary all-reduced and dropped is not kept alive by the backend past the next call
+    import gc
+    import weakref
+    tmp = torch.ones(16, device="npu")
+    ref = weakref.ref(tmp)
+    dist.all_reduce(tmp)
+    torch.npu.synchronize()
+    del tmp
+    dist.all_reduce(y)
+    torch.npu.synchronize()
+    gc.collect()
+    out["freed"] = ref() is None
     dist.barrier()
     dist.destroy_process_group()
     return out
