@@ -336,7 +336,7 @@ def _into(out_op, out_name, args, kwargs, out, c, size, stride):
     cargs = [_cpu_of(a) for a in args]
     ckwargs = {k: _cpu_of(v) for k, v in kwargs.items()}
     ckwargs[out_name] = c
-    out_op._op(*cargs, **ckwargs)
+    out_op(*cargs, **ckwargs)
     if c.size() != size or c.stride() != stride:    # never seen: a kernel that restrided it
         S.forget_cpu_view(out)
         _follow(out, c)
@@ -442,7 +442,7 @@ def _call(op, i: _Info, args, kwargs, cargs: list, ckwargs: dict):
     kernel resizes before it writes, and has warned once already ("An output with one or more
     elements was resized"), as on CPU."""
     try:
-        return op._op(*cargs, **ckwargs), None
+        return op(*cargs, **ckwargs), None
     except RuntimeError as e:
         if not i.written or "not resizable" not in str(e):
             raise
@@ -508,7 +508,7 @@ def _now(op, i: _Info, args, kwargs):
     if dev < 0 or dev != _device.current() or not runtime.current_stream().idle():
         return _LATER
     if not i.written:
-        out = op._op(*cargs, **ckwargs)
+        out = op(*cargs, **ckwargs)
         if type(out) is _Tensor:
             return to_npu(out, dev)
         return _rebuild(out, lambda r: to_npu(r, dev))
