@@ -187,7 +187,10 @@ def _trainer_steps(dev: str, steps: int) -> list:
 def lib_steps(steps: int) -> dict:
     """A transformers Trainer step and a tiny Llama step, CPU and npu: their medians (ms)."""
     out = {}
-    c, n = _trainer_steps("cpu", steps), _trainer_steps("npu", steps)
+    c, n = [], []
+    for _ in range(2):            # alternating runs: a load change hits both devices
+        c += _trainer_steps("cpu", steps)
+        n += _trainer_steps("npu", steps)
     out["Trainer step, tiny GPT-2"] = {"cpu_ms": statistics.median(c),
                                        "npu_ms": statistics.median(n),
                                        "ratio": statistics.median(n) / statistics.median(c)}
@@ -403,7 +406,8 @@ def write_figures(args, head, rows, classes, step, base, load0, libs, busy=None)
            "DLPack, no pool, no stream, no device index; its CPU eager column (same child) "
            "gives its own ratio. " if classes else "")
         + ("The Trainer step is transformers' Trainer on a tiny GPT-2 (2 layers, width 32, "
-           "batch 4, sequence 16), the Llama step a tiny LlamaForCausalLM (2 layers, width "
+           "batch 4, sequence 16; two alternating runs per device, the ratio of the medians), "
+           "the Llama step a tiny LlamaForCausalLM (2 layers, width "
            "64, batch 4, sequence 32) with AdamW, each the median of its steps, CPU and npu "
            "one after the other. " if libs else "")
         + ("The *core busy* columns are the same measurement again while another program "
