@@ -50,8 +50,8 @@ CPU kernel on the shared views (``_into``); otherwise the fallback takes the ``o
 layout: the same bits. A call the signature does not cover (a CPU tensor with dimensions,
 also in a list, two devices) or whose meta kernel raises takes the fallback with the functional
 operator, which raises torch's CPU error. Measured (benchmarks/npu_ops.py, 64x64 ``a + b``):
-41 us before, 22.6 us after, against 1.8 us on CPU; the bare-fallback floor, torch's composite
-and no pool (benchmarks/npu_floor.py), takes 38 us.
+42 us before, 23 us after, against 1.8 us on CPU; the bare-fallback floor, torch's composite
+and no pool (benchmarks/npu_floor.py), takes 38 us (docs/figures.md, "npu-ops").
 """
 from __future__ import annotations
 
