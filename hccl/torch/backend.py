@@ -203,6 +203,7 @@ class HcclProcessGroup(dist.ProcessGroup):
 
     # -- collectives: checked here, run by ops.py (npu tensors on their memory, CPU staged)
     def allreduce(self, tensors, opts=None):
+        site = None
         if opts is not None and len(tensors) == 1 and not self._closed:
             # the common call: one dense tensor, a plain op; npu.py's short branch tells the
             # rest (an npu tensor, not bool) by what it found for this tensor before
@@ -211,18 +212,19 @@ class HcclProcessGroup(dist.ProcessGroup):
                 r = opts.reduceOp
                 kind = getattr(r, "op", r).value
                 if kind in _PLAIN:
-                    work = self._fast.allreduce_one(t, kind, _PLAIN[kind], _user_site())
+                    site = _user_site()
+                    work = self._fast.allreduce_one(t, kind, _PLAIN[kind], site)
                     if work is not None:
                         return work
         opts = opts or dist.AllreduceOptions()
         if any(t.is_sparse for t in tensors):
             return self._sparse.all_reduce(tensors, opts.reduceOp)
+        site = site or self._site("allreduce")
         kind = self._bitwise(opts.reduceOp, "allreduce", tensors)
         if kind is not None:
-            return self._ops.reduce_bitwise("allreduce", tensors, kind, None,
-                                            self._site("allreduce"))
+            return self._ops.reduce_bitwise("allreduce", tensors, kind, None, site)
         rop, avg = self._redop(opts.reduceOp, "allreduce", tensors)
-        return self._ops.allreduce(tensors, rop, avg, self._site("allreduce"))
+        return self._ops.allreduce(tensors, rop, avg, site)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)

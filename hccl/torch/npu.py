@@ -160,11 +160,11 @@ class FastAllReduce:
                 return work     # the same tensor's last Work: completed, untouched, as new
             work = Work("allreduce", [t])
             if self._completer.finished(work):
-                if work.is_success():
-                    self._last = (seen, work)
+                self._last = (seen, work) if work.is_success() else (None, None)
                 return work
         else:
             work = Work("allreduce", [t])
+        self._last = (None, None)       # kept for the next call only
         end = stream.record_event()
         work.order_after(dev, end)
         self._completer.defer(work, end, [t].clear)

@@ -122,13 +122,16 @@ def deferred_works(rank: int) -> dict:
     x = torch.full((64,), float(rank + 1), device="npu")
     dist.all_reduce(x)                      # the Call bound
     torch.npu.synchronize()
+    def late_peer():
+        dist.barrier()
+        deadline = time.monotonic() + 5
+        while completer._queued and time.monotonic() < deadline:
+            time.sleep(0.001)   # the barrier's Work counted queued until its thread is done
+        if rank == 1:
+            time.sleep(0.3)
+
     # late peer: rank 0's Work is deferred, not handed to the completer thread
-    dist.barrier()
-    deadline = time.monotonic() + 5
-    while completer._queued and time.monotonic() < deadline:
-        time.sleep(0.001)   # the barrier's Work counted queued until its thread is done
-    if rank == 1:
-        time.sleep(0.3)
+    late_peer()
     w = dist.all_reduce(x, async_op=True)
     out["deferred"] = len(completer._deferred) if rank == 0 else None
     out["queued"] = completer._queued
@@ -139,17 +142,13 @@ def deferred_works(rank: int) -> dict:
     out["finished_after_next"] = w._finished and w.is_success()
     out["x"] = x[:2].tolist()
     # a deferred Work whose future is asked for: handed to the thread, which completes it
-    dist.barrier()
-    if rank == 1:
-        time.sleep(0.3)
+    late_peer()
     w2 = dist.all_reduce(x, async_op=True)
     fut = w2.get_future()
     out["future"] = fut.wait()[0][:2].tolist()
     out["completed"] = w2.is_completed()
     # is_completed() completes a deferred Work whose end is reached
-    dist.barrier()
-    if rank == 1:
-        time.sleep(0.3)
+    late_peer()
     w3 = dist.all_reduce(x, async_op=True)
     torch.npu.synchronize()
     out["polled"] = w3.is_completed()
@@ -164,7 +163,10 @@ def deferred_works(rank: int) -> dict:
     del tmp
     dist.all_reduce(y)
     torch.npu.synchronize()
-    gc.collect()
+    deadline = time.monotonic() + 5
+    while ref() is not None and time.monotonic() < deadline:
+        gc.collect()        # (a Work the completer thread holds: released once it is done)
+        time.sleep(0.01)
     out["freed"] = ref() is None
     dist.barrier()
     dist.destroy_process_group()
