@@ -15,7 +15,8 @@ the table rank 0's median round, and npu / hccl eager the median of the per-roun
 Per call it also counts, after a warm-up call on the same tensor (so the communicator's bound
 Call is found): the Python frames entered on the calling thread (``sys.setprofile``: every
 Python function call, and those in hccl/; the completer and stream worker threads are not
-counted) and the copies of the tensor's bytes (the staging buffers the backend allocates, and
+counted) and the copies of the tensor's bytes (the staging buffers a call takes, new or kept
+from the group's earlier calls (hccl/torch/work.py's ``Spares``), and
 its copies into and out of them). ``--write`` puts the table on docs/figures.md
 (section "npu-allreduce").
 """
