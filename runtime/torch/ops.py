@@ -284,7 +284,10 @@ def structured_kernel(op, out_op):
         key, dev = _signature(op, args, kwargs)
         if key is None:
             return fallback(op, *args, **kwargs)
-        m = _META.get(key)
+        try:
+            m = _META.get(key)
+        except TypeError:       # an argument that cannot be a key: the fallback takes it
+            return fallback(op, *args, **kwargs)
         if m is None:
             m = _meta(op, oi, key, args, kwargs)
             if m is None:   # shapes that do not fit: the CPU kernel names them (meta's words
