@@ -289,17 +289,18 @@ def structured_kernel(op, out_op):
         except TypeError:       # an argument that cannot be a key: the fallback takes it
             return fallback(op, *args, **kwargs)
         if m is None:
-            m = _meta(op, oi, key, args, kwargs)
+            m = _meta(op, out_op, oi, key, args, kwargs)
             if m is None:   # shapes that do not fit: the CPU kernel names them (meta's words
                 return fallback(op, *args, **kwargs)    # differ), or runs what meta lacks
-        size, stride, dtype, numbers = m
+        size, stride, dtype, run = m
         if dev == _device.current():
-            # the common case: no Python number (the out= overload takes the tensors), an
-            # idle stream, nothing recording (the fallback's own conditions for ``_now``)
-            if not numbers and not profiler.active() and not stream_check_enabled() and \
+            # the common case: an idle stream, nothing recording (the fallback's own
+            # conditions for ``_now``); ``run``: the out= form, or its overload for the Python
+            # numbers among the arguments (the fallback's choice: ``_scalar_overload``)
+            if run is not None and not profiler.active() and not stream_check_enabled() and \
                     not _rgraph.active and runtime.current_stream().idle():
                 out, c = S.empty_with_view(size, stride, dtype, dev)
-                return _into(out_op, out_name, args, kwargs, out, c, size, stride)
+                return _into(run, out_name, args, kwargs, out, c, size, stride)
             out = S.empty_strided(size, stride, dtype, dev)
         else:
             with _device.on(dev):
@@ -310,17 +311,20 @@ def structured_kernel(op, out_op):
     return kernel
 
 
-def _meta(op, oi: _Info, key, args, kwargs):
-    """The result's (sizes, strides, dtype, positions of Python numbers) for ``op`` on these
-    arguments, from its meta kernel (remembered under ``key``); None when the meta raises."""
-    mop = op
-    numbers = ()
+def _meta(op, out_op, oi: _Info, key, args, kwargs):
+    """The result's (sizes, strides, dtype, the out= operator to run: ``out_op`` or, for Python
+    numbers among the arguments, its Scalar overload as the fallback picks it; None when there
+    is none) for ``op`` on these arguments, from its meta kernel (remembered under ``key``);
+    None when the meta raises."""
+    mop, run = op, out_op
     i = info(op)
-    if i.packet is not None:            # a Python number: the Scalar overload's meta
+    if i.packet is not None:            # a Python number: the Scalar overloads
         numbers = _wrapped_numbers(i, args, kwargs)
         if numbers:
             mop = i.packet.get(numbers) or i.packet.setdefault(
                 numbers, _scalar_overload(op, numbers))
+            run = None if oi.packet is None else oi.packet.get(numbers) or \
+                oi.packet.setdefault(numbers, _scalar_overload(out_op, numbers))
     margs, mkwargs = map_npu(args, kwargs, meta_like)
     try:
         r = mop(*margs, **mkwargs)
@@ -328,7 +332,7 @@ def _meta(op, oi: _Info, key, args, kwargs):
         return None
     if len(_META) >= _META_MAX:
         _META.clear()
-    m = _META[key] = (tuple(r.size()), tuple(r.stride()), r.dtype, numbers)
+    m = _META[key] = (tuple(r.size()), tuple(r.stride()), r.dtype, run)
     return m
 
 
