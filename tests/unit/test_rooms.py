@@ -1,6 +1,7 @@
-"""hccl's rooms: no package directory holds more than 20 modules, no module has more than 600
-lines, and no two modules of hccl import each other, counting imports inside functions (issue
-55). Old module paths are aliases of the moved modules (hccl/__init__.py's ``_ALIASES``)."""
+"""The rooms of every installed package (runtime, hccl, launcher, torch_npu): no package
+directory holds more than 20 modules, no module has more than 600 lines, and no two modules of a
+package import each other, counting imports inside functions (issue 55). Old module paths are
+aliases of the moved modules (runtime/aliases.py; hccl/__init__.py's ``_ALIASES``)."""
 from __future__ import annotations
 
 import os
@@ -14,9 +15,6 @@ from test_layers import cycles, import_graph
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MAX_MODULES = 20
 MAX_LINES = 600
-# hccl/torch/ is the torch rooms' (issue 55's "one path per concern"), being reworked by another
-# change: its backend.py is still over the limit
-TORCH_ROOM = "hccl/torch"
 
 
 def rooms(package: str) -> dict[str, list[str]]:
@@ -39,24 +37,28 @@ def long_modules(room: str, mods: list[str]) -> list[str]:
     return found
 
 
-def test_no_room_of_hccl_holds_more_than_20_modules():
-    crowded = {room: len(mods) for room, mods in rooms("hccl").items() if len(mods) > MAX_MODULES}
+PACKAGES = ("runtime", "hccl", "launcher", "torch_npu")
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_room_holds_more_than_20_modules(package):
+    found = rooms(package)
+    crowded = {room: len(mods) for room, mods in found.items() if len(mods) > MAX_MODULES}
     assert crowded == {}
-    assert set(rooms("hccl")) >= {"hccl", "hccl/algo", "hccl/transport"}
+    assert sum(len(m) for m in found.values()) > MAX_MODULES      # the walk sees the package
 
 
-def test_no_hccl_module_outside_the_torch_room_is_over_600_lines():
-    bad = [m for room, mods in rooms("hccl").items() if not room.startswith(TORCH_ROOM)
-           for m in long_modules(room, mods)]
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_module_is_over_600_lines(package):
+    bad = [m for room, mods in rooms(package).items() for m in long_modules(room, mods)]
     assert bad == []
 
 
-@pytest.mark.xfail(strict=False, reason="hccl/torch/backend.py (653 lines) belongs to the torch "
-                   "rooms' rework, another helper's part of issue 55")
-def test_no_module_of_the_torch_room_is_over_600_lines():
-    bad = [m for room, mods in rooms("hccl").items() if room.startswith(TORCH_ROOM)
-           for m in long_modules(room, mods)]
-    assert bad == []
+def test_the_rooms_are_the_ones_the_architecture_page_names():
+    assert set(rooms("hccl")) >= {"hccl", "hccl/algo", "hccl/transport", "hccl/torch"}
+    assert set(rooms("runtime")) >= {"runtime", "runtime/acl", "runtime/memory", "runtime/torch"}
+    assert set(rooms("launcher")) >= {"launcher", "launcher/procs", "launcher/agent",
+                                      "launcher/diagnosis", "launcher/profile"}
 
 
 def test_the_room_checks_see_a_crowded_room_and_a_long_module(tmp_path, monkeypatch):
@@ -70,12 +72,16 @@ def test_the_room_checks_see_a_crowded_room_and_a_long_module(tmp_path, monkeypa
     assert long_modules("pk/sub", found["pk/sub"]) == [f"pk/sub/big.py: {MAX_LINES + 1} lines"]
 
 
-def test_no_two_modules_of_hccl_import_each_other_even_inside_functions():
-    graph = import_graph("hccl", inside_functions=True)
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_two_modules_of_a_package_import_each_other_even_inside_functions(package):
+    graph = import_graph(package, inside_functions=True)
     assert cycles(graph) == []
     mutual = sorted((a, b) for a in graph for b in graph[a] if a < b and a in graph.get(b, ()))
     assert mutual == []
-    # the graph is the real one: the call path's arrows are in it
+
+
+def test_the_import_graph_is_the_real_one():
+    graph = import_graph("hccl", inside_functions=True)
     assert "hccl.algo.executor" in graph["hccl.call"]
     assert "hccl.transport.base" in graph["hccl.algo.executor"]
 
