@@ -20,7 +20,8 @@ from . import graphs as _graphs
 from . import pinned as _pinned
 from . import storage as S
 from .exitgate import gated
-from .ops import fallback, out_form, structured_kernel
+from .ops import fallback
+from .structured import out_form, structured_kernel
 from .site import user_site
 
 _CPU_KS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -301,7 +302,7 @@ def register() -> None:
     # operators with a CPU kernel that torch would otherwise decompose for a new backend (other
     # rounding, more calls): they take the CPU kernel too, through the fallback
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    for name in _STRUCTURED:      # one Python call each instead of two (ops.structured_kernel)
+    for name in _STRUCTURED:      # one Python call each instead of two (structured_kernel)
         # only where torch's composite for a new backend is the structured one
         if has("aten::" + name, "CompositeExplicitAutogradNonFunctional") and \
                 not has("aten::" + name, "PrivateUse1"):
@@ -349,7 +350,7 @@ _CPU_FUSED = [n for n in ("native_layer_norm", "native_layer_norm_backward", "na
 
 
 # the functional structured operators a training step calls most (forward, backward, losses):
-# on npu each is one Python kernel (ops.structured_kernel) in place of torch's composite, which
+# on npu each is one Python kernel (structured.py) in place of torch's composite, which
 # called the device twice (empty_strided, then the out= form through the fallback)
 _STRUCTURED = ("add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "div.Tensor_mode", "mm",
                "addmm", "bmm", "baddbmm", "sum.dim_IntList", "mean.dim", "pow.Tensor_Scalar",

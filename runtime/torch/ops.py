@@ -37,21 +37,8 @@ the view's address, sizes and strides before and after; the npu tensor then foll
 cached view is dropped. Nothing else is captured on that path: the call site is taken only where
 something will name it (a task, a sanitizer record; a TaskError needs a task).
 
-Structured operators in one call (``structured_kernel``). For a functional structured operator
-(``add.Tensor``, ``mm``, ``sum.dim_IntList``: kernels.py's ``_STRUCTURED``) torch gives a new
-backend a composite that calls the device twice: ``empty_strided`` for the result (sizes and
-strides from the meta function), then the ``out=`` form through the fallback. npusim registers
-one Python kernel instead, which does the same: the result's metadata from the operator on meta
-tensors, remembered per argument signature (the tensors' devices, dtypes, sizes and strides;
-the other arguments' types and values; torch's default dtype), the result allocated with its CPU view
-(storage.empty_with_view), then, on an idle stream with nothing recording, the ``out=`` form's
-CPU kernel on the shared views (``_into``); otherwise the fallback takes the ``out=`` form
-(task path, capture, sanitizer records as for any operator). The same kernel into the same
-layout: the same bits. A call the signature does not cover (a CPU tensor with dimensions,
-also in a list, two devices) or whose meta kernel raises takes the fallback with the functional
-operator, which raises torch's CPU error. Measured (benchmarks/npu_ops.py, 64x64 ``a + b``):
-42 us before, 23 us after, against 1.8 us on CPU; the bare-fallback floor, torch's composite
-and no pool (benchmarks/npu_floor.py), takes 38 us (docs/figures.md, "npu-ops").
+Structured operators in one call: runtime/torch/structured.py (kernels.py registers them;
+they take this fallback for anything unusual).
 """
 from __future__ import annotations
 
@@ -79,7 +66,6 @@ _Tensor = torch.Tensor
 _SEQ = (list, tuple)
 _LATER = object()             # _now's answer when the operator needs the general path
 _shared_view = S.shared_cpu_view
-_default_dtype = torch.get_default_dtype
 
 
 class _Info:
@@ -239,10 +225,10 @@ def fallback(op, *args, **kwargs):
     if i.view:
         return op.redispatch(_CPU_KS, *args, **kwargs)
     if i.packet is not None:
-        numbers = _wrapped_numbers(i, args, kwargs)
+        numbers = wrapped_numbers(i, args, kwargs)
         if numbers:               # the Scalar overload, as torch picks for a number (see _Info)
             op = i.packet.get(numbers) or i.packet.setdefault(
-                numbers, _scalar_overload(op, numbers))
+                numbers, scalar_overload(op, numbers))
     if i.plain and not profiler.active() and not stream_check_enabled() and \
             not _rgraph.active:           # a capture takes the task path (graphs.py)
         out = _now(op, i, args, kwargs)
@@ -258,164 +244,7 @@ def fallback(op, *args, **kwargs):
         return _compute(op, i, dev, args, kwargs)
 
 
-# ---------------------------------------------------------------------- structured operators
-_META: dict = {}              # (operator, its arguments' signature) -> the result's metadata
-_META_MAX = 8192
-
-
-def structured_kernel(op, out_op):
-    """The npu kernel of ``op``, a functional structured operator (``add.Tensor``) whose ``out=``
-    form is ``out_op`` (``add.out``): what torch's composite for a new backend does (allocate
-    the result from the meta function's sizes and strides, then run ``out_op`` into it) in one
-    Python call instead of two trips through the dispatcher (``empty_strided``, then the
-    fallback). The result's metadata comes from ``op`` on meta tensors, remembered per argument
-    signature (devices, dtypes, sizes, strides of the tensors; type and value of the rest;
-    torch's default dtype): a
-    training step calls the same operators on the same shapes again and again; where the meta
-    kernel raises (shapes that do not fit), the fallback runs ``op`` and raises the CPU's
-    error, in the CPU's words. The same
-    kernel (``out_op``'s CPU kernel into a result of the same sizes and strides), so the same
-    bits; anything unusual (a CPU tensor with dimensions mixed in, two devices)
-    takes the fallback with ``op`` itself, which names the error."""
-    oi = info(out_op)
-    out_name = out_op._schema.arguments[-1].name      # out, grad_input
-
-    def kernel(*args, **kwargs):
-        key, dev = _signature(op, args, kwargs)
-        if key is None:
-            return fallback(op, *args, **kwargs)
-        try:
-            m = _META.get(key)
-        except TypeError:       # an argument that cannot be a key: the fallback takes it
-            return fallback(op, *args, **kwargs)
-        if m is None:
-            m = _meta(op, out_op, oi, key, args, kwargs)
-            if m is None:   # shapes that do not fit: the CPU kernel names them (meta's words
-                return fallback(op, *args, **kwargs)    # differ), or runs what meta lacks
-        size, stride, dtype, run = m
-        if dev == _device.current():
-            # the common case: an idle stream, nothing recording (the fallback's own
-            # conditions for ``_now``); ``run``: the out= form, or its overload for the Python
-            # numbers among the arguments (the fallback's choice: ``_scalar_overload``)
-            if run is not None and not profiler.active() and not stream_check_enabled() and \
-                    not _rgraph.active and runtime.current_stream().idle():
-                out, c = S.empty_with_view(size, stride, dtype, dev)
-                return _into(run, out_name, args, kwargs, out, c, size, stride)
-            out = S.empty_strided(size, stride, dtype, dev)
-        else:
-            with _device.on(dev):
-                out = S.empty_strided(size, stride, dtype, dev)
-        kwargs[out_name] = out
-        return fallback(out_op, *args, **kwargs)
-    kernel.__name__ = f"npu_{op._schema.name.split('::')[-1]}"
-    return kernel
-
-
-def _meta(op, out_op, oi: _Info, key, args, kwargs):
-    """The result's (sizes, strides, dtype, the out= operator to run: ``out_op`` or, for Python
-    numbers among the arguments, its Scalar overload as the fallback picks it; None when there
-    is none) for ``op`` on these arguments, from its meta kernel (remembered under ``key``);
-    None when the meta raises."""
-    mop, run = op, out_op
-    i = info(op)
-    if i.packet is not None:            # a Python number: the Scalar overloads
-        numbers = _wrapped_numbers(i, args, kwargs)
-        if numbers:
-            mop = i.packet.get(numbers) or i.packet.setdefault(
-                numbers, _scalar_overload(op, numbers))
-            run = None if oi.packet is None else oi.packet.get(numbers) or \
-                oi.packet.setdefault(numbers, _scalar_overload(out_op, numbers))
-    margs, mkwargs = map_npu(args, kwargs, meta_like)
-    try:
-        r = mop(*margs, **mkwargs)
-    except Exception:
-        return None
-    if len(_META) >= _META_MAX:
-        _META.clear()
-    m = _META[key] = (tuple(r.size()), tuple(r.stride()), r.dtype, run)
-    return m
-
-
-def _into(out_op, out_name, args, kwargs, out, c, size, stride):
-    """``out_op``'s CPU kernel on the arguments' shared CPU views into ``c``, the view of
-    ``out``, a new npu tensor of the meta's sizes and strides (structured_kernel's common case:
-    ``_signature`` checked the devices, the caller the stream); ``out``."""
-    cargs = [_cpu_of(a) for a in args]
-    ckwargs = {k: _cpu_of(v) for k, v in kwargs.items()}
-    ckwargs[out_name] = c
-    out_op(*cargs, **ckwargs)
-    if c.size() != size or c.stride() != stride:    # never seen: a kernel that restrided it
-        S.forget_cpu_view(out)
-        _follow(out, c)
-    return out
-
-
-def _signature(op, args, kwargs):
-    """(the key of ``op``'s result metadata for these arguments, the npu device index), or
-    (None, -1) when the call is unusual (see structured_kernel)."""
-    key = [op]
-    dev = -1
-    for a in (*args, *kwargs.values()) if kwargs else args:
-        if isinstance(a, _Tensor):
-            d = a.get_device()
-            if d < 0:
-                if a.dim():
-                    return None, -1
-            elif d != dev:
-                if dev >= 0:
-                    return None, -1
-                dev = d
-            key.append((d, a.dtype, a.size(), a.stride()))
-        elif type(a) in _SEQ:             # sizes, dims; a list of npu tensors (cat)
-            sub = []
-            for b in a:
-                if isinstance(b, _Tensor):
-                    d = b.get_device()
-                    if d < 0 or d != dev and dev >= 0:
-                        return None, -1
-                    dev = d
-                    sub.append((d, b.dtype, b.size(), b.stride()))
-                else:
-                    sub.append((type(b), b))
-            key.append((type(a), tuple(sub)))
-        else:
-            key.append((type(a), a))
-    if dev < 0:
-        return None, -1
-    if kwargs:
-        key.append(tuple(kwargs))
-    key.append(_default_dtype())      # an int / int or int + float result's dtype follows it
-    return tuple(key), dev
-
-
-def _cpu_of(a):
-    """``a`` with its npu tensors (also in a list) as their shared CPU views (``_into``)."""
-    if isinstance(a, _Tensor):
-        return _shared_view(a) if a.get_device() >= 0 else a
-    if type(a) in _SEQ:
-        for b in a:
-            if isinstance(b, _Tensor):
-                return type(a)(_shared_view(x) if isinstance(x, _Tensor) else x for x in a)
-    return a
-
-
-def out_form(op):
-    """The ``out=`` overload of functional operator ``op`` (its arguments and one kwarg-only
-    written Tensor: ``out``, ``grad_input``; one Tensor result), or None."""
-    packet = getattr(torch.ops.aten, op._schema.name.split("::")[-1])
-    want = [(a.name, str(a.type)) for a in op._schema.arguments]
-    if len(op._schema.returns) != 1 or str(op._schema.returns[0].type) != "Tensor":
-        return None
-    for ov in packet.overloads():
-        cand = getattr(packet, ov)
-        args = cand._schema.arguments
-        if [(a.name, str(a.type)) for a in args[:-1]] == want and args[-1].kwarg_only and args[-1].alias_info is not None and \
-                args[-1].alias_info.is_write and len(cand._schema.returns) == 1:
-            return cand
-    return None
-
-
-def _scalar_overload(op, numbers: tuple):
+def scalar_overload(op, numbers: tuple):
     """The overload of ``op``'s packet that takes a Scalar where ``op`` takes a Tensor at the
     positions ``numbers`` and is otherwise the same (``remainder.Tensor`` -> ``.Scalar``,
     ``mul_.Tensor`` -> ``mul_.Scalar``): what the CPU runs for a Python number. The packet
@@ -430,7 +259,7 @@ def _scalar_overload(op, numbers: tuple):
     return packet
 
 
-def _wrapped_numbers(i: _Info, args, kwargs) -> tuple:
+def wrapped_numbers(i: _Info, args, kwargs) -> tuple:
     """The positions of the Tensor arguments that came as Python numbers (wrapped scalars)."""
     out = ()
     for pos, name in i.wrapped:
@@ -445,7 +274,7 @@ def _call(op, i: _Info, args, kwargs, cargs: list, ckwargs: dict):
     npu ``out=`` tensor must grow (its view's CPU storage is the device memory, which torch
     cannot resize: "Trying to resize storage that is not resizable"), (the result, {id(old
     view): new CPU tensor}) of a second run given new empty CPU tensors as those ``out=``
-    arguments, which the caller's written-argument check then follows (``_follow``). torch's
+    arguments, which the caller's written-argument check then follows (``follow``). torch's
     kernel resizes before it writes, and has warned once already ("An output with one or more
     elements was resized"), as on CPU."""
     try:
@@ -537,7 +366,7 @@ def _now(op, i: _Info, args, kwargs):
     for (a, c), (ptr, size, stride) in zip(pairs, marks):
         if c.data_ptr() != ptr or c.size() != size or c.stride() != stride:
             S.forget_cpu_view(a)
-            _follow(a, c)
+            follow(a, c)
     if out is None:
         return out
     if len(pairs) == 1 and out is pairs[0][1]:      # in place / one out=: the argument itself
@@ -571,7 +400,7 @@ def _view(a, st):
     return a
 
 
-def _follow(a: torch.Tensor, c: torch.Tensor) -> None:
+def follow(a: torch.Tensor, c: torch.Tensor) -> None:
     """Make npu tensor ``a`` what the CPU kernel made of its view ``c`` (an ``out=`` it resized
     into CPU memory, or restrided)."""
     a.resize_(c.size())
@@ -642,7 +471,7 @@ def _run_now(op, i: _Info, dev: int, args, kwargs):
     for a, c, ptr, size, stride in before:
         if c.data_ptr() != ptr or c.size() != size or c.stride() != stride:
             S.forget_cpu_view(a)
-            _follow(a, c)
+            follow(a, c)
     # results that alias a written argument are that argument (in place, out=)
     by_id = {}
     for a, c in zip(_flat_all(args, kwargs), _flat_all(cargs, ckwargs)):
