@@ -1,28 +1,38 @@
-"""The bare-fallback floor of a Python PrivateUse1 device: what an npu operator cannot go below.
+"""The floor of a Python PrivateUse1 device: the fewest Python calls an npu operator can make.
 
     python benchmarks/npu_floor.py [--rounds 5] [--calls 300] [--threads 1]    (prints JSON)
 
 The barest device torch's Python route allows, in this process only (PrivateUse1 can be renamed
 once per process: ``benchmarks/npu_ops.py --floor`` runs this file as a child): torch's
 ``_setup_privateuseone_for_python_backend`` with its dummy hooks and guard, the device named
-``npu``, and
+``npu``, and the same algorithm as npusim's operators (runtime/torch/ops.py, structured.py)
+with everything a device needs beyond the work itself taken out:
 
-- memory: ``np.empty`` exported through DLPack with the device kDLExtDev (torch's PrivateUse1),
-  as npusim's storage does, but no pool, no stream, no context, no statistics; a registry maps a
-  storage's address to the CPU storage on the same bytes (a weak reference, so the memory dies
-  with the tensor);
-- one boxed fallback: a view operator runs torch's CPU kernel on the tensor itself; any other
-  swaps each npu tensor for a CPU view (``set_`` on the CPU storage: no cache), runs torch's CPU
-  kernel, and copies a new result into a new npu tensor (a written argument is returned as
-  itself);
+- memory: ``np.empty`` of the result's dtype and shape exported through DLPack with the device
+  kDLExtDev (torch's PrivateUse1), its CPU tensor made at once (``torch.from_numpy``) as the
+  view the kernel writes through; no pool, no statistics, no stream, no context, no device
+  index, no check that the memory is live. A registry maps a storage's address to its owner (a
+  weak reference with no callback: an address is simply registered again when reused);
+- a CPU view of an npu tensor: cached on the owner per (dtype, offset, sizes, strides), as
+  npusim caches them (``set_`` on the owner's CPU storage the first time);
+- a functional structured operator (runtime/torch/kernels.py ``_STRUCTURED``: ``add.Tensor``,
+  ``mm``, ``_softmax`` ...): one Python kernel, as npusim's: the result's sizes, strides and
+  dtype from the meta kernel remembered per argument signature, the result allocated, the
+  ``out=`` form's CPU kernel run on the views into it (a call the meta kernel refuses takes the
+  fallback);
+- one boxed fallback for the rest: a view operator runs torch's CPU kernel on the tensor itself;
+  any other runs torch's CPU kernel on the views and copies a new result into a new npu tensor
+  (a written argument is returned as itself); no stream order, no profiler / sanitizer / graph
+  checks, no wrapped-number overloads, no ``out=`` resize handling;
 - the same dispatch table as npusim's device for the operators torch would decompose
-  (runtime/torch/kernels.py's lists: layer norm, softmax, ``_foreach_*``... take the CPU kernel
-  through the fallback), so the floor runs the same kernels as npusim's operator;
+  (kernels.py's lists: layer norm, ``_foreach_*``... take the CPU kernel through the fallback),
+  so the floor runs the same CPU kernels as npusim's operator;
 - ``empty.memory_format``, ``empty_strided`` and ``_copy_from`` as kernels of their own.
 
-No device index, no stream order, no error checks: it is a measuring stick, not a device. It
-prints, per operator of ``benchmarks/npu_ops.py``, the CPU eager and floor microseconds (the
-best round's mean of process CPU time, interleaved as npu_ops.py does).
+It is a measuring stick, not a device: what is left between npusim and it is the device's own
+work (the pool and its statistics, stream order, the device index, the memory checks, the
+recorders' switches). It prints, per operator of ``benchmarks/npu_ops.py``, the CPU eager and
+floor microseconds (the best round's mean of process CPU time, interleaved as npu_ops.py does).
 """
 from __future__ import annotations
 
@@ -38,27 +48,23 @@ import numpy as np
 import torch
 
 _KDL_EXT_DEV = 12
+_DL_DEVICE = (ctypes.c_int32 * 2)(_KDL_EXT_DEV, 0)
 _CPU_KS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _capsule_ptr = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_ptr.restype = ctypes.c_void_p
 _capsule_ptr.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_Tensor = torch.Tensor
 _live: dict = {}                  # storage address -> weakref to its _Owner
 
 
 class _Owner(np.ndarray):
-    """The numpy array a floor storage keeps alive; ``cpu``: the CPU storage on its bytes."""
-
-
-def _forget(addr, ref):
-    if _live.get(addr) is ref:
-        del _live[addr]
+    """The numpy array a floor storage keeps alive; ``cpu``: the CPU tensor on its bytes,
+    ``views``: its CPU views by (dtype, offset, sizes, strides)."""
 
 
 def _export(arr: np.ndarray) -> torch.Tensor:
     cap = arr.__dlpack__()
-    p = _capsule_ptr(cap, b"dltensor")
-    dl = (ctypes.c_int32 * 2).from_address(p + 8)
-    dl[0], dl[1] = _KDL_EXT_DEV, 0
+    ctypes.memmove(_capsule_ptr(cap, b"dltensor") + 8, _DL_DEVICE, 8)
     return torch.from_dlpack(cap)
 
 
@@ -80,21 +86,35 @@ def _contiguous(size) -> tuple:
     return tuple(reversed(strides))
 
 
+def _owner(base: np.ndarray, key) -> _Owner:
+    """``base`` as a registered owner; its CPU tensor ``cpu`` is the view of ``key``."""
+    cpu = torch.from_numpy(base)              # holds ``base``, never the owner (no cycle)
+    owner = base.view(_Owner)
+    owner.cpu = cpu
+    owner.views = {key: cpu} if key is not None else {}
+    _live[cpu.data_ptr()] = weakref.ref(owner)
+    return owner
+
+
+def empty_with_view(size: tuple, stride: tuple, dtype) -> tuple:
+    """(a new npu tensor, its CPU view)."""
+    npdt = _NUMPY.get(dtype)
+    if npdt is not None and 0 not in size and stride == _contiguous(size):
+        owner = _owner(np.empty(size, npdt), (dtype, 0, size, stride))
+        return _export(owner), owner.cpu
+    t = empty_strided(size, stride, dtype)
+    return t, cpu_view(t)
+
+
 def empty_strided(size, stride, dtype=None, **_):
     dtype = dtype or torch.get_default_dtype()
     size, stride = tuple(size), tuple(stride)
+    npdt = _NUMPY.get(dtype)
+    if npdt is not None and 0 not in size and stride == _contiguous(size):
+        return _export(_owner(np.empty(size, npdt), (dtype, 0, size, stride)))
     item = _ITEM.get(dtype) or torch.empty((), dtype=dtype).element_size()
     span = 0 if 0 in size else 1 + sum((n - 1) * s for n, s in zip(size, stride))
-    base = np.empty(max(span, 1) * item, np.uint8)
-    owner = base.view(_Owner)
-    cpu = torch.from_numpy(base)              # holds ``base``, never the owner (no cycle)
-    owner.cpu = cpu.untyped_storage()
-    addr = cpu.data_ptr()
-    _live[addr] = weakref.ref(owner, lambda r, a=addr: _forget(a, r))
-    npdt = _NUMPY.get(dtype)
-    if npdt is not None and span and stride == _contiguous(size):
-        return _export(owner.view(npdt).reshape(size))   # dtype and shape in one step
-    t = _export(owner)
+    t = _export(_owner(np.empty(max(span, 1) * item, np.uint8), None))
     if dtype != torch.uint8:
         t = torch.ops.aten.view.dtype.redispatch(_CPU_KS, t, dtype)
     return torch.ops.aten.as_strided.default.redispatch(_CPU_KS, t, size, stride, 0)
@@ -106,8 +126,13 @@ def empty_memory_format(size, dtype=None, memory_format=None, **_):
 
 
 def cpu_view(t: torch.Tensor) -> torch.Tensor:
-    st = _live[t.untyped_storage().data_ptr()]().cpu
-    return torch.empty((0,), dtype=t.dtype).set_(st, t.storage_offset(), t.size(), t.stride())
+    owner = _live[t.untyped_storage().data_ptr()]()
+    key = (t.dtype, t.storage_offset(), t.size(), t.stride())
+    v = owner.views.get(key)
+    if v is None:
+        v = owner.views[key] = torch.empty((0,), dtype=t.dtype).set_(
+            owner.cpu.untyped_storage(), key[1], key[2], key[3])
+    return v
 
 
 def copy_from(src, dst, non_blocking=False):
@@ -126,9 +151,9 @@ def _schema(op):
 
 
 def _swap(a):
-    if isinstance(a, torch.Tensor):
+    if isinstance(a, _Tensor):
         return cpu_view(a) if a.device.type == "npu" else a
-    if isinstance(a, (list, tuple)) and any(isinstance(b, torch.Tensor) for b in a):
+    if isinstance(a, (list, tuple)) and any(isinstance(b, _Tensor) for b in a):
         return type(a)(_swap(b) for b in a)
     return a
 
@@ -149,15 +174,64 @@ def fallback(op, *args, **kwargs):
         a = back.get(id(r))
         if a is not None:
             return a
-        t = empty_strided(r.size(), r.stride() if r.is_contiguous() else
-                          _contiguous(tuple(r.size())), r.dtype)
-        cpu_view(t).copy_(r)
+        t, c = empty_with_view(tuple(r.size()), r.stride() if r.is_contiguous() else
+                               _contiguous(tuple(r.size())), r.dtype)
+        c.copy_(r)
         return t
-    if isinstance(out, torch.Tensor):
+    if isinstance(out, _Tensor):
         return to_npu(out)
     if isinstance(out, (list, tuple)):
-        return type(out)(to_npu(o) if isinstance(o, torch.Tensor) else o for o in out)
+        return type(out)(to_npu(o) if isinstance(o, _Tensor) else o for o in out)
     return out
+
+
+_META: dict = {}              # (op, argument signature) -> (sizes, strides, dtype) or None
+
+
+def _key(op, args, kwargs):
+    key = [op]
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, _Tensor):
+            key.append((a.dtype, a.size(), a.stride()))
+        elif type(a) in (list, tuple):
+            key.append(tuple((b.dtype, b.size(), b.stride()) if isinstance(b, _Tensor)
+                             else b for b in a))
+        else:
+            key.append(a)
+    key.append(tuple(kwargs))
+    return tuple(key)
+
+
+def _meta(a):
+    if isinstance(a, _Tensor):
+        return torch.empty_strided(a.size(), a.stride(), dtype=a.dtype, device="meta")
+    if type(a) in (list, tuple):
+        return type(a)(_meta(b) for b in a)
+    return a
+
+
+def structured(op, out_op):
+    """The floor's kernel of a functional structured operator (see the note)."""
+    out_name = out_op._schema.arguments[-1].name
+
+    def kernel(*args, **kwargs):
+        key = _key(op, args, kwargs)
+        m = _META.get(key, False)
+        if m is False:
+            try:
+                r = op(*[_meta(a) for a in args], **{k: _meta(v) for k, v in kwargs.items()})
+                m = (tuple(r.size()), tuple(r.stride()), r.dtype)
+            except Exception:
+                m = None
+            _META[key] = m
+        if m is None:
+            return fallback(op, *args, **kwargs)
+        out, c = empty_with_view(*m)
+        ckwargs = {k: _swap(v) for k, v in kwargs.items()}
+        ckwargs[out_name] = c
+        out_op(*[_swap(a) for a in args], **ckwargs)
+        return out
+    return kernel
 
 
 class _Module:
@@ -192,7 +266,15 @@ def install() -> None:
     # the same operators as npusim's device take their CPU kernel instead of a decomposition
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, root)
-    from runtime.torch.kernels import _cpu_kernel_ops, _foreach_ops
+    from runtime.torch.kernels import _STRUCTURED, _cpu_kernel_ops, _foreach_ops, _overload
+    from runtime.torch.structured import out_form
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    for name in _STRUCTURED:      # as npusim registers them (kernels.register)
+        if has("aten::" + name, "CompositeExplicitAutogradNonFunctional"):
+            op = _overload(name)
+            out_op = out_form(op)
+            if out_op is not None:
+                lib.impl(name, structured(op, out_op), "PrivateUse1")
     for name in _cpu_kernel_ops() + _foreach_ops():
         op = torch.ops.aten
         for part in name.split("."):

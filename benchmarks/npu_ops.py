@@ -9,7 +9,7 @@ forward, backward, AdamW step) on npu and on CPU, with their ratios. ``--figures
 the section "npu-ops" of docs/figures.md. ``--base DIR`` first runs the same measurement on another
 checkout of npusim (e.g. ``git archive`` of main into DIR) in a child process, and puts its npu
 figures and ratios next to these ones: before and after from one run. ``--floor`` adds the
-bare-fallback floor (benchmarks/npu_floor.py, a child process) per operator and per operator
+floor of a Python device (benchmarks/npu_floor.py, a child process) per operator and per operator
 class; ``--libs`` a transformers Trainer step (tiny GPT-2) and a tiny Llama step; ``--busy`` the
 same measurement again while another program (a Python spin loop it starts and kills) keeps one
 core busy.
@@ -249,7 +249,7 @@ def busy_run(args) -> dict:
 
 
 def floor_run(args) -> dict:
-    """The bare-fallback floor (benchmarks/npu_floor.py) in a child process (PrivateUse1 is
+    """The floor of a Python device (benchmarks/npu_floor.py) in a child process (PrivateUse1 is
     renamed once per process): {name: [cpu us, floor us]}."""
     import json
     import os
@@ -295,7 +295,7 @@ def main():
     ap.add_argument("--base-label", default="the base checkout",
                     help="how the figures page names --base (e.g. main's commit)")
     ap.add_argument("--floor", action="store_true",
-                    help="also measure the bare-fallback floor (benchmarks/npu_floor.py)")
+                    help="also measure the floor of a Python device (benchmarks/npu_floor.py)")
     ap.add_argument("--libs", action="store_true",
                     help="also a transformers Trainer step and a tiny Llama step")
     ap.add_argument("--busy", action="store_true",
@@ -400,11 +400,18 @@ def write_figures(args, head, rows, classes, step, base, load0, libs, busy=None)
         "start. An npu operator is torch's CPU kernel on views of the device memory plus the "
         "device's Python: one boxed fallback, the pool's allocation for each result "
         "(docs/torch.md). "
-        + ("The *floor* is the barest Python PrivateUse1 device (benchmarks/npu_floor.py, in "
-           "a child process: PrivateUse1 is renamed once per process): one boxed fallback "
-           "running torch's CPU kernel on uncached CPU views, `np.empty` memory through "
-           "DLPack, no pool, no stream, no device index; its CPU eager column (same child) "
-           "gives its own ratio. " if classes else "")
+        + ("The *floor* is the fewest Python calls a Python PrivateUse1 device can make per "
+           "operator (benchmarks/npu_floor.py, in a child process: PrivateUse1 is renamed "
+           "once per process): npusim's algorithm with the device taken out. Each result is "
+           "`np.empty` of its dtype and shape exported through DLPack, its CPU tensor the "
+           "view the kernel writes through; CPU views of npu tensors cached per storage; a "
+           "functional structured operator (`add.Tensor`, `mm`, `_softmax`...) one Python "
+           "kernel (meta metadata remembered per argument signature, the `out=` CPU kernel "
+           "into the new result), any other operator one boxed fallback running torch's CPU "
+           "kernel on the views. No pool, no statistics, no stream order, no device index, "
+           "no memory checks, no profiler / sanitizer / graph switches. npu / floor is what "
+           "the device's own work costs; its CPU eager column (same child) gives the floor "
+           "its own ratio. " if classes else "")
         + ("The Trainer step is transformers' Trainer on a tiny GPT-2 (2 layers, width 32, "
            "batch 4, sequence 16; two alternating runs per device, the ratio of the medians), "
            "the Llama step a tiny LlamaForCausalLM (2 layers, width "
