@@ -120,7 +120,8 @@ def free_from_gc(ptr: DevicePtr) -> None:
         return
     if ctx.lock.acquire(blocking=False):
         try:
-            _drain(ctx)
+            if ctx.deferred:
+                _drain(ctx)
             _free_locked(ctx, ptr)
         finally:
             ctx.lock.release()

@@ -223,6 +223,15 @@ def host_view(buf, nbytes: int | None = None, *, name: str = "buf") -> np.ndarra
     return ctx.memory.view(addr, n)
 
 
+def host_array(ptr: DevicePtr, shape: tuple, dtype) -> np.ndarray:
+    """A writable numpy array of ``dtype`` and ``shape`` (C order) on the device memory at
+    ``ptr``, in one numpy call: what ``host_view(ptr).view(dtype).reshape(shape)`` gives, for
+    a DevicePtr its caller has just allocated with at least that many bytes (no checks: the
+    torch device's allocation of an operator's result, runtime/torch/storage.py)."""
+    mem = ptr._ctx.memory
+    return np.ndarray(shape, dtype, mem.array, ptr.addr - mem.base)
+
+
 def buffer_nbytes(buf) -> int:
     """Bytes available from ``buf`` (DevicePtr/DeviceArray) to the end of its allocation."""
     return device_region(buf, "buf")[2]

@@ -19,7 +19,9 @@ other is viewed onto the uint8 storage). When the storage's last user goes,
 torch calls the deleter, the _Owner dies, the _Memory is garbage-collected and its memory
 goes back to the pool in the order of the stream it was allocated on (runtime.free_from_gc).
 
-``_live`` maps the storage's address to a weak reference of its _Owner: the CPU view of an npu
+``_live`` maps the storage's address to a weak reference of its _Owner (the entry goes in
+``_Memory.__del__``, just before the memory goes back to the pool, so no other owner can have
+taken the address meanwhile: no weakref callback, no lock): the CPU view of an npu
 tensor (``cpu_view``) is a CPU tensor on the same bytes (the device memory *is* host memory in
 npusim), with the tensor's dtype, sizes, strides and offset; torch's CPU kernels run on it.
 The operators' fast path takes them from a small cache on the _Owner (``shared_cpu_view``),
@@ -34,7 +36,6 @@ from __future__ import annotations
 
 import ctypes
 import struct
-import threading
 import weakref
 
 import numpy as np
@@ -44,6 +45,7 @@ import runtime
 from runtime import profiler
 from runtime.context import contexts_by_device
 from runtime.memory import DeviceBuffer, free_from_gc, host_view, malloc_at
+from runtime.memory.pointers import host_array
 from runtime.pool import MemMallocPolicy
 from runtime.sanitizer import stream_check_enabled
 
@@ -61,9 +63,6 @@ _capsule_ptr = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_ptr.restype = ctypes.c_void_p
 _capsule_ptr.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
-# re-entrant: the garbage collector may run an _Owner's weakref callback (_forget) on the thread
-# that holds the lock, from an allocation inside ``with _lock`` (a plain Lock deadlocked there)
-_lock = threading.RLock()
 _live: dict = {}                  # storage address -> weakref to its _Owner
 
 
@@ -72,12 +71,6 @@ class _Owner(np.ndarray):
     ``dev`` is the allocation (a DeviceBuffer: ``dev.ptr``, ``dev.nbytes``), ``cpu`` a CPU tensor
     on all of its bytes (uint8, or the dtype and shape of the tensor allocated; every CPU view is
     on ``cpu.untyped_storage()``), ``index`` the device index."""
-
-
-def _forget(addr: int, ref) -> None:
-    with _lock:
-        if _live.get(addr) is ref:
-            del _live[addr]
 
 
 def _from_dlpack(arr: np.ndarray, device: int) -> torch.Tensor:
@@ -109,11 +102,12 @@ class _Memory(DeviceBuffer):
     collected, as a DeviceArray's; what every memory call takes. Lighter than a DeviceArray
     (no shape, no dtype: the tensor has those), and a storage is allocated per operator."""
 
-    __slots__ = ("ptr", "nbytes", "__weakref__")
+    __slots__ = ("ptr", "nbytes", "addr", "__weakref__")
 
     def __init__(self, nbytes: int):
         self.ptr = malloc_at(nbytes, MemMallocPolicy.HUGE_FIRST, _alloc_site())
         self.nbytes = nbytes
+        self.addr = 0           # the host address, its key in ``_live`` (_new_owner sets it)
 
     def device_ptr(self, name: str):
         return self.ptr
@@ -123,6 +117,11 @@ class _Memory(DeviceBuffer):
 
     def __del__(self):
         try:
+            # its owner is gone (the owner held it): drop the owner's entry, before the memory
+            # goes back to the pool (no new owner can have this address until then)
+            ref = _live.get(self.addr)
+            if ref is not None and ref() is None:
+                _live.pop(self.addr, None)
             free_from_gc(self.ptr)
         except Exception:       # device reset or interpreter shutdown: nothing left to free
             pass
@@ -134,21 +133,21 @@ def _new_owner(nbytes: int, device: int, typed=None) -> _Owner:
     them (the owner is exported as it is)."""
     bind_thread()
     dev = _Memory(nbytes)
-    view = host_view(dev.ptr, nbytes)
-    if typed is not None:
-        view = view.view(typed[0]).reshape(typed[1])
+    p = dev.ptr
+    # the numpy view of the new bytes: one numpy call for a typed one (no checks: just allocated)
+    view = host_view(p, nbytes) if typed is None else host_array(p, typed[1], typed[0])
     owner = view.view(_Owner)
     # a CPU tensor on the bytes, made from ``view``, never from the owner (a cycle through a
     # torch storage would never be collected); its storage is the one of every CPU view
     cpu = torch.from_numpy(view)
     # ``ctx`` / ``dev_id``: what shared_cpu_view checks, cheaply: the device's context is still
     # the one allocated from (a reset replaces it; nothing else can free memory the owner holds)
-    dev_id = dev.ptr.device_id      # the current device's context is the one allocated from
+    dev_id = p.device_id            # the current device's context is the one allocated from
     owner.__dict__.update(dev=dev, index=device, cpu=cpu, views={},
                           ctx=contexts_by_device.get(dev_id), dev_id=dev_id)
-    addr = cpu.data_ptr()                       # (numpy's ``.ctypes.data`` costs 10 us)
-    with _lock:         # (the memory of a dying owner may be reused before its _forget runs)
-        _live[addr] = weakref.ref(owner, lambda r, a=addr: _forget(a, r))
+    # the entry goes when the memory does (_Memory.__del__), not through a weakref callback
+    dev.addr = addr = cpu.data_ptr()            # (numpy's ``.ctypes.data`` costs 10 us)
+    _live[addr] = weakref.ref(owner)
     return owner
 
 
