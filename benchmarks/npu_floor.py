@@ -1,6 +1,7 @@
 """The floor of a Python PrivateUse1 device: the fewest Python calls an npu operator can make.
 
-    python benchmarks/npu_floor.py [--rounds 5] [--calls 300] [--threads 1]    (prints JSON)
+    python benchmarks/npu_floor.py [--rounds 5] [--calls 300] [--threads 1] [--steps 15]
+                                                                     (prints JSON)
 
 The barest device torch's Python route allows, in this process only (PrivateUse1 can be renamed
 once per process: ``benchmarks/npu_ops.py --floor`` runs this file as a child): torch's
@@ -27,12 +28,15 @@ with everything a device needs beyond the work itself taken out:
 - the same dispatch table as npusim's device for the operators torch would decompose
   (kernels.py's lists: layer norm, ``_foreach_*``... take the CPU kernel through the fallback),
   so the floor runs the same CPU kernels as npusim's operator;
-- ``empty.memory_format``, ``empty_strided`` and ``_copy_from`` as kernels of their own.
+- ``empty.memory_format``, ``empty_strided`` and ``_copy_from`` as kernels of their own;
+  ``scaled_dot_product_attention`` as npusim's (runtime/torch/attention.py: the CPU's fused
+  kernel where the CPU picks it).
 
 It is a measuring stick, not a device: what is left between npusim and it is the device's own
 work (the pool and its statistics, stream order, the device index, the memory checks, the
 recorders' switches). It prints, per operator of ``benchmarks/npu_ops.py``, the CPU eager and
-floor microseconds (the best round's mean of process CPU time, interleaved as npu_ops.py does).
+floor microseconds (the best round's mean of process CPU time, interleaved as npu_ops.py does),
+and with ``--steps`` npu_ops.py's training step on the floor device against CPU eager.
 """
 from __future__ import annotations
 
@@ -282,6 +286,10 @@ def install() -> None:
         if isinstance(op, torch._ops.OpOverloadPacket):
             op = op.default
         lib.impl(name, functools.partial(fallback, op), "PrivateUse1")
+    # scaled_dot_product_attention as npusim's device takes it: the CPU's fused kernel, not
+    # torch's decomposition (runtime/torch/attention.py; it imports nothing of the device)
+    from runtime.torch import attention
+    attention.register(lib)
     _libs.extend((fb, lib))
 
 
@@ -290,11 +298,16 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=0, help="also the training step (its steps)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     install()
-    from benchmarks.npu_ops import per_op
+    from benchmarks.npu_ops import per_op, training
     ops = per_op(args.rounds, args.calls, sync=_Module.synchronize)
+    if args.steps:          # the training step on the floor device, CPU eager alternating
+        step = training(args.steps)
+        ops["training step (ms)"] = [step["cpu_ms"], step["npu_ms"], step["ratio"],
+                                     step["same_loss"]]
     print(json.dumps({"ops": ops}))
 
 

@@ -257,7 +257,8 @@ def floor_run(args) -> dict:
     import sys
     here = os.path.dirname(os.path.abspath(__file__))
     cmd = [sys.executable, os.path.join(here, "npu_floor.py"), "--rounds", str(args.rounds),
-           "--calls", str(args.calls), "--threads", str(args.threads)]
+           "--calls", str(args.calls), "--threads", str(args.threads), "--steps",
+           str(args.steps)]
     env = dict(os.environ, PYTHONPATH=os.path.dirname(here))
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if out.returncode:
@@ -274,7 +275,7 @@ def by_class(ops: dict, floor: dict) -> list:
     """Per operator class: geometric means of npu / CPU, floor / CPU and npu / floor."""
     rows = []
     for cls in dict.fromkeys(CLASS.values()):
-        names = [k for k in ops if CLASS.get(k) == cls and k in floor]
+        names = [k for k in ops if CLASS.get(k) == cls and k in floor]   # (not the step)
         if not names:
             continue
         rows.append([cls, ", ".join(names),
@@ -332,8 +333,11 @@ def main():
             if f is None:
                 r += ["", "", ""]
                 continue
-            c, fl = f
-            r += [f"{fl:.1f}", f"{fl / c:.1f}x", f"{ops[r[0]][1] / fl:.2f}x"]
+            c, fl = f[:2]
+            if len(f) > 2:      # the training step: the median of the per-step ratios
+                r += [f"{fl:.1f}", f"{f[2]:.2f}x", f"{float(r[2]) / fl:.2f}x"]
+            else:
+                r += [f"{fl:.1f}", f"{fl / c:.1f}x", f"{ops[r[0]][1] / fl:.2f}x"]
     if busy:
         head += ["core busy: CPU eager", "core busy: npu", "core busy: npu / CPU"]
         for r in rows:
@@ -411,7 +415,9 @@ def write_figures(args, head, rows, classes, step, base, load0, libs, busy=None)
            "kernel on the views. No pool, no statistics, no stream order, no device index, "
            "no memory checks, no profiler / sanitizer / graph switches. npu / floor is what "
            "the device's own work costs; its CPU eager column (same child) gives the floor "
-           "its own ratio. " if classes else "")
+           "its own ratio. The floor runs the training step too (same child, alternating "
+           "with CPU eager; `scaled_dot_product_attention` takes the CPU's fused kernel as on "
+           "npusim). " if classes else "")
         + ("The Trainer step is transformers' Trainer on a tiny GPT-2 (2 layers, width 32, "
            "batch 4, sequence 16; two alternating runs per device, the ratio of the medians), "
            "the Llama step a tiny LlamaForCausalLM (2 layers, width "
