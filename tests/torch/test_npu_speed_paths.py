@@ -212,3 +212,22 @@ def test_another_device_is_switched_to_and_back():
     r = x + x
     assert r.device == torch.device("npu", 1) and torch.npu.current_device() == 0
     _same(r, a + a)
+
+
+def test_a_dead_storage_leaves_no_entry_and_a_reused_address_its_new_owner():
+    """storage.py drops a storage's ``_live`` entry in ``_Memory.__del__`` (no weakref
+    callback): the entries are exactly the live storages', a pool address reused by a new
+    tensor maps to the new owner, and the typed view (``host_array``) holds the tensor's bits."""
+    from runtime.torch import storage as S
+    torch.npu.synchronize()
+    before = set(S._live)
+    kept = [torch.full((16, 16), float(k), device="npu") for k in range(8)]
+    for k in range(200):          # short-lived results: the pool hands their addresses out again
+        (kept[k % 8] + 1).sum()
+    addrs = {t.untyped_storage().data_ptr() for t in kept}
+    assert set(S._live) - before == addrs
+    assert all(S.owner_of(t).cpu.data_ptr() == t.untyped_storage().data_ptr() for t in kept)
+    assert all(torch.equal(S.cpu_view(t), torch.full((16, 16), float(k)))
+               for k, t in enumerate(kept))
+    del kept
+    assert set(S._live) == before
