@@ -14,19 +14,28 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 # ---------------------------------------------------------------------- fixes the sweep found
-def test_storage_lock_survives_a_gc_callback_under_it():
-    """The garbage collector may run an npu storage's weakref callback (storage._forget) on the
-    thread that holds storage._lock, from an allocation inside it: the sweep hung there (cdist's
-    gradient) while the lock was not re-entrant."""
-    from runtime.torch import storage as S
+def test_a_storage_freed_inside_the_device_lock_does_not_hang():
+    """The garbage collector may free an npu storage on a thread that is inside an allocation:
+    the sweep hung there (cdist's gradient) on storage.py's lock. The free takes no lock of
+    storage.py (the storage's _live entry goes in _Memory.__del__, no weakref callback) and the
+    device's pool lock only when it is free (runtime.free_from_gc defers the free otherwise):
+    nothing hangs, and the memory is back at the next allocation."""
+    from runtime.context import contexts_by_device
+    torch.npu.set_device(0)
+    torch.npu.synchronize()
+    base = torch.npu.memory_allocated()
     done = threading.Event()
 
-    def under_lock():
-        with S._lock:
-            S._forget(-1, object())      # what the callback runs (no such address)
+    def inside_the_lock():
+        torch.npu.set_device(0)
+        t = torch.ones(100, device="npu")
+        with contexts_by_device[0].lock:
+            del t                         # its storage dies here, as under a gc callback
         done.set()
-    threading.Thread(target=under_lock, daemon=True).start()
-    assert done.wait(10), "storage._forget deadlocked under storage._lock"
+    threading.Thread(target=inside_the_lock, daemon=True).start()
+    assert done.wait(10), "an npu storage's free hung inside the device lock"
+    torch.empty(1, device="npu")          # the next allocation frees what was deferred
+    assert torch.npu.memory_allocated() == base
 
 
 def test_resize_to_the_same_sizes_keeps_strides():
