@@ -9,6 +9,7 @@ host buffer may be reused at once, as with ``runtime.memcpy_async``).
 from __future__ import annotations
 
 import functools
+import importlib
 
 import torch
 
@@ -20,11 +21,13 @@ from . import graphs as _graphs
 from . import pinned as _pinned
 from . import storage as S
 from .exitgate import gated
-from .ops import fallback
+from .ops import fallback, non_overlapping_dense
 from .structured import out_form, structured_kernel
 from .site import user_site
 
 _CPU_KS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_rgraph = importlib.import_module("runtime.graph")   # the module: runtime.graph is a function
+_clone = torch.ops.aten.clone.default
 _lib = None
 _aten = None
 
@@ -117,6 +120,33 @@ def copy_from(src, dst, non_blocking=False):
         s.enqueue(gated(lambda: view.copy_(staged), s), "copy H2D", "copy",
                   {"bytes": int(view.nbytes)}, site)
     return dst
+
+
+def clone(self, *, memory_format=None):
+    """``aten::clone`` on npu in one Python call. torch's composite for a new backend called the
+    device twice (``empty_like``, then ``copy_`` through ``_copy_from`` and the fallback); a
+    training step clones a score of activations (attention's projections and its backward).
+    The common case, as the fallback's ``_now`` takes it (an idle stream on the thread's device,
+    nothing recording, no conjugate / negative bit), with ``preserve_format`` on a
+    non-overlapping dense tensor (what CPU's ``empty_like`` keeps: the same sizes and strides)
+    or ``contiguous_format`` (``contiguous()``: contiguous strides): the result allocated with its CPU view and the CPU's copy into it (a copy is exact, so the
+    same bits). Anything else is the fallback's ``clone`` (task path, capture, other layouts)."""
+    if memory_format is None or memory_format == torch.preserve_format:
+        stride = tuple(self.stride())
+        if not non_overlapping_dense(self.size(), stride):
+            stride = None
+    elif memory_format == torch.contiguous_format:      # ``contiguous()``
+        stride = S.contiguous_strides(self.size())
+    else:
+        stride = None
+    if stride is not None and self.get_device() == _device.current() and self.numel() and \
+            not self.is_conj() and not self.is_neg() and not profiler.active() and \
+            not runtime.stream_check_enabled() and not _rgraph.active and \
+            runtime.current_stream().idle():
+        out, c = S.empty_with_view(tuple(self.size()), stride, self.dtype, self.get_device())
+        c.copy_(S.shared_cpu_view(self))
+        return out
+    return fallback(_clone, self, memory_format=memory_format)
 
 
 def copy_from_and_resize(src, dst):
@@ -294,6 +324,7 @@ def register() -> None:
         "set_.source_Tensor": _redispatch_cpu(a.set_.source_Tensor),
         "set_": _set_empty,
         "_has_compatible_shallow_copy_type": has_compatible_shallow_copy_type,
+        "clone": clone,
     }
     for name, fn in impls.items():
         _aten.impl(name, fn, "PrivateUse1")

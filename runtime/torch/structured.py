@@ -115,8 +115,10 @@ def _into(out_op, out_name, args, kwargs, out, c, size, stride):
     """``out_op``'s CPU kernel on the arguments' shared CPU views into ``c``, the view of
     ``out``, a new npu tensor of the meta's sizes and strides (structured_kernel's common case:
     ``_signature`` checked the devices, the caller the stream); ``out``."""
-    cargs = [_cpu_of(a) for a in args]
-    ckwargs = {k: _cpu_of(v) for k, v in kwargs.items()}
+    # a tensor here is an npu one or a 0-dim CPU one (``_signature``): the first, inline
+    cargs = [_shared_view(a) if isinstance(a, _Tensor) and a.get_device() >= 0 else _cpu_of(a)
+             for a in args]
+    ckwargs = {k: _cpu_of(v) for k, v in kwargs.items()} if kwargs else {}
     ckwargs[out_name] = c
     out_op(*cargs, **ckwargs)
     if c.size() != size or c.stride() != stride:    # never seen: a kernel that restrided it

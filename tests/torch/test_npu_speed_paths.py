@@ -231,3 +231,39 @@ def test_a_dead_storage_leaves_no_entry_and_a_reused_address_its_new_owner():
                for k, t in enumerate(kept))
     del kept
     assert set(S._live) == before
+
+
+CLONES = [
+    lambda x: x.clone(), lambda x: x.t().clone(), lambda x: x[:, ::2].clone(),
+    lambda x: x[:1, :3].clone(), lambda x: x.view(2, 3, 2, 5).permute(0, 2, 3, 1).clone(),
+    lambda x: x.t().contiguous(), lambda x: x[:, 1:].contiguous(),
+    lambda x: x.view(2, 3, 2, 5).clone(memory_format=torch.channels_last),
+    lambda x: x.view(2, 3, 2, 5).permute(0, 2, 3, 1).clone(memory_format=torch.contiguous_format),
+    lambda x: x[:, :1].expand(6, 4).clone(), lambda x: x.unsqueeze(1).clone(),
+]
+
+
+@pytest.mark.parametrize("k", range(len(CLONES)))
+def test_clone_and_contiguous_are_the_cpus_with_its_strides(k):
+    """kernels.clone (one Python call on an idle stream): the CPU's strides and bits, for every
+    memory format and layout; on a busy stream (the fallback's task path) the same."""
+    x = torch.randn(6, 10, generator=torch.Generator().manual_seed(k))
+    want = CLONES[k](x)
+    _same(CLONES[k](x.npu()), want)
+    xn = x.npu()
+    go = _slow(10)
+    try:
+        got = CLONES[k](xn)
+    finally:
+        go.set()
+    _same(got, want)
+
+
+def test_clone_keeps_the_bits_and_the_gradient():
+    a = torch.randn(3, 4, dtype=torch.complex64)
+    _same(a.npu().conj().clone().resolve_conj(), a.conj().clone().resolve_conj())
+    x = torch.randn(5, requires_grad=True)
+    xn = x.detach().npu().requires_grad_()
+    (x.clone() * 2).sum().backward()
+    (xn.clone() * 2).sum().backward()
+    _same(xn.grad, x.grad)
