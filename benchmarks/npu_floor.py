@@ -28,7 +28,8 @@ with everything a device needs beyond the work itself taken out:
 - the same dispatch table as npusim's device for the operators torch would decompose
   (kernels.py's lists: layer norm, ``_foreach_*``... take the CPU kernel through the fallback),
   so the floor runs the same CPU kernels as npusim's operator;
-- ``empty.memory_format``, ``empty_strided`` and ``_copy_from`` as kernels of their own;
+- ``empty.memory_format``, ``empty_strided``, ``_copy_from`` and ``clone`` (as npusim's: one
+  call) as kernels of their own;
   ``scaled_dot_product_attention`` as npusim's (runtime/torch/attention.py: the CPU's fused
   kernel where the CPU picks it).
 
@@ -238,6 +239,34 @@ def structured(op, out_op):
     return kernel
 
 
+_clone = torch.ops.aten.clone.default
+
+
+def clone(self, *, memory_format=None):
+    """One Python call, as npusim's (kernels.clone): the CPU's strides, the CPU's copy."""
+    if memory_format is None or memory_format == torch.preserve_format:
+        stride = tuple(self.stride())
+        if not self.is_contiguous() and not _dense(self.size(), stride):
+            return fallback(_clone, self, memory_format=memory_format)
+    elif memory_format == torch.contiguous_format:
+        stride = _contiguous(tuple(self.size()))
+    else:
+        return fallback(_clone, self, memory_format=memory_format)
+    out, c = empty_with_view(tuple(self.size()), stride, self.dtype)
+    c.copy_(cpu_view(self))
+    return out
+
+
+def _dense(size, stride) -> bool:
+    expect = 1
+    for n, st in sorted(zip(size, stride), key=lambda d: d[1]):
+        if n != 1:
+            if st != expect:
+                return False
+            expect *= n
+    return True
+
+
 class _Module:
     """The floor device's torch.npu: what the benchmark calls."""
 
@@ -265,7 +294,8 @@ def install() -> None:
     fb.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     lib = torch.library.Library("aten", "IMPL")
     for name, fn in (("empty.memory_format", empty_memory_format),
-                     ("empty_strided", empty_strided), ("_copy_from", copy_from)):
+                     ("empty_strided", empty_strided), ("_copy_from", copy_from),
+                     ("clone", clone)):
         lib.impl(name, fn, "PrivateUse1")
     # the same operators as npusim's device take their CPU kernel instead of a decomposition
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
