@@ -12,9 +12,9 @@ idle stream with nothing recording, the ``out=`` form's CPU kernel on the shared
 records as for any operator). The same kernel into the same layout: the same bits. A call the
 signature does not cover (a CPU tensor with dimensions, also in a list, two devices) or whose
 meta kernel raises takes the fallback with the functional operator, which raises torch's CPU
-error. Measured (benchmarks/npu_ops.py, 64x64 ``a + b``): 42 us before, 23 us after, against 1.8
-us on CPU; the bare-fallback floor, torch's composite and no pool (benchmarks/npu_floor.py),
-takes 38 us (docs/figures.md, "npu-ops").
+error. Measured (benchmarks/npu_ops.py, 64x64 ``a + b``): 42 us before, 22 us after, against 1.8
+us on CPU; the floor of a Python device (benchmarks/npu_floor.py: this algorithm without the
+pool, the stream and the checks) takes 15 us (docs/figures.md, "npu-ops").
 """
 from __future__ import annotations
 
