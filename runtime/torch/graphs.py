@@ -41,12 +41,12 @@ from runtime.memory import PrivatePool, private_pool
 from . import ops
 from . import storage as S
 
-_rgraph = importlib.import_module("runtime.graph")      # the module (runtime.graph is a function)
+rgraph = importlib.import_module("runtime.graph")      # the module (runtime.graph is a function)
 
 
 def capturing(stream=None) -> bool:
     """Whether ``stream`` (the current stream when None) is capturing a graph."""
-    if not _rgraph.active:
+    if not rgraph.active:
         return False
     s = stream if stream is not None else runtime.current_stream()
     return s.capture is not None
@@ -77,7 +77,7 @@ def _keep_storages(s, tensors) -> None:
 
 
 def capture_op(op, i, dev: int, s, args, kwargs):
-    """The fallback's computing operator ``op`` (``i``: ops._Info) as a node of the graph that
+    """The fallback's computing operator ``op`` (``i``: ops.OpInfo) as a node of the graph that
     stream ``s`` captures (see the note)."""
     if i.sync:
         refuse(f"{i.name} (a result on the host: a Scalar, a bool; .item())", s)

@@ -43,10 +43,10 @@ def empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memor
     if memory_format is None or memory_format == torch.contiguous_format or \
             len(size) != 4 + (memory_format == torch.channels_last_3d):
         # the common case: contiguous, on the thread's device (index None or 0, see device.py)
-        c = S._contiguous(size)
-        if c[1] and dtype in S._NUMPY and (device is None or not device.index):
+        c = S.contiguous_layout(size)
+        if c[1] and dtype in S.NUMPY_DTYPES and (device is None or not device.index):
             d = _device.current()
-            return S.empty_contiguous(size, dtype, d, S._NUMPY[dtype], c[1])
+            return S.empty_contiguous(size, dtype, d, S.NUMPY_DTYPES[dtype], c[1])
         return _empty_on(_dev(device), size, c[0], dtype)
     n, c, *rest = (max(x, 1) for x in size)
     if memory_format == torch.channels_last:

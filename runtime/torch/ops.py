@@ -57,7 +57,7 @@ from . import storage as S
 from .exitgate import gated
 from .site import user_site
 
-_rgraph = importlib.import_module("runtime.graph")   # the module: runtime.graph is a function
+rgraph = importlib.import_module("runtime.graph")   # the module: runtime.graph is a function
 
 _NPU = "npu"
 _CPU_KS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -68,7 +68,7 @@ _LATER = object()             # _now's answer when the operator needs the genera
 _shared_view = S.shared_cpu_view
 
 
-class _Info:
+class OpInfo:
     """What the fallback needs to know about one operator, from its schema."""
     __slots__ = ("name", "view", "written", "out", "sync", "gen", "plain", "wrapped", "packet")
 
@@ -118,10 +118,10 @@ def set_capture(fn) -> None:
     _capture = fn
 
 
-def info(op) -> _Info:
+def info(op) -> OpInfo:
     i = _info.get(op)
     if i is None:
-        i = _info[op] = _Info(op)
+        i = _info[op] = OpInfo(op)
     return i
 
 
@@ -226,11 +226,11 @@ def fallback(op, *args, **kwargs):
         return op.redispatch(_CPU_KS, *args, **kwargs)
     if i.packet is not None:
         numbers = wrapped_numbers(i, args, kwargs)
-        if numbers:               # the Scalar overload, as torch picks for a number (see _Info)
+        if numbers:               # the Scalar overload, as torch picks for a number (see OpInfo)
             op = i.packet.get(numbers) or i.packet.setdefault(
                 numbers, scalar_overload(op, numbers))
     if i.plain and not profiler.active() and not stream_check_enabled() and \
-            not _rgraph.active:           # a capture takes the task path (graphs.py)
+            not rgraph.active:           # a capture takes the task path (graphs.py)
         out = _now(op, i, args, kwargs)
         if out is not _LATER:
             return out
@@ -259,7 +259,7 @@ def scalar_overload(op, numbers: tuple):
     return packet
 
 
-def wrapped_numbers(i: _Info, args, kwargs) -> tuple:
+def wrapped_numbers(i: OpInfo, args, kwargs) -> tuple:
     """The positions of the Tensor arguments that came as Python numbers (wrapped scalars)."""
     out = ()
     for pos, name in i.wrapped:
@@ -269,7 +269,7 @@ def wrapped_numbers(i: _Info, args, kwargs) -> tuple:
     return out
 
 
-def _call(op, i: _Info, args, kwargs, cargs: list, ckwargs: dict):
+def _call(op, i: OpInfo, args, kwargs, cargs: list, ckwargs: dict):
     """``op`` on the CPU views ``cargs``/``ckwargs``; returns (its result, None), or, when an
     npu ``out=`` tensor must grow (its view's CPU storage is the device memory, which torch
     cannot resize: "Trying to resize storage that is not resizable"), (the result, {id(old
@@ -308,7 +308,7 @@ def _call(op, i: _Info, args, kwargs, cargs: list, ckwargs: dict):
     return op(*cargs, **ckwargs), fresh
 
 
-def _now(op, i: _Info, args, kwargs):
+def _now(op, i: OpInfo, args, kwargs):
     """The operator run at once on shared CPU views, or _LATER (see the note: the fast path)."""
     dev = -1                      # the npu device index
     cargs = []
@@ -412,7 +412,7 @@ def follow(a: torch.Tensor, c: torch.Tensor) -> None:
     S.cpu_view(a).copy_(c)
 
 
-def _compute(op, i: _Info, dev: int, args, kwargs):
+def _compute(op, i: OpInfo, dev: int, args, kwargs):
     s = runtime.current_stream()
     if i.gen is not None:
         args, kwargs = _with_generator(i, dev, args, kwargs)
@@ -433,7 +433,7 @@ def _compute(op, i: _Info, dev: int, args, kwargs):
     return enqueue_task(op, i, dev, s, args, kwargs, margs, mkwargs, mout)
 
 
-def _with_generator(i: _Info, dev: int, args, kwargs):
+def _with_generator(i: OpInfo, dev: int, args, kwargs):
     pos, name = i.gen
     if pos < len(args):
         if args[pos] is None:
@@ -443,7 +443,7 @@ def _with_generator(i: _Info, dev: int, args, kwargs):
     return args, kwargs
 
 
-def _written_args(i: _Info, args, kwargs):
+def _written_args(i: OpInfo, args, kwargs):
     """The tensors the operator writes (in place / out=), in schema order."""
     return _at(i.written, args, kwargs)
 
@@ -457,7 +457,7 @@ def _at(where, args, kwargs):
     return out
 
 
-def _run_now(op, i: _Info, dev: int, args, kwargs):
+def _run_now(op, i: OpInfo, dev: int, args, kwargs):
     cargs, ckwargs = map_npu(args, kwargs, _cpu)
     if not i.written:
         return _rebuild(op(*cargs, **ckwargs), lambda r: to_npu(r, dev))
@@ -497,7 +497,7 @@ def to_npu(r: torch.Tensor, dev: int) -> torch.Tensor:
     return t
 
 
-def enqueue_task(op, i: _Info, dev: int, s, args, kwargs, margs, mkwargs, mout):
+def enqueue_task(op, i: OpInfo, dev: int, s, args, kwargs, margs, mkwargs, mout):
     site = user_site(3)
     # the meta results: written arguments come back as themselves, new ones get npu tensors
     meta_to_npu = {id(m): a for m, a in zip(_flat_all(margs, mkwargs), _flat_all(args, kwargs))}

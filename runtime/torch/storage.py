@@ -180,9 +180,9 @@ def empty_strided(size, stride, dtype: torch.dtype, device: int) -> torch.Tensor
     """An uninitialised npu tensor with these sizes and strides (the current runtime device
     must be ``device``)."""
     size, stride = tuple(size), tuple(stride)
-    npdt = _NUMPY.get(dtype)
+    npdt = NUMPY_DTYPES.get(dtype)
     if npdt is not None:
-        c = _contiguous(size)
+        c = contiguous_layout(size)
         if stride == c[0] and c[1]:
             return empty_contiguous(size, dtype, device, npdt, c[1])
     item = _ITEMSIZE.get(dtype) or torch.empty((), dtype=dtype).element_size()
@@ -201,9 +201,9 @@ def empty_strided(size, stride, dtype: torch.dtype, device: int) -> torch.Tensor
 def empty_with_view(size: tuple, stride: tuple, dtype: torch.dtype, device: int) -> tuple:
     """``(empty_strided(...), its shared CPU view)``: an operator's result and what its CPU
     kernel writes through."""
-    npdt = _NUMPY.get(dtype)
+    npdt = NUMPY_DTYPES.get(dtype)
     if npdt is not None:
-        c = _contiguous(size)
+        c = contiguous_layout(size)
         if stride == c[0] and c[1]:
             owner = _new_owner(c[1] * _ITEMSIZE[dtype], device, (npdt, size))
             owner.views[(dtype, 0, size, stride)] = owner.cpu
@@ -219,8 +219,8 @@ def empty_contiguous(size: tuple, dtype: torch.dtype, device: int, npdt=None,
     numpy view), without two redispatches. ``owner.cpu`` is its shared CPU view, made here at
     no cost (an operator's result is written through it next)."""
     if npdt is None:
-        npdt = _NUMPY[dtype]
-        numel = _contiguous(size)[1]
+        npdt = NUMPY_DTYPES[dtype]
+        numel = contiguous_layout(size)[1]
     owner = _new_owner(numel * _ITEMSIZE[dtype], device, (npdt, size))
     owner.views[(dtype, 0, size, _CONTIGUOUS[size][0])] = owner.cpu
     return _from_dlpack(owner, device)
@@ -229,7 +229,7 @@ def empty_contiguous(size: tuple, dtype: torch.dtype, device: int, npdt=None,
 _CONTIGUOUS: dict = {}            # sizes -> (contiguous strides, number of elements)
 
 
-def _contiguous(size: tuple) -> tuple:
+def contiguous_layout(size: tuple) -> tuple:
     """(contiguous strides, number of elements) of ``size`` (a tuple), remembered: a training
     step allocates the same few shapes again and again."""
     c = _CONTIGUOUS.get(size)
@@ -250,7 +250,7 @@ _ITEMSIZE = {d: torch.empty((), dtype=d).element_size() for d in (
 
 _SAME_SIZE = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64, 16: np.complex128}
 
-_NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
+NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
           torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8,
           torch.uint8: np.uint8, torch.bool: np.bool_}
 

@@ -26,7 +26,7 @@ from runtime.sanitizer import stream_check_enabled
 
 from . import device as _device
 from . import storage as S
-from .ops import (_Info, _rgraph, fallback, follow, info, map_npu, meta_like, scalar_overload,
+from .ops import (OpInfo, rgraph, fallback, follow, info, map_npu, meta_like, scalar_overload,
                   wrapped_numbers)
 
 _Tensor = torch.Tensor
@@ -73,7 +73,7 @@ def structured_kernel(op, out_op):
             # conditions for ``_now``); ``run``: the out= form, or its overload for the Python
             # numbers among the arguments (the fallback's choice: ``scalar_overload``)
             if run is not None and not profiler.active() and not stream_check_enabled() and \
-                    not _rgraph.active and runtime.current_stream().idle():
+                    not rgraph.active and runtime.current_stream().idle():
                 out, c = S.empty_with_view(size, stride, dtype, dev)
                 return _into(run, out_name, args, kwargs, out, c, size, stride)
             out = S.empty_strided(size, stride, dtype, dev)
@@ -86,7 +86,7 @@ def structured_kernel(op, out_op):
     return kernel
 
 
-def _meta(op, out_op, oi: _Info, key, args, kwargs):
+def _meta(op, out_op, oi: OpInfo, key, args, kwargs):
     """The result's (sizes, strides, dtype, the out= operator to run: ``out_op`` or, for Python
     numbers among the arguments, its Scalar overload as the fallback picks it; None when there
     is none) for ``op`` on these arguments, from its meta kernel (remembered under ``key``);
