@@ -165,7 +165,7 @@ def _rendezvous(host: str, port: int, secret: bytes, uid: str, rank: int, size: 
         # The ordering that makes every first message usable: a rank returns its communicator
         # (and may send) only after every rank has connected, i.e. knows which peers share its
         # node. Without this barrier a fast rank's first SHM_DATA could reach a peer that had
-        # not yet learnt the sender is local (docs/algorithms.md, "Start-up ordering").
+        # not yet learnt the sender is local (docs/transport.md, "Start-up ordering").
         store.set(f"{uid}/connected/{rank}", b"1")
         _wait_all(store, [f"{uid}/connected/{r}" for r in range(size)], timeout, rank,
                   "never finished connecting")

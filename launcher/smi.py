@@ -18,7 +18,8 @@ import argparse
 import os
 import sys
 
-from runtime import card, config
+from runtime import config
+from runtime.memory import card
 from runtime.acl import SOC_NAME
 
 MiB = 1 << 20

@@ -28,7 +28,7 @@ default class. Measured, 64 KiB
 all_reduce at world 2 (an enqueue then a synchronize per call): 2.7 -> 0.3-0.7 involuntary
 switches of the caller per call; medians of 6-8 alternating jobs 71 -> 45, 93 -> 62 and
 97 -> 75 us in three A/Bs; the data-parallel example, which overlaps its AllReduces,
-unchanged (docs/algorithms.md). An idle stream burns no core.
+unchanged. An idle stream burns no core.
 
 A graph replay is enqueued lazily (``enqueue_lazy``): the host nearly always synchronizes right
 after it, so the worker is not rung while it patrols (it sleeps at most ``PATROL_S`` at a time

@@ -45,7 +45,7 @@ from hccl import wire
 from hccl.transport.base import DONE, Pair, PeerGone, SendHandle, TransportError
 from hccl.transport.shm import SLICE
 from hccl.transport.zmq import ACK_STEP, SocketPair
-from runtime import ipc
+from runtime.memory import ipc
 from runtime.errors import MemoryAccessError
 
 log = logging.getLogger("hccl.transport")

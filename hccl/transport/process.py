@@ -57,7 +57,8 @@ from hccl.transport.base import LoopbackPair, Pair, Transport
 from hccl.transport.liveness import PeerProcess
 from hccl.transport.local import LocalPair
 from hccl.transport.zmq import MAX_MESSAGE, SocketDevice
-from runtime import ipc, sched
+from runtime import sched
+from runtime.memory import ipc
 
 log = logging.getLogger("hccl.transport")
 

@@ -46,7 +46,7 @@ from runtime import profiler
 from runtime.context import contexts_by_device
 from runtime.memory import DeviceBuffer, free_from_gc, host_view, malloc_at
 from runtime.memory.pointers import host_array
-from runtime.pool import MemMallocPolicy
+from runtime.memory.pool import MemMallocPolicy
 from runtime.sanitizer import stream_check_enabled
 
 from .site import user_site
