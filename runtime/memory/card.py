@@ -23,13 +23,17 @@ check and no pid reuse to guard against (the pid and its start time, from /proc/
 kept to name the holder). A forked child closes the ledger descriptors it inherited
 (``os.register_at_fork``), so a DataLoader worker does not keep its dead parent's slot alive.
 
-Why a file that stays: a ledger removed by its last holder would race with a process opening it
-at that moment (it would charge an unlinked file that no one else reads), unless a second,
-persistent file guarded the removal. A ledger that is valid at any time (dead slots are simply
-not counted, and a new holder reuses the first dead slot) needs no removal at all. It is a few
-hundred bytes per device used; it lives in ``/dev/shm/npusim.cards.<uid>`` by default, whose
-name is outside the ``npusim-<job id>-*`` pattern of job segments that npurun and CI remove
-(docs/memory.md). The directory is the user's own (mode 0700, checked: owner, no symlink).
+The last holder removes the ledger. A ledger is valid at any time (dead slots are simply not
+counted, a new holder reuses the first dead slot), so removing it is only tidiness, and must not
+race with a process opening it at that moment. The holder that leaves (``close``, also at the
+interpreter's exit) unlinks the file under the header lock when no live slot is left; a newcomer
+takes the same lock before it claims a slot and then checks that its descriptor is still the
+file's (``st_nlink`` > 0), else opens again: it never charges an unlinked file that no one else
+reads. The default directory, ``/dev/shm/npusim.cards.<uid>``, goes too when it is empty (a
+newcomer that loses it meanwhile creates it again). A holder killed with SIGKILL leaves its
+ledger until the next holder of that card leaves. Its name is outside the ``npusim-<job id>-*``
+pattern of job segments that npurun and CI remove (docs/memory.md); the directory is the user's
+own (mode 0700, checked: owner, no symlink).
 
 Which processes share a card: those with the same ``NPUSIM_CARD_DIR`` and node. The node is
 npurun's node rank (``NPUSIM_NODE`` = "<job id>/<node rank>"), 0 without npurun: this machine's
@@ -46,6 +50,7 @@ is also ``torch.OutOfMemoryError`` (``out_of_memory``), so code that catches tor
 """
 from __future__ import annotations
 
+import atexit
 import errno
 import fcntl
 import os
@@ -61,6 +66,7 @@ MAGIC = b"NPUSIMC1"
 HEADER = 64                      # magic, version, device: the header lock is on its byte 0
 SLOT = 128
 MAX_SLOTS = 1024                 # processes on one card at a time
+_OPEN_TRIES = 100                # opens of a ledger its last holder removed meanwhile
 LOCK_TIMEOUT = 10.0              # seconds a charge waits for the ledger before raising
 _HDR = struct.Struct("<8sii")
 # pid, start time (clock ticks after boot), reserved, capacity, rank, local rank, job id
@@ -283,15 +289,26 @@ class Card:
         if not config.card_share():
             return
         d = ledger_dir()
-        _own_dir(d)
         self.path = ledger_path(device_id, directory=d)
-        fd = _open(self.path, device_id, create=True)
-        try:
-            with _Locked(fd, self.path):
-                self.slot = self._claim(fd)
-        except BaseException:
+        for _ in range(_OPEN_TRIES):
+            _own_dir(d)
+            try:
+                fd = _open(self.path, device_id, create=True)
+            except FileNotFoundError:     # the last holder removed the directory meanwhile
+                continue
+            try:
+                with _Locked(fd, self.path):
+                    if os.fstat(fd).st_nlink:     # still the ledger: not removed meanwhile
+                        self.slot = self._claim(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            if self.slot >= 0:
+                break
             os.close(fd)
-            raise
+        else:
+            raise CardLedgerError(f"{self.path} was removed {_OPEN_TRIES} times while this "
+                                  "process opened it: set NPUSIM_CARD_DIR to a directory of yours")
         self.fd = fd
         _open_cards.add(self)
 
@@ -370,8 +387,14 @@ class Card:
                 with _Locked(fd, self.path):
                     os.pwrite(fd, b"\0" * SLOT, _slot_at(self.slot))
                     _unlock(fd, _slot_at(self.slot))
+                    last = not read_slots(fd, self.path) and _unlink_if_same(self.path, fd)
             finally:
                 os.close(fd)
+            if last and not config.card_dir():    # the default directory, when empty
+                try:
+                    os.rmdir(os.path.dirname(self.path))
+                except OSError:
+                    pass
 
     def _forget_after_fork(self) -> None:
         """In a forked child: the slot is the parent's; close the inherited descriptor (the
@@ -383,6 +406,31 @@ class Card:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def _unlink_if_same(path: str, fd: int) -> bool:
+    """Remove the ledger ``path`` if it is still the file open at ``fd`` (the caller holds its
+    header lock and saw no live slot); whether it did."""
+    try:
+        st, mine = os.stat(path, follow_symlinks=False), os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino):
+            return False
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+
+
+def _close_all() -> None:
+    """At the interpreter's exit: leave every card (the last holder removes its ledger)."""
+    for c in list(_open_cards):
+        try:
+            c.close()
+        except Exception:       # noqa: BLE001 - exiting: a ledger left behind is harmless
+            pass
+
+
+atexit.register(_close_all)
 
 
 def _after_fork_in_child() -> None:

@@ -217,3 +217,54 @@ def test_the_ledger_is_a_small_file_outside_the_job_segment_pattern(card_dir):
                          capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == f"/dev/shm/npusim.cards.{os.getuid()}", out.stderr
     assert not os.path.basename(out.stdout.strip()).startswith("npusim-")
+
+
+@pytest.mark.timeout(120)
+def test_the_last_holder_removes_the_ledger(card_dir):
+    runtime.set_device(0)
+    x = runtime.malloc(MiB)
+    path = card.ledger_path(0)
+    with Holder(0, 10):
+        assert os.path.exists(path)
+    assert os.path.exists(path)                      # this process still holds the card
+    runtime.free(x)
+    runtime.reset_device(0)
+    assert not os.path.exists(path)
+    # a holder's exit without a reset (the interpreter's exit) removes it too
+    with Holder(0, 10) as h:
+        assert os.path.exists(path)
+        assert h.release() == 0
+    assert not os.path.exists(path)
+
+
+_CHURN = """
+import os, sys
+from runtime.memory import card
+path = card.ledger_path(0)
+for i in range(int(sys.argv[1])):
+    c = card.Card(0, 1 << 30)
+    c.charge(1 << 20)
+    st, mine = os.stat(path), os.fstat(c.fd)
+    # the ledger this process charges is the file everyone opens, never a removed one
+    assert (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino) and mine.st_nlink == 1, i
+    c.close()
+print("ok")
+"""
+
+
+@pytest.mark.timeout(180)
+def test_holders_that_come_and_go_at_once_never_charge_a_removed_ledger(card_dir):
+    """Six processes open, charge and leave the card 60 times each, side by side: the last
+    holder's removal races with every newcomer's open."""
+    procs = [subprocess.Popen([sys.executable, "-c", _CHURN, "60"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(6)]
+    try:
+        outs = [p.communicate(timeout=150) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+    assert [(p.returncode, o.strip()) for p, (o, _) in zip(procs, outs)] == [(0, "ok")] * 6, \
+        [e[-1500:] for _, e in outs]
+    assert not os.path.exists(card.ledger_path(0))
