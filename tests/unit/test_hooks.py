@@ -45,12 +45,6 @@ def test_the_core_reaches_no_observer_even_inside_functions():
     assert "runtime.context" in reach(graph, "runtime.profiler")
 
 
-def test_no_two_runtime_modules_import_each_other():
-    graph = import_graph("runtime", inside_functions=True)
-    mutual = sorted((a, b) for a in graph for b in graph[a] if a < b and a in graph.get(b, ()))
-    assert mutual == []
-
-
 def test_the_stream_check_attaches_while_it_is_on(device):
     assert hooks.stream_check is None and not runtime.stream_check_enabled()
     runtime.enable_stream_check("raise")
@@ -156,22 +150,3 @@ def test_importing_the_pool_does_not_load_the_memory_api():
     assert out.returncode == 0, out.stderr
     assert "runtime.memory.pool" in out.stdout and "alloc" not in out.stdout \
         and "pointers" not in out.stdout
-
-
-def test_no_room_of_runtime_holds_more_than_20_modules_nor_a_module_over_600_lines():
-    crowded, long = {}, []
-    for dirpath, dirs, files in os.walk(os.path.join(ROOT, "runtime")):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
-        room = os.path.relpath(dirpath, ROOT).replace(os.sep, "/")
-        mods = [f for f in files if f.endswith(".py")]
-        if len(mods) > 20:
-            crowded[room] = len(mods)
-        if room.startswith("runtime/torch"):    # the torch rooms' rework (another change)
-            continue
-        for f in mods:
-            with open(os.path.join(dirpath, f), encoding="utf-8") as fh:
-                n = sum(1 for _ in fh)
-            if n > 600:
-                long.append(f"{room}/{f}: {n} lines")
-    assert crowded == {} and long == []
-    assert os.path.isfile(os.path.join(ROOT, "runtime", "memory", "pool.py"))
