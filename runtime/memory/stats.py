@@ -99,30 +99,16 @@ def rise(st: Stat, n: int) -> None:
 def malloc_moved(records, size: int, requested: int, idle_bytes: int, idle_count: int) -> None:
     """The moves of a malloc, ``records`` being a pool's ``BLOCK_STATS``: one block of ``size``
     bytes (``requested`` asked for) more, and the non-releasable free memory changed by
-    ``idle_bytes`` in ``idle_count`` blocks. ``rise`` and ``shift`` written out: every
-    allocation of an npu tensor comes here, and five Python calls were half its cost."""
+    ``idle_bytes`` in ``idle_count`` blocks."""
     alloc, req, count, idle, idle_n = records
-    alloc.current = c = alloc.current + size
-    alloc.allocated += size
-    if c > alloc.peak:
-        alloc.peak = c
-    c += alloc.other.current
-    if c > alloc.total.peak:
-        alloc.total.peak = c
-    req.current = c = req.current + requested
-    req.allocated += requested
-    if c > req.peak:
-        req.peak = c
-    c += req.other.current
-    if c > req.total.peak:
-        req.total.peak = c
-    count.current = c = count.current + 1
-    count.allocated += 1
-    if c > count.peak:
-        count.peak = c
-    c += count.other.current
-    if c > count.total.peak:
-        count.total.peak = c
+    rise(alloc, size)
+    rise(req, requested)
+    rise(count, 1)
+    _idle_moved(idle, idle_n, idle_bytes, idle_count)
+
+
+def _idle_moved(idle, idle_n, idle_bytes: int, idle_count: int) -> None:
+    """The non-releasable free memory changed by ``idle_bytes`` in ``idle_count`` blocks."""
     if idle_bytes > 0:
         rise(idle, idle_bytes)
     else:
@@ -141,14 +127,7 @@ def free_moved(records, size: int, requested: int, idle_bytes: int, idle_count: 
     alloc.current -= size
     req.current -= requested
     count.current -= 1
-    if idle_bytes > 0:
-        rise(idle, idle_bytes)
-    else:
-        idle.current += idle_bytes
-    if idle_count > 0:
-        rise(idle_n, idle_count)
-    else:
-        idle_n.current += idle_count
+    _idle_moved(idle, idle_n, idle_bytes, idle_count)
 
 
 class MemoryStats:
