@@ -300,22 +300,8 @@ def install() -> None:
     # the same operators as npusim's device take their CPU kernel instead of a decomposition
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, root)
-    from runtime.torch.kernels import _STRUCTURED, _cpu_kernel_ops, _foreach_ops, _overload
-    from runtime.torch.structured import out_form
-    has = torch._C._dispatch_has_kernel_for_dispatch_key
-    for name in _STRUCTURED:      # as npusim registers them (kernels.register)
-        if has("aten::" + name, "CompositeExplicitAutogradNonFunctional"):
-            op = _overload(name)
-            out_op = out_form(op)
-            if out_op is not None:
-                lib.impl(name, structured(op, out_op), "PrivateUse1")
-    for name in _cpu_kernel_ops() + _foreach_ops():
-        op = torch.ops.aten
-        for part in name.split("."):
-            op = getattr(op, part)
-        if isinstance(op, torch._ops.OpOverloadPacket):
-            op = op.default
-        lib.impl(name, functools.partial(fallback, op), "PrivateUse1")
+    from runtime.torch.kernels import register_cpu_kernels
+    register_cpu_kernels(lib, structured, fallback)
     # scaled_dot_product_attention as npusim's device takes it: the CPU's fused kernel, not
     # torch's decomposition (runtime/torch/attention.py; it imports nothing of the device)
     from runtime.torch import attention

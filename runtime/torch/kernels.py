@@ -332,22 +332,7 @@ def register() -> None:
         _aten.impl("_copy_from", copy_math_bits, key)
     # operators with a CPU kernel that torch would otherwise decompose for a new backend (other
     # rounding, more calls): they take the CPU kernel too, through the fallback
-    has = torch._C._dispatch_has_kernel_for_dispatch_key
-    for name in _STRUCTURED:      # one Python call each instead of two (structured_kernel)
-        # only where torch's composite for a new backend is the structured one
-        if has("aten::" + name, "CompositeExplicitAutogradNonFunctional") and \
-                not has("aten::" + name, "PrivateUse1"):
-            op = _overload(name)
-            out_op = out_form(op)
-            if out_op is not None:
-                _aten.impl(name, structured_kernel(op, out_op), "PrivateUse1")
-    for name in _cpu_kernel_ops() + _foreach_ops():
-        op = torch.ops.aten
-        for part in name.split("."):
-            op = getattr(op, part)
-        if isinstance(op, torch._ops.OpOverloadPacket):
-            op = op.default
-        _aten.impl(name, functools.partial(fallback, op), "PrivateUse1")
+    register_cpu_kernels(_aten, structured_kernel, fallback)
     if not _cuda_device_present():     # with a GPU, torch's CUDA pinned memory stays
         _aten.impl("is_pinned", is_pinned, "CPU")
         _aten.impl("_pin_memory", pin_memory, "CPU")
@@ -392,6 +377,25 @@ _STRUCTURED = ("add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "div.Tens
                "lt.Scalar", "gt.Tensor", "gt.Scalar", "le.Scalar", "ge.Scalar", "addcmul",
                "addcdiv", "lerp.Scalar", "cat", "_softmax", "_log_softmax",
                "_softmax_backward_data", "_log_softmax_backward_data")
+
+
+def register_cpu_kernels(lib, make_structured, run) -> None:
+    """Register on ``lib`` (an ``aten`` IMPL library) the PrivateUse1 kernels of every operator
+    that takes torch's CPU kernel: ``make_structured(op, out_op)`` for the structured operators
+    (one Python call each instead of torch's composite's two, where that composite is the
+    structured one), ``run(op, *args, **kwargs)`` (a boxed fallback) for every operator with a
+    CPU kernel that a new backend would decompose, and the ``_foreach_*`` ones. Used by
+    ``register`` and by benchmarks/npu_floor.py's bare device (the same operators)."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    for name in _STRUCTURED:
+        if has("aten::" + name, "CompositeExplicitAutogradNonFunctional") and \
+                not has("aten::" + name, "PrivateUse1"):
+            op = _overload(name)
+            out_op = out_form(op)
+            if out_op is not None:
+                lib.impl(name, make_structured(op, out_op), "PrivateUse1")
+    for name in _cpu_kernel_ops() + _foreach_ops():
+        lib.impl(name, functools.partial(run, _overload(name)), "PrivateUse1")
 
 
 def _overload(name: str):
