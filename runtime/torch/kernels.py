@@ -14,20 +14,21 @@ import importlib
 import torch
 
 import runtime
-from runtime import profiler
+from runtime import hooks, profiler
 
 from . import device as _device
 from . import graphs as _graphs
 from . import pinned as _pinned
 from . import storage as S
 from .exitgate import gated
-from .ops import fallback, non_overlapping_dense
+from .ops import fallback, idle_stream_on, non_overlapping_dense
 from .structured import out_form, structured_kernel
 from .site import user_site
 
 _CPU_KS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _rgraph = importlib.import_module("runtime.graph")   # the module: runtime.graph is a function
 _clone = torch.ops.aten.clone.default
+_copy = torch.ops.aten.copy_.default
 _lib = None
 _aten = None
 
@@ -79,9 +80,17 @@ def _stream_of(d: int):
 
 def copy_from(src, dst, non_blocking=False):
     """``dst.copy_(src)`` where either is on the npu (torch's _copy_from)."""
+    d = dst.get_device()
+    if d >= 0 and src.get_device() == d:
+        # within one device, the common case as the fallback's ``_now`` takes it (the thread's
+        # device, its stream idle, nothing recording or capturing): the CPU's copy between the
+        # shared views, which never changes ``dst``'s metadata; a copy is exact
+        if hooks.profiler is None and hooks.stream_check is None and not _rgraph.active and \
+                idle_stream_on(d):
+            S.shared_cpu_view(dst).copy_(S.shared_cpu_view(src), non_blocking)
+            return dst
+        return fallback(_copy, dst, src, non_blocking)
     if src.device.type == "npu" and dst.device.type == "npu":
-        if src.device.index == dst.device.index:
-            return fallback(torch.ops.aten.copy_.default, dst, src, non_blocking)
         # between two simulated NPUs: the source's stream first, then a copy on the target's
         s_src = _stream_of(src.device.index)
         s_src.synchronize()
@@ -332,7 +341,8 @@ def register() -> None:
         _aten.impl("_copy_from", copy_math_bits, key)
     # operators with a CPU kernel that torch would otherwise decompose for a new backend (other
     # rounding, more calls): they take the CPU kernel too, through the fallback
-    register_cpu_kernels(_aten, structured_kernel, fallback)
+    from .foreach import foreach_kernel
+    register_cpu_kernels(_aten, structured_kernel, fallback, foreach_kernel)
     if not _cuda_device_present():     # with a GPU, torch's CUDA pinned memory stays
         _aten.impl("is_pinned", is_pinned, "CPU")
         _aten.impl("_pin_memory", pin_memory, "CPU")
@@ -379,13 +389,14 @@ _STRUCTURED = ("add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "div.Tens
                "_softmax_backward_data", "_log_softmax_backward_data")
 
 
-def register_cpu_kernels(lib, make_structured, run) -> None:
+def register_cpu_kernels(lib, make_structured, run, make_foreach=None) -> None:
     """Register on ``lib`` (an ``aten`` IMPL library) the PrivateUse1 kernels of every operator
     that takes torch's CPU kernel: ``make_structured(op, out_op)`` for the structured operators
     (one Python call each instead of torch's composite's two, where that composite is the
     structured one), ``run(op, *args, **kwargs)`` (a boxed fallback) for every operator with a
     CPU kernel that a new backend would decompose, and the ``_foreach_*`` ones. Used by
-    ``register`` and by benchmarks/npu_floor.py's bare device (the same operators)."""
+    ``register`` and by benchmarks/npu_floor.py's bare device (the same operators).
+    ``make_foreach(op)``: a ``_foreach_*`` overload's own kernel, or None for ``run``'s."""
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     for name in _STRUCTURED:
         if has("aten::" + name, "CompositeExplicitAutogradNonFunctional") and \
@@ -395,7 +406,10 @@ def register_cpu_kernels(lib, make_structured, run) -> None:
             if out_op is not None:
                 lib.impl(name, make_structured(op, out_op), "PrivateUse1")
     for name in _cpu_kernel_ops() + _foreach_ops():
-        lib.impl(name, functools.partial(run, _overload(name)), "PrivateUse1")
+        op = _overload(name)
+        k = make_foreach(op) if make_foreach is not None and name.startswith("_foreach_") \
+            else None
+        lib.impl(name, k if k is not None else functools.partial(run, op), "PrivateUse1")
 
 
 def _overload(name: str):

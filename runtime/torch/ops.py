@@ -47,7 +47,8 @@ import importlib
 import torch
 
 import runtime
-from runtime import profiler
+from runtime import current as _current
+from runtime import hooks, profiler
 from runtime.errors import GraphCaptureError
 from runtime.sanitizer import stream_check_enabled
 
@@ -66,6 +67,8 @@ _Tensor = torch.Tensor
 _SEQ = (list, tuple)
 _LATER = object()             # _now's answer when the operator needs the general path
 _shared_view = S.shared_cpu_view
+_thread = _current.thread
+_contexts = _current.contexts_by_device
 
 
 class OpInfo:
@@ -116,6 +119,24 @@ def set_capture(fn) -> None:
     stream becomes (graphs.py's capture_op): ops never imports graphs, graphs imports ops."""
     global _capture
     _capture = fn
+
+
+def idle_stream_on(dev: int) -> bool:
+    """True when ``dev`` is the calling thread's device and its current stream is idle: the
+    fast paths' condition (``_now``, structured.py), read from the thread state once
+    (``runtime.current``) instead of asking for the device, then the stream (0.5 -> 0.25 us)."""
+    t = _thread
+    d = t.device
+    if d is None:
+        d = _current.process_device
+    if d != dev:
+        return False
+    ctx = _contexts.get(d)
+    if ctx is None:
+        return False
+    stacks = t.streams
+    st = stacks.get(d) if stacks else None
+    return (st[-1] if st else ctx.default_stream).idle()
 
 
 def info(op) -> OpInfo:
@@ -229,7 +250,7 @@ def fallback(op, *args, **kwargs):
         if numbers:               # the Scalar overload, as torch picks for a number (see OpInfo)
             op = i.packet.get(numbers) or i.packet.setdefault(
                 numbers, scalar_overload(op, numbers))
-    if i.plain and not profiler.active() and not stream_check_enabled() and \
+    if i.plain and hooks.profiler is None and hooks.stream_check is None and \
             not rgraph.active:           # a capture takes the task path (graphs.py)
         out = _now(op, i, args, kwargs)
         if out is not _LATER:
@@ -341,7 +362,7 @@ def _now(op, i: OpInfo, args, kwargs):
         dev = st[0]
     else:
         ckwargs = kwargs
-    if dev < 0 or dev != _device.current() or not runtime.current_stream().idle():
+    if dev < 0 or not idle_stream_on(dev):
         return _LATER
     if not i.written:
         out = op(*cargs, **ckwargs)

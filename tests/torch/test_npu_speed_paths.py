@@ -267,3 +267,28 @@ def test_clone_keeps_the_bits_and_the_gradient():
     (x.clone() * 2).sum().backward()
     (xn.clone() * 2).sum().backward()
     _same(xn.grad, x.grad)
+
+
+def test_the_out_form_is_called_through_torchs_function_only_where_it_dispatches_the_same():
+    """structured._binding: ``torch.add(a, b, out=c)`` stands for ``add.out`` only where, given
+    the same arguments, it dispatches exactly that overload; a Python number among them (the
+    Scalar overload) or a patched ``torch.<name>`` keeps the OpOverload. Same bits either way."""
+    from runtime.torch import structured as st
+    a, b, i, _ = _inputs()
+    st._META.clear()
+    _same(a.npu() + b.npu(), a + b)
+    _same(a.npu() * 3, a * 3)
+    _same(i.npu().sum(0), i.sum(0))
+    calls = {k[0]: m[4] for k, m in st._META.items()}
+    assert calls[torch.ops.aten.add.Tensor] is torch.add
+    assert calls[torch.ops.aten.sum.dim_IntList] is torch.sum
+    assert calls[torch.ops.aten.mul.Tensor] is torch.ops.aten.mul.Scalar_out
+    real = torch.sub
+    torch.sub = lambda *args, **kwargs: real(*args, **kwargs)   # a wrapper is never taken
+    try:
+        st._META.clear()
+        _same(a.npu() - b.npu(), a - b)
+        assert {k[0]: m[4] for k, m in st._META.items()}[torch.ops.aten.sub.Tensor] is \
+            torch.ops.aten.sub.out
+    finally:
+        torch.sub = real
