@@ -19,8 +19,9 @@ with everything a device needs beyond the work itself taken out:
 - a functional structured operator (runtime/torch/kernels.py ``_STRUCTURED``: ``add.Tensor``,
   ``mm``, ``_softmax`` ...): one Python kernel, as npusim's: the result's sizes, strides and
   dtype from the meta kernel remembered per argument signature, the result allocated, the
-  ``out=`` form's CPU kernel run on the views into it (a call the meta kernel refuses takes the
-  fallback);
+  ``out=`` form's CPU kernel run on the views into it, through torch's function of its name
+  where that dispatches the same overload (``torch.add(a, b, out=c)``: structured._binding); a
+  call the meta kernel refuses takes the fallback;
 - one boxed fallback for the rest: a view operator runs torch's CPU kernel on the tensor itself;
   any other runs torch's CPU kernel on the views and copies a new result into a new npu tensor
   (a written argument is returned as itself); no stream order, no profiler / sanitizer / graph
@@ -224,17 +225,22 @@ def structured(op, out_op):
         m = _META.get(key, False)
         if m is False:
             try:
-                r = op(*[_meta(a) for a in args], **{k: _meta(v) for k, v in kwargs.items()})
-                m = (tuple(r.size()), tuple(r.stride()), r.dtype)
+                margs = [_meta(a) for a in args]
+                mkwargs = {k: _meta(v) for k, v in kwargs.items()}
+                r = op(*margs, **mkwargs)
+                # the out= form through torch's function where it dispatches the same (npusim's
+                # route: structured._binding)
+                m = (tuple(r.size()), tuple(r.stride()), r.dtype,
+                     _binding(out_op, margs, mkwargs, r))
             except Exception:
                 m = None
             _META[key] = m
         if m is None:
             return fallback(op, *args, **kwargs)
-        out, c = empty_with_view(*m)
+        out, c = empty_with_view(*m[:3])
         ckwargs = {k: _swap(v) for k, v in kwargs.items()}
         ckwargs[out_name] = c
-        out_op(*[_swap(a) for a in args], **ckwargs)
+        m[3](*[_swap(a) for a in args], **ckwargs)
         return out
     return kernel
 
@@ -301,6 +307,8 @@ def install() -> None:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, root)
     from runtime.torch.kernels import register_cpu_kernels
+    from runtime.torch.structured import _binding
+    globals()["_binding"] = _binding
     register_cpu_kernels(lib, structured, fallback)
     # scaled_dot_product_attention as npusim's device takes it: the CPU's fused kernel, not
     # torch's decomposition (runtime/torch/attention.py; it imports nothing of the device)
