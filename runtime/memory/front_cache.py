@@ -20,21 +20,25 @@ from .blocks import Block
 
 
 class FrontCache:
-    """At most ``limit`` parked blocks, by ``(stream, size)``; the last one parked goes out first."""
+    """At most ``limit`` parked blocks, by ``(stream, size)``; the last one parked goes out first.
 
-    __slots__ = ("_parked", "count", "limit")
+    ``parked`` (``(stream, size)`` -> a non-empty list of blocks) and ``count`` are read and
+    changed by the allocator's one-step malloc and free too (CachingAllocator.malloc / free: the
+    same moves as ``take`` and ``park``, inline, on the path every small tensor takes)."""
+
+    __slots__ = ("parked", "count", "limit")
 
     def __init__(self, limit: int):
-        self._parked: dict[tuple, list[Block]] = {}
+        self.parked: dict[tuple, list[Block]] = {}
         self.count = 0
         self.limit = limit
 
     def park(self, b: Block) -> None:
         """Keep the free block ``b`` for its stream; the caller checks ``count < limit`` first."""
         key = (b.stream, b.size)
-        lst = self._parked.get(key)
+        lst = self.parked.get(key)
         if lst is None:
-            self._parked[key] = [b]
+            self.parked[key] = [b]
         else:
             lst.append(b)
         b.parked = True
@@ -43,12 +47,12 @@ class FrontCache:
     def take(self, stream, size: int) -> Block | None:
         """Remove and return a block parked by ``stream`` of exactly ``size`` bytes, or None."""
         key = (stream, size)
-        lst = self._parked.get(key)
+        lst = self.parked.get(key)
         if lst is None:
             return None
         b = lst.pop()
         if not lst:
-            del self._parked[key]
+            del self.parked[key]
         b.parked = False
         self.count -= 1
         return b
@@ -56,11 +60,11 @@ class FrontCache:
     def drain(self) -> list[Block]:
         """Remove and return every parked block (still marked ``parked``: the caller merges them
         one by one, and a block still waiting its turn must not be absorbed by another's merge)."""
-        out = [b for lst in self._parked.values() for b in lst]
-        self._parked.clear()
+        out = [b for lst in self.parked.values() for b in lst]
+        self.parked.clear()
         self.count = 0
         return out
 
     def largest(self) -> int:
         """Size of the largest parked block, 0 if none."""
-        return max((size for _, size in self._parked), default=0)
+        return max((size for _, size in self.parked), default=0)

@@ -90,7 +90,8 @@ from .free_lists import FreeLists
 from .front_cache import FrontCache
 from .pool_args import (LARGE_KINDS, SMALL_KINDS, KiB, MemMallocPolicy, MiB, check_nbytes,
                         format_size, policy_kinds)
-from .stats import MemoryStats, free_moved, malloc_moved, move, summary_table
+from .stats import (MemoryStats, free_moved, malloc_moved, move, parked_freed, parked_taken,
+                    summary_table)
 
 __all__ = ["Block", "CachingAllocator", "MemMallocPolicy", "RawAllocator", "Segment",
            "format_size"]
@@ -198,6 +199,30 @@ class CachingAllocator:
         errors. Raises InvalidParamError for a bad size, policy or stream (nothing changed) and
         OutOfMemoryError when the limit or the address space leaves no room.
         """
+        front = self._front
+        if front is not None and type(nbytes) is int and 0 < nbytes <= SMALL_SIZE and \
+                policy is _HUGE_FIRST:
+            # the common case in one step: a block this stream parked, of the same rounded size
+            # (what the general path below does through FrontCache.take and _hand_out)
+            size = (nbytes + ROUND - 1) // ROUND * ROUND
+            key = (stream, size)
+            try:
+                lst = front.parked.get(key)
+            except TypeError:                        # an unhashable stream: named below
+                lst = None
+            if lst:
+                b = lst.pop()
+                if not lst:
+                    del front.parked[key]
+                front.count -= 1
+                b.parked = False
+                b.requested = nbytes
+                b.stream = stream
+                b.site = site
+                self._gen = b.gen = self._gen + 1
+                self._live[b.addr] = b
+                parked_taken(self._kind_stats[SMALL], size, nbytes)
+                return b
         if type(nbytes) is not int or nbytes <= 0:
             nbytes = check_nbytes(nbytes)
         if policy is _HUGE_FIRST:                    # the default: no enum hash (a Python call)
@@ -281,10 +306,19 @@ class CachingAllocator:
         # or a new free block
         if front is not None and seg.kind == SMALL and front.count < front.limit and not (
                 shared and ready is not None):
-            front.park(blocks.replace(block))
-            nbytes, count = block.size, 1            # a small block never spans its segment
-        else:
-            _, nbytes, count = blocks.merge(block, block.stream, self._lists, True)
+            b = blocks.replace(block)                # FrontCache.park, inline (the common case)
+            key = (b.stream, b.size)
+            lst = front.parked.get(key)
+            if lst is None:
+                front.parked[key] = [b]
+            else:
+                lst.append(b)
+            b.parked = True
+            front.count += 1
+            # a small block never spans its segment: parked, it is non-releasable free memory
+            parked_freed(self._kind_stats[SMALL], block.size, block.requested)
+            return
+        _, nbytes, count = blocks.merge(block, block.stream, self._lists, True)
         free_moved(self._kind_stats[seg.kind], block.size, block.requested, nbytes, count)
 
     def _bad_free(self, block, gen=None) -> Exception:

@@ -130,6 +130,63 @@ def free_moved(records, size: int, requested: int, idle_bytes: int, idle_count: 
     _idle_moved(idle, idle_n, idle_bytes, idle_count)
 
 
+def parked_taken(records, size: int, requested: int) -> None:
+    """``malloc_moved(records, size, requested, -size, -1)`` in one step: the moves of a malloc
+    served by a parked block of the small pool (the pool's common case in a training step)."""
+    alloc, req, count, idle, idle_n = records
+    alloc.current = c = alloc.current + size
+    alloc.allocated += size
+    if c > alloc.peak:
+        alloc.peak = c
+    c += alloc.other.current
+    t = alloc.total
+    if c > t.peak:
+        t.peak = c
+    req.current = c = req.current + requested
+    req.allocated += requested
+    if c > req.peak:
+        req.peak = c
+    c += req.other.current
+    t = req.total
+    if c > t.peak:
+        t.peak = c
+    count.current = c = count.current + 1
+    count.allocated += 1
+    if c > count.peak:
+        count.peak = c
+    c += count.other.current
+    t = count.total
+    if c > t.peak:
+        t.peak = c
+    idle.current -= size
+    idle_n.current -= 1
+
+
+def parked_freed(records, size: int, requested: int) -> None:
+    """``free_moved(records, size, requested, size, 1)`` in one step: the moves of a free whose
+    block is parked (a small block: it never spans its segment, so it counts as non-releasable)."""
+    alloc, req, count, idle, idle_n = records
+    alloc.current -= size
+    req.current -= requested
+    count.current -= 1
+    idle.current = c = idle.current + size
+    idle.allocated += size
+    if c > idle.peak:
+        idle.peak = c
+    c += idle.other.current
+    t = idle.total
+    if c > t.peak:
+        t.peak = c
+    idle_n.current = c = idle_n.current + 1
+    idle_n.allocated += 1
+    if c > idle_n.peak:
+        idle_n.peak = c
+    c += idle_n.other.current
+    t = idle_n.total
+    if c > t.peak:
+        t.peak = c
+
+
 class MemoryStats:
     """Every statistic of one allocator: ``stats.allocated_bytes[pool]`` is a ``Stat``.
 
