@@ -7,28 +7,33 @@ allocator for the PrivateUse1 key, but DLPack hands torch memory *with an owner*
 ``torch.from_dlpack`` keeps the exporter's object alive until its storage dies, then calls the
 exporter's deleter. So an allocation is
 
-    malloc from the pool              -> _Memory, a DeviceBuffer (the pool counts it; OOM raises
-                                         there; collected, it frees the memory as a DeviceArray)
-    _Owner: a uint8 numpy view of its bytes, holding the _Memory
+    malloc from the pool              -> a DevicePtr (the pool counts it; OOM raises there)
+    _Owner: a numpy view of its bytes holding the pointer, and the allocation itself: a
+        DeviceBuffer (``owner.dev`` is the owner) that gives the memory back when it dies
     numpy's DLPack capsule of the _Owner, its device field set to kDLExtDev (12), which torch
         maps to PrivateUse1, i.e. ``npu:N``
     torch.from_dlpack(capsule)        -> a uint8 ``npu:N`` tensor whose storage owns the _Owner
 
 (a contiguous tensor of a dtype numpy has is exported with its dtype and shape in one step; any
-other is viewed onto the uint8 storage). When the storage's last user goes,
-torch calls the deleter, the _Owner dies, the _Memory is garbage-collected and its memory
-goes back to the pool in the order of the stream it was allocated on (runtime.free_from_gc).
+other is viewed onto the uint8 storage). When the storage's last user goes, torch calls the
+deleter, the _Owner dies and its ``__del__`` gives the memory back to the pool in the order of
+the stream it was allocated on (runtime.free_from_gc). One object per allocation does it all:
+an allocation is the largest piece of every npu operator (see "Costs" below).
 
 ``_live`` maps the storage's address to a weak reference of its _Owner (the entry goes in
-``_Memory.__del__``, just before the memory goes back to the pool, so no other owner can have
+``_Owner.__del__``, just before the memory goes back to the pool, so no other owner can have
 taken the address meanwhile: no weakref callback, no lock): the CPU view of an npu
 tensor (``cpu_view``) is a CPU tensor on the same bytes (the device memory *is* host memory in
 npusim), with the tensor's dtype, sizes, strides and offset; torch's CPU kernels run on it.
 The operators' fast path takes them from a small cache on the _Owner (``shared_cpu_view``),
 which dies with the storage.
 
-Costs, measured: an operator allocates its result, and a training step allocates a hundred and
-fifty times, so this path is kept short. The allocation site the pool records (what the stream
+Costs, measured: an operator allocates its result, and a training step allocates some three
+hundred and fifty times, so this path is kept short: ``empty_with_view`` and the free when the
+tensor dies take 5-6 us against 9.2 before (the floor, ``np.empty`` + DLPack + ``from_numpy``,
+2.6): the pool's one-step malloc and free of a parked block (pool.py), one Python object per
+allocation (the _Owner, no separate finaliser object), its attributes set as one dict, and the
+capsule's device written by a single foreign call. The allocation site the pool records (what the stream
 sanitizer names in a race) is the user's line only while the sanitizer or the profiler is on:
 finding it walks the Python stack, 20-40 us deep inside a model, more than all the rest.
 """
@@ -59,33 +64,64 @@ _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _view_dtype = torch.ops.aten.view.dtype
 _as_strided = torch.ops.aten.as_strided.default
 
-_capsule_ptr = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_ptr.restype = ctypes.c_void_p
-_capsule_ptr.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_HUGE_FIRST = MemMallocPolicy.HUGE_FIRST
+# PyCapsule_GetPointer as a pointer to the DLTensor's 8-byte words (``[1]`` is its DLDevice):
+# a prototype of its own, so ``ctypes.pythonapi.PyCapsule_GetPointer``, which every module of
+# the process shares, keeps its restype and argtypes
+_capsule_words = ctypes.PYFUNCTYPE(ctypes.POINTER(ctypes.c_int64), ctypes.py_object,
+                                   ctypes.c_char_p)(("PyCapsule_GetPointer", ctypes.pythonapi))
 
 _live: dict = {}                  # storage address -> weakref to its _Owner
 
 
-class _Owner(np.ndarray):
-    """The uint8 numpy view of one allocation that torch's storage keeps alive (see the note);
-    ``dev`` is the allocation (a DeviceBuffer: ``dev.ptr``, ``dev.nbytes``), ``cpu`` a CPU tensor
-    on all of its bytes (uint8, or the dtype and shape of the tensor allocated; every CPU view is
-    on ``cpu.untyped_storage()``), ``index`` the device index."""
+class _Owner(np.ndarray, DeviceBuffer):
+    """The numpy view of one allocation that torch's storage keeps alive (see the note), and
+    the allocation itself: ``dev`` is the owner, a DeviceBuffer (``dev.ptr``, ``dev.nbytes``)
+    that every memory call takes; when it dies, its memory goes back to the pool. ``cpu`` is a
+    CPU tensor on all of its bytes (uint8, or the dtype and shape of the tensor allocated; every
+    CPU view is on ``cpu.untyped_storage()``), ``index`` the device index, ``addr`` the host
+    address (its key in ``_live``). A numpy view of an owner (``owner[1:]``) is an _Owner
+    without these attributes, and frees nothing."""
+
+    @property
+    def dev(self) -> "_Owner":
+        return self
+
+    def device_ptr(self, name: str):
+        return self.ptr
+
+    def __repr__(self):
+        try:
+            return f"npu storage memory ({self.nbytes} bytes on device {self.ptr.device_id})"
+        except AttributeError:
+            return "npu storage memory (a numpy view of one)"
+
+    def __del__(self):
+        try:
+            d = self.__dict__
+            # the owner is going: drop its entry, before the memory goes back to the pool (no
+            # new owner can have this address until then)
+            _live.pop(d["addr"], None)
+            free_from_gc(d["ptr"])
+        except Exception:       # a view without the attributes, a device reset, or the
+            pass                # interpreter's shutdown: nothing to free
 
 
 def _from_dlpack(arr: np.ndarray, device: int) -> torch.Tensor:
     """An ``npu:device`` tensor on the bytes of numpy array ``arr`` (its dtype, shape and
     strides), keeping ``arr`` alive."""
     cap = arr.__dlpack__()
-    # DLTensor: void *data; DLDevice {int32 device_type; int32 device_id}; ...
+    # DLTensor: void *data; DLDevice {int32 device_type; int32 device_id}; ...: the device is
+    # its second 8-byte word, written in one foreign call and one store
     dl_device = _DL_DEVICE.get(device)
     if dl_device is None:
-        dl_device = _DL_DEVICE[device] = struct.pack("=ii", _KDL_EXT_DEV, device)
-    ctypes.memmove(_capsule_ptr(cap, b"dltensor") + 8, dl_device, 8)
+        dl_device = _DL_DEVICE[device] = struct.unpack(
+            "=q", struct.pack("=ii", _KDL_EXT_DEV, device))[0]
+    _capsule_words(cap, b"dltensor")[1] = dl_device
     return torch.from_dlpack(cap)
 
 
-_DL_DEVICE: dict = {}             # device index -> the DLDevice's 8 bytes
+_DL_DEVICE: dict = {}             # device index -> the DLDevice's 8 bytes, as an int64
 
 
 def new_storage_tensor(nbytes: int, device: int) -> torch.Tensor:
@@ -97,56 +133,34 @@ def new_storage_tensor(nbytes: int, device: int) -> torch.Tensor:
     return _from_dlpack(_new_owner(nbytes, device), device)
 
 
-class _Memory(DeviceBuffer):
-    """One pool allocation of a storage (``ptr``, ``nbytes``), given back to the pool when
-    collected, as a DeviceArray's; what every memory call takes. Lighter than a DeviceArray
-    (no shape, no dtype: the tensor has those), and a storage is allocated per operator."""
-
-    __slots__ = ("ptr", "nbytes", "addr", "__weakref__")
-
-    def __init__(self, nbytes: int):
-        self.ptr = malloc_at(nbytes, MemMallocPolicy.HUGE_FIRST, _alloc_site())
-        self.nbytes = nbytes
-        self.addr = 0           # the host address, its key in ``_live`` (_new_owner sets it)
-
-    def device_ptr(self, name: str):
-        return self.ptr
-
-    def __repr__(self):
-        return f"npu storage memory ({self.nbytes} bytes on device {self.ptr.device_id})"
-
-    def __del__(self):
-        try:
-            # its owner is gone (the owner held it): drop the owner's entry, before the memory
-            # goes back to the pool (no new owner can have this address until then)
-            ref = _live.get(self.addr)
-            if ref is not None and ref() is None:
-                _live.pop(self.addr, None)
-            free_from_gc(self.ptr)
-        except Exception:       # device reset or interpreter shutdown: nothing left to free
-            pass
-
-
 def _new_owner(nbytes: int, device: int, typed=None) -> _Owner:
     """A new allocation of ``nbytes`` as its _Owner (registered in ``_live``), not yet exported.
     ``typed``: (numpy dtype, shape) of the tensor to be: the owner and ``owner.cpu`` then have
     them (the owner is exported as it is)."""
+    if typed is None:
+        return _owner(nbytes, device, None, None, None)
+    return _owner(nbytes, device, typed[0], typed[1], None)
+
+
+def _owner(nbytes: int, device: int, npdt, shape, key) -> _Owner:
+    """``_new_owner``'s work: ``npdt`` / ``shape`` the numpy dtype and shape of a typed owner
+    (None: uint8 bytes); ``key``, when given, the shared CPU view's cache key of ``owner.cpu``."""
     bind_thread()
-    dev = _Memory(nbytes)
-    p = dev.ptr
+    p = malloc_at(nbytes, _HUGE_FIRST, _alloc_site())
     # the numpy view of the new bytes: one numpy call for a typed one (no checks: just allocated)
-    view = host_view(p, nbytes) if typed is None else host_array(p, typed[1], typed[0])
+    view = host_view(p, nbytes) if npdt is None else host_array(p, shape, npdt)
     owner = view.view(_Owner)
     # a CPU tensor on the bytes, made from ``view``, never from the owner (a cycle through a
     # torch storage would never be collected); its storage is the one of every CPU view
     cpu = torch.from_numpy(view)
+    addr = cpu.data_ptr()                       # (numpy's ``.ctypes.data`` costs 10 us)
     # ``ctx`` / ``dev_id``: what shared_cpu_view checks, cheaply: the device's context is still
-    # the one allocated from (a reset replaces it; nothing else can free memory the owner holds)
-    dev_id = p.device_id            # the current device's context is the one allocated from
-    owner.__dict__.update(dev=dev, index=device, cpu=cpu, views={},
-                          ctx=contexts_by_device.get(dev_id), dev_id=dev_id)
-    # the entry goes when the memory does (_Memory.__del__), not through a weakref callback
-    dev.addr = addr = cpu.data_ptr()            # (numpy's ``.ctypes.data`` costs 10 us)
+    # the one allocated from (a reset replaces it; nothing else can free memory the owner holds);
+    # one dict for all (a dict display costs half of ``__dict__.update``)
+    owner.__dict__ = {"ptr": p, "index": device, "cpu": cpu,
+                      "views": {} if key is None else {key: cpu},
+                      "ctx": p._ctx, "dev_id": p.device_id, "addr": addr}
+    # the entry goes when the memory does (_Owner.__del__), not through a weakref callback
     _live[addr] = weakref.ref(owner)
     return owner
 
@@ -171,9 +185,16 @@ def cpu_bytes(owner: _Owner) -> torch.Tensor:
 
 def owner_of(t: torch.Tensor) -> _Owner | None:
     """The _Owner of an npu tensor's storage (None for a storage without bytes)."""
-    addr = t.untyped_storage().data_ptr()
-    ref = _live.get(addr)
+    ref = _live.get(storage_addr(t))
     return ref() if ref is not None else None
+
+
+def storage_addr(t: torch.Tensor) -> int:
+    """The address of ``t``'s storage, without ``t.untyped_storage()``: the Python storage
+    object that call makes is kept alive by the storage from then on (torch preserves it), so
+    the storage's use count stays 2 and autograd no longer accumulates a gradient into it in
+    place (``can_accumulate_inplace``: a 1 MB ``add_`` becomes an allocation and an ``add``)."""
+    return t.data_ptr() - t.storage_offset() * t.element_size()
 
 
 def empty_strided(size, stride, dtype: torch.dtype, device: int) -> torch.Tensor:
@@ -205,8 +226,7 @@ def empty_with_view(size: tuple, stride: tuple, dtype: torch.dtype, device: int)
     if npdt is not None:
         c = contiguous_layout(size)
         if stride == c[0] and c[1]:
-            owner = _new_owner(c[1] * _ITEMSIZE[dtype], device, (npdt, size))
-            owner.views[(dtype, 0, size, stride)] = owner.cpu
+            owner = _owner(c[1] * _ITEMSIZE[dtype], device, npdt, size, (dtype, 0, size, stride))
             return _from_dlpack(owner, device), owner.cpu
     t = empty_strided(size, stride, dtype, device)
     return t, shared_cpu_view(t)
@@ -221,8 +241,8 @@ def empty_contiguous(size: tuple, dtype: torch.dtype, device: int, npdt=None,
     if npdt is None:
         npdt = NUMPY_DTYPES[dtype]
         numel = contiguous_layout(size)[1]
-    owner = _new_owner(numel * _ITEMSIZE[dtype], device, (npdt, size))
-    owner.views[(dtype, 0, size, _CONTIGUOUS[size][0])] = owner.cpu
+    owner = _owner(numel * _ITEMSIZE[dtype], device, npdt, size,
+                   (dtype, 0, size, _CONTIGUOUS[size][0]))
     return _from_dlpack(owner, device)
 
 
@@ -311,7 +331,7 @@ def shared_cpu_view(t: torch.Tensor) -> torch.Tensor:
     after a reset of its device): a cheap comparison of the device's context with the one it was
     allocated from, and the full check (which names the error) when it changed.
     """
-    ref = _live.get(t.untyped_storage().data_ptr())
+    ref = _live.get(t.data_ptr() - t.storage_offset() * t.element_size())   # storage_addr
     owner = ref() if ref is not None else None
     if owner is None:
         return cpu_view(t, None)
