@@ -292,3 +292,33 @@ def test_the_out_form_is_called_through_torchs_function_only_where_it_dispatches
             torch.ops.aten.sub.out
     finally:
         torch.sub = real
+
+
+def test_a_gradient_an_operator_read_is_still_accumulated_in_place():
+    """storage.storage_addr: the device finds a storage's owner without ``untyped_storage()``,
+    whose Python object torch keeps alive with the storage from then on (its use count stays
+    2), so autograd's ``can_accumulate_inplace`` refused every gradient an npu operator had
+    read: select_backward's zeros (read by zero_) were summed with a new ``add`` instead of an
+    ``add_`` into them. As on CPU, the accumulation is now in place."""
+    from torch.profiler import ProfilerActivity, profile
+
+    class Read(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            r = torch.zeros_like(g)
+            return r.add_(g)            # r is read by operators before it is accumulated
+
+    def accumulations(dev):
+        x = torch.randn(4, 8, device=dev, requires_grad=True)
+        y = x * 2
+        loss = Read.apply(y).sum() + Read.apply(y).sum()
+        with profile(activities=[ProfilerActivity.CPU]) as p:
+            loss.backward()
+        return sorted(e.name for e in p.events() if e.name in ("aten::add", "aten::add_") and
+                      e.cpu_parent is not None and e.cpu_parent.name.startswith("autograd::"))
+    assert accumulations("cpu") == ["aten::add_"]
+    assert accumulations("npu") == ["aten::add_"]
