@@ -85,8 +85,20 @@ def set_current_stream(s) -> None:
 
 
 def current_stream():
-    """The stream made current by the innermost ``with stream(s):`` (else the default stream)."""
-    return current_stream_of(current_context())
+    """The stream made current by the innermost ``with stream(s):`` (else the default stream).
+
+    ``current_stream_of(current_context())`` with the thread state read once (the operator
+    path asks it about once per operator)."""
+    t = thread
+    dev = t.device
+    if dev is None:
+        dev = process_device
+    ctx = contexts_by_device.get(dev) if dev is not None else None
+    if ctx is None:
+        return current_stream_of(current_context())     # raises ContextError
+    stacks = t.streams
+    st = stacks.get(dev) if stacks else None
+    return st[-1] if st else ctx.default_stream
 
 
 def current_stream_of(ctx):

