@@ -63,10 +63,15 @@ class Block:
     its memory goes on in a free neighbour or a new free block, so the handle keeps its address, size and site for
     error messages and never goes out again; ``until`` keeps the marker its free was given (None:
     nothing was pending), so the runtime can tell work queued before the free from misuse.
+    ``reuse`` is what the allocation's user left with the memory at its free, for the next
+    malloc of the same stream and size (the torch device's numpy view and CPU tensor of a
+    result, runtime/torch/storage.py): the parked block that takes the memory over carries it,
+    and it is dropped as soon as the memory merges (a flush, ``empty_cache``, a reset); the
+    pool never reads it.
     """
 
     __slots__ = ("addr", "size", "requested", "stream", "segment", "site", "prev", "next",
-                 "pending", "seq", "gen", "parked", "until", "uses")
+                 "pending", "seq", "gen", "parked", "until", "uses", "reuse")
 
     def __init__(self, addr: int, size: int, segment: Segment, stream=None):
         self.addr = addr
@@ -84,6 +89,7 @@ class Block:
         self.until = None           # a freed handle: the marker its free was given (the work
         #                             of its stream enqueued before the free, which may still use it)
         self.uses = None            # an allocation: other streams that use it (record_stream)
+        self.reuse = None           # left by the user for the next malloc of this memory
 
     @property
     def allocated(self) -> bool:
@@ -151,6 +157,7 @@ def merge(b: Block, stream, free_lists, retire: bool = False) -> tuple[Block, in
     be handed out again, so a neighbour takes the memory over (a new block when none qualifies)
     and ``b`` is unlinked.
     """
+    b.reuse = None                  # the memory merges: what its user left goes
     first = last = b
     nb = b.prev
     while nb is not None and not nb.gen and not nb.parked and (
@@ -193,10 +200,16 @@ def merge(b: Block, stream, free_lists, retire: bool = False) -> tuple[Block, in
 
 
 def replace(old: Block) -> Block:
-    """A new free block in ``old``'s place (same memory, stream and marker); ``old`` is unlinked
-    (a freed handle is retired: it never goes out again)."""
+    """A new free block in ``old``'s place (same memory, stream, marker and ``reuse``); ``old``
+    is unlinked (a freed handle is retired: it never goes out again)."""
     b = Block(old.addr, old.size, old.segment, old.stream)
-    b.pending, b.seq = old.pending, old.seq
-    _link(b, old.prev, old.next)
-    old.prev = old.next = old.pending = None
+    b.pending, b.seq, b.reuse = old.pending, old.seq, old.reuse
+    b.prev, b.next = p, n = old.prev, old.next          # _link, inline: every free parks one
+    if p is None:
+        b.segment.head = b
+    else:
+        p.next = b
+    if n is not None:
+        n.prev = b
+    old.prev = old.next = old.pending = old.reuse = None
     return b

@@ -49,7 +49,8 @@ only that stream takes it; no merge absorbs a parked block; the cache is *flushe
 block merged as its free would have done) before a malloc reserves a segment, and by
 ``empty_cache``, ``set_memory_fraction`` and ``release_all``. A parked block is free memory in
 every statistic and query (``inactive_split``; ``inactive`` with ``parked`` in the snapshot;
-counted by ``largest_free_block``).
+counted by ``largest_free_block``). A parked block carries what its user left with the memory
+(``Block.reuse``) to the malloc that takes it back; a flush drops it.
 
 Limits. ``reserved`` never exceeds ``limit`` = capacity * fraction. When a new segment does not
 fit, the pool releases its cached whole free segments (counted in ``num_alloc_retries``) and
