@@ -384,6 +384,60 @@ def test_the_profiler_takes_the_fallback(monkeypatch):
     _same_lists(r, torch._foreach_sqrt(cpu[0]))
 
 
+# ----------------------------------------------------------------- the remembered views
+def test_a_tensor_whose_metadata_changes_in_place_gets_a_new_view():
+    base = torch.rand(4, 6) + 0.5
+    a, c = base.npu(), base.clone()
+    other = (torch.rand(4, 6) + 0.5)
+    o_npu = other.npu()
+    for step in range(5):
+        torch._foreach_mul_([a], 1.5)               # remembered
+        torch._foreach_mul_([c], 1.5)
+        _same(a, c)
+        if step == 0:
+            a.t_(), c.t_()                          # same address, other sizes and strides
+        elif step == 1:
+            a.as_strided_((3, 2), (1, 4), 2), c.as_strided_((3, 2), (1, 4), 2)
+        elif step == 2:
+            a.resize_(5), c.resize_(5)
+        elif step == 3:
+            a.set_(o_npu), c.set_(other)            # another storage
+    _same(o_npu, other)
+    a.data, c.data = a.data.view(torch.int32), c.data.view(torch.int32)    # another dtype
+    torch._foreach_add_([a], 7)
+    torch._foreach_add_([c], 7)
+    _same(a, c)
+    _same(o_npu, other)
+
+
+def test_a_remembered_view_goes_with_its_tensor():
+    x = torch.rand(3, device="npu")
+    torch._foreach_mul_([x], 2.0)
+    k = id(x)
+    assert k in F._VIEWS and F._VIEWS[k][0]() is x
+    r = torch._foreach_sqrt([x])
+    torch._foreach_add_(r, 1.0)                     # results are remembered when used
+    assert id(r[0]) in F._VIEWS
+    rk = id(r[0])
+    del x, r
+    assert k not in F._VIEWS and rk not in F._VIEWS
+
+
+def test_a_remembered_view_of_a_reset_device_raises():
+    from runtime.errors import MemoryAccessError
+    with torch.npu.device(6):
+        x = [torch.ones(10, device="npu:6"), torch.ones(3, device="npu:6")]
+        torch._foreach_mul_(x, 2.0)                 # remembered
+        r = torch._foreach_sqrt(x)
+        runtime.reset_device(6)
+        with pytest.raises(MemoryAccessError):
+            torch._foreach_mul_(x, 2.0)
+        with pytest.raises(MemoryAccessError):
+            torch._foreach_add_(r, 1.0)
+        with pytest.raises(MemoryAccessError):
+            torch._foreach_sqrt(x)
+
+
 # ----------------------------------------------------------------- optimizers
 def _model():
     torch.manual_seed(0)
