@@ -322,3 +322,19 @@ def test_a_gradient_an_operator_read_is_still_accumulated_in_place():
                       e.cpu_parent is not None and e.cpu_parent.name.startswith("autograd::"))
     assert accumulations("cpu") == ["aten::add_"]
     assert accumulations("npu") == ["aten::add_"]
+
+
+def test_relu_is_the_cpus_clamp_min_bitwise():
+    """kernels.relu: clamp_min(x, 0) as aten defines relu, through the structured kernel: the
+    CPU's bits (NaN, -0.0, ints), its strides for a transposed input, its gradient, its error
+    for bool."""
+    x = torch.tensor([[-1.5, 0.0, -0.0, float("nan")], [2.0, float("-inf"), 3.0, -2.0]])
+    for t in (x, x.t(), x.to(torch.float16), torch.tensor([-3, 0, 4]), x[:, ::2]):
+        _same(torch.relu(t.npu()), torch.relu(t))
+    xn = x.npu().requires_grad_()
+    xc = x.clone().requires_grad_()
+    torch.relu(xn).sum().backward()
+    torch.relu(xc).sum().backward()
+    _same(xn.grad, xc.grad)
+    with pytest.raises(RuntimeError, match="Boolean inputs not supported for relu"):
+        torch.relu(torch.tensor([True]).npu())
