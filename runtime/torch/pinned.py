@@ -41,21 +41,23 @@ def _forget(addr: int, ref) -> None:
 
 def empty_pinned(size, stride, dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised CPU tensor with these sizes and strides on a new pinned host buffer."""
-    item = torch.empty((), dtype=dtype).element_size()
     span = 0 if 0 in tuple(size) else 1 + sum((n - 1) * s for n, s in zip(size, stride))
-    buf = runtime.malloc_host(max(span * item, 1))
-    addr = int(buf.__array_interface__["data"][0])
+    buf = runtime.malloc_host(max(span * dtype.itemsize, 1))
+    base = torch.from_numpy(buf)                    # its storage keeps the buffer alive
+    addr = base.data_ptr()                          # the buffer's address (the storage's)
     ref = weakref.ref(buf, lambda r, a=addr: _forget(a, r))
     with _lock:
         _live[addr] = (ref, buf.nbytes)
-    base = torch.from_numpy(buf)                    # its storage keeps the buffer alive
     return torch.empty((0,), dtype=dtype).set_(base.untyped_storage(), 0, tuple(size),
                                                tuple(stride))
 
 
 def is_pinned(t: torch.Tensor) -> bool:
-    """True for a tensor whose storage is a live pinned buffer made by ``empty_pinned``."""
-    if t.device.type != "cpu":
+    """True for a tensor whose storage is a live pinned buffer made by ``empty_pinned``.
+
+    Asked of every CPU source of a copy to npu (kernels.py): no pinned buffer alive (most
+    processes), no lookup."""
+    if not _live or not t.is_cpu:
         return False
     e = _live.get(t.untyped_storage().data_ptr())
     return e is not None and e[0]() is not None
@@ -66,7 +68,9 @@ def pin(t: torch.Tensor) -> torch.Tensor:
     torch's own ``_pin_memory`` keeps them)."""
     if t.layout != torch.strided:
         raise RuntimeError(f"pin_memory: only dense CPU tensors can be pinned (layout={t.layout})")
-    stride = torch.empty_like(t, device="meta").stride()     # dense, in t's layout
+    # dense, in t's layout: empty_like's strides (a contiguous tensor's are its own, which
+    # empty_like keeps; a DataLoader pins contiguous batches every step: 1.3 us less)
+    stride = t.stride() if t.is_contiguous() else torch.empty_like(t, device="meta").stride()
     out = empty_pinned(t.size(), stride, t.dtype)
     out.copy_(t)
     return out

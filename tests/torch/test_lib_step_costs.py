@@ -226,3 +226,26 @@ def test_tiny_llama_step_on_npu_equals_cpu_bitwise():
     for a, b in zip(pc, pn):
         assert b.device.type == "npu"
         assert torch.equal(_bits(a), _bits(b))
+
+
+# ---------------------------------------------------------------------- pinned batches
+def test_pin_memory_keeps_empty_likes_strides_and_the_values():
+    from runtime.torch import pinned
+    g = torch.Generator().manual_seed(3)
+    cases = [torch.randint(0, 64, (4, 16), generator=g),                     # a DataLoader batch
+             torch.randn(1, 5, generator=g).as_strided((1, 5), (99, 1)),       # odd size-1 stride
+             torch.randn(5, 1, generator=g).as_strided((5, 1), (1, 7)),
+             torch.randn(3, 4, generator=g).t(),                               # not contiguous
+             torch.randn(2, 3, 4, generator=g).permute(2, 0, 1),
+             torch.randn((), generator=g), torch.empty(0, 3)]
+    for x in cases:
+        p = x.pin_memory()
+        assert p.is_pinned() and p.device.type == "cpu" and p.dtype == x.dtype
+        assert p.stride() == torch.empty_like(x, device="meta").stride()
+        assert torch.equal(p, x)
+        if p.numel():
+            assert p.data_ptr() != x.data_ptr()
+            assert p.untyped_storage().data_ptr() in pinned._live
+    assert not torch.ones(2, device="npu").is_pinned()
+    assert not pinned.is_pinned(torch.empty(2, device="meta"))
+    assert not torch.ones(2).is_pinned()
