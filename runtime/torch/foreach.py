@@ -209,8 +209,8 @@ class _Ref(weakref.ref):
 
 def _remember(t, v, dev_id, ctx) -> None:
     """``v`` as ``_view(t)`` while ``t`` keeps its address, sizes, strides and dtype and device
-    ``dev_id`` its context ``ctx``. (Not for the results a kernel makes: the Python objects it
-    returns die on the way back, and the caller gets new ones.)"""
+    ``dev_id`` its context ``ctx`` (a new result: the context it was just allocated in; torch
+    keeps the Python object a kernel returns, so the caller's is the one remembered)."""
     if len(_VIEWS) >= _VIEWS_MAX:
         _VIEWS.clear()
     r = _Ref(t, _gone)
@@ -282,10 +282,12 @@ def _functional(op, out_op, kinds, each):
                         return _learn(op, key, args, kwargs)
                     if m is not None:
                         outs, couts = [], []
+                        ctx = _contexts.get(dev)
                         for size, stride, dtype in m:
                             t, c = _empty_with_view(size, stride, dtype, dev)
                             outs.append(t)
                             couts.append(c)
+                            _remember(t, c, dev, ctx)   # the next operators read it
                         if each is not None:
                             each(cargs, kwargs, couts)
                         else:

@@ -415,9 +415,10 @@ def test_a_remembered_view_goes_with_its_tensor():
     torch._foreach_mul_([x], 2.0)
     k = id(x)
     assert k in F._VIEWS and F._VIEWS[k][0]() is x
-    r = torch._foreach_sqrt([x])
-    torch._foreach_add_(r, 1.0)                     # results are remembered when used
-    assert id(r[0]) in F._VIEWS
+    r = torch._foreach_sqrt([x])                    # learns the results' metadata
+    assert id(r[0]) not in F._VIEWS
+    r = torch._foreach_sqrt([x])                    # results are remembered when made
+    assert id(r[0]) in F._VIEWS and F._VIEWS[id(r[0])][7] is F.S.shared_cpu_view(r[0])
     rk = id(r[0])
     del x, r
     assert k not in F._VIEWS and rk not in F._VIEWS
