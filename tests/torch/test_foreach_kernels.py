@@ -3,12 +3,16 @@ every foreach operator the optimizers run (AdamW, Adam, SGD with momentum), in p
 functional, over Scalar / List / ScalarList / Tensor overloads, contiguous, non-contiguous and
 mixed-shape lists, float32 / bfloat16 / float16; the fallback's branches (a busy stream, a CPU
 tensor mixed in, a 0-dim CPU scalar, another device, empty results); and optimizers' training."""
+import sys
 import threading
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is optional: pip install torch --index-url "
                                             "https://download.pytorch.org/whl/cpu")
+if __name__ == "__main__" and "--old" in sys.argv:     # the benchmark at the end, without them
+    import runtime.torch.foreach as _F
+    _F.foreach_kernel = lambda op: None
 torch_npu = pytest.importorskip("torch_npu")
 
 import runtime  # noqa: E402
@@ -384,6 +388,22 @@ def test_the_profiler_takes_the_fallback(monkeypatch):
     _same_lists(r, torch._foreach_sqrt(cpu[0]))
 
 
+def test_the_stream_sanitizer_takes_the_fallback(monkeypatch):
+    cpu, npu = _lists("contiguous", torch.float32)
+    torch._foreach_sqrt(npu[0])
+    count = _Count(monkeypatch)
+    runtime.enable_stream_check()
+    try:
+        torch._foreach_mul_(npu[0], 2.0)
+        r = torch._foreach_sqrt(npu[0])
+        torch.npu.synchronize()
+    finally:
+        runtime.enable_stream_check("off")
+    assert count.n == 2
+    torch._foreach_mul_(cpu[0], 2.0)
+    _same_lists(r, torch._foreach_sqrt(cpu[0]))
+
+
 # ----------------------------------------------------------------- the remembered views
 def test_a_tensor_whose_metadata_changes_in_place_gets_a_new_view():
     base = torch.rand(4, 6) + 0.5
@@ -470,3 +490,61 @@ def test_training_with_foreach_optimizers_is_the_cpus_bitwise(name):
             opt.step()
         params[dev] = [p.detach() for p in m.parameters()]
     _same_lists(params["npu"], params["cpu"])
+
+
+# ----------------------------------------------------------------- the measurement
+def bench(rounds: int = 15) -> dict:
+    """AdamW.step() after a forward and backward on benchmarks/npu_ops.py's Trainer (24
+    parameters): npu (foreach, torch's default for the device) against CPU's for-loop (its
+    default) and CPU foreach=True; ``_foreach_sqrt`` and ``_foreach_mul_`` per call on the 24
+    parameters. Process CPU time, one torch thread, the kinds interleaved round by round, the
+    best round of each: ``python tests/torch/test_foreach_kernels.py [--old]`` (``--old``: every
+    foreach overload through ops.fallback, as before runtime/torch/foreach.py)."""
+    import time
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    from benchmarks.npu_ops import Trainer
+    torch.set_num_threads(1)
+    torch.npu.set_device(0)
+    tr = {d: Trainer(d) for d in ("cpu", "npu")}
+    fe = Trainer("cpu")
+    fe.opt = torch.optim.AdamW(fe.m.parameters(), lr=1e-3, foreach=True)
+    for t in (*tr.values(), fe):
+        t.step()
+        t.step()
+
+    def step(t):
+        loss = t.m(t.x).square().mean()
+        t.opt.zero_grad()
+        loss.backward()
+        s = time.process_time()
+        t.opt.step()
+        return time.process_time() - s
+
+    sq = {d: [p.detach().abs() for p in tr[d].m.parameters()] for d in tr}
+
+    def per_call(f, n=10):
+        s = time.process_time()
+        for _ in range(n):
+            f()
+        return (time.process_time() - s) / n
+    kinds = {
+        "step_cpu_loop": lambda: step(tr["cpu"]), "step_cpu_foreach": lambda: step(fe),
+        "step_npu": lambda: step(tr["npu"]),
+        "sqrt_cpu": lambda: per_call(lambda: torch._foreach_sqrt(sq["cpu"])),
+        "sqrt_npu": lambda: per_call(lambda: torch._foreach_sqrt(sq["npu"])),
+        "mul__cpu": lambda: per_call(lambda: torch._foreach_mul_(sq["cpu"], 1.0)),
+        "mul__npu": lambda: per_call(lambda: torch._foreach_mul_(sq["npu"], 1.0)),
+    }
+    best = {k: float("inf") for k in kinds}
+    for _ in range(rounds):
+        for k, f in kinds.items():
+            best[k] = min(best[k], min(f() for _ in range(3)))
+    torch.npu.synchronize()
+    out = {k: round(v * 1e6, 1) for k, v in best.items()}
+    out["npu/cpu_loop"] = round(best["step_npu"] / best["step_cpu_loop"], 2)
+    out["npu/cpu_foreach"] = round(best["step_npu"] / best["step_cpu_foreach"], 2)
+    return out
+
+
+if __name__ == "__main__":
+    print({"foreach_kernels": "--old" not in sys.argv, **bench()})
