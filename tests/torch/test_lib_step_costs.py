@@ -249,3 +249,24 @@ def test_pin_memory_keeps_empty_likes_strides_and_the_values():
     assert not torch.ones(2, device="npu").is_pinned()
     assert not pinned.is_pinned(torch.empty(2, device="meta"))
     assert not torch.ones(2).is_pinned()
+
+
+def test_torch_npu_default_stream_after_reset_device_is_the_new_contexts():
+    from torch_npu.npu import streams
+
+    def body():
+        torch.npu.set_device(5)
+        old = torch.npu.current_stream()
+        old_rt = old.npu_stream
+        assert streams._defaults[5] is old
+        runtime.reset_device(5)
+        torch.npu.set_device(5)                    # a new context, a new default stream
+        new = torch.npu.current_stream()
+        assert new is not old and new.npu_stream is not old_rt
+        assert new.npu_stream is runtime.default_stream() and new.stream_id == 0
+        assert streams._defaults[5] is new          # the old wrapper is not kept
+        assert torch.npu.default_stream(5) is new
+        torch.npu.set_device(0)
+        assert torch.npu.current_stream(5) is new
+        return True
+    assert _on_thread(body)

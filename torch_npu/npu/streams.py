@@ -22,8 +22,8 @@ import runtime
 from runtime.torch import device as _device
 
 _wrappers = weakref.WeakValueDictionary()     # runtime stream id -> its torch.npu.Stream
-_defaults: dict = {}      # the default streams' wrappers, kept alive: current_stream() on the
-                          # default stream (what libraries ask per step) then makes none
+_defaults: dict = {}      # device -> its default stream's wrapper, kept alive: current_stream()
+                          # on the default stream (what libraries ask per step) then makes none
 _NPU_TYPE = 20                                # c10::DeviceType::PrivateUse1
 
 
@@ -54,8 +54,8 @@ class Stream(torch.Stream):
         self.npu_stream = _rt
         self.priority = priority
         _wrappers[_rt.id] = self
-        if sid == 0:          # runtime stream ids are never reused: an old device's stays unused
-            _defaults[_rt.id] = self
+        if sid == 0:          # one per device: a reset device's new default replaces it
+            _defaults[_rt.device_id] = self
         return self
 
     def __init__(self, device=None, priority: int = 0, **_):
