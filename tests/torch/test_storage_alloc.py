@@ -20,6 +20,7 @@ from runtime.torch import storage as S  # noqa: E402
 def _device():
     torch.npu.set_device(0)
     torch.npu.synchronize()         # an idle stream: a freed block is parked ready
+    torch.npu.empty_cache()         # and room in the front cache (a full one merges a free)
     yield
     torch.npu.synchronize()
 
@@ -91,7 +92,6 @@ def test_a_view_a_kernel_changed_is_not_left_for_another_result():
 
 
 def test_an_inference_tensor_is_never_left_for_a_result_outside_the_mode():
-    torch.npu.empty_cache()                             # nothing left from the tests before
     with torch.inference_mode():
         x = torch.empty(64, 64, device="npu")
         assert _cpu(x).is_inference()
