@@ -163,8 +163,11 @@ def relu(self):
     """``aten::relu`` on npu: the CPU's own definition, ``clamp_min(self, 0)`` (aten's relu is
     that call), through the structured ``clamp_min`` kernel, which writes the result straight
     into device memory; torch's CPU relu on a view made a CPU result that was then copied (a
-    1 MB activation: ~50 us of the ~75). A bool tensor takes the fallback: the CPU's error."""
-    if self.dtype == torch.bool:
+    1 MB activation: ~50 us of the ~75). A bool tensor takes the fallback (the CPU's error), and
+    so does every call while the profiler or the sanitizer records or a graph captures: their
+    records name ``aten::relu``, the operator the user called."""
+    if self.dtype == torch.bool or hooks.profiler is not None or \
+            hooks.stream_check is not None or _rgraph.active:
         return fallback(_relu, self)
     return torch.clamp_min(self, 0)
 
