@@ -47,6 +47,24 @@ def malloc_at(nbytes, policy, site: str) -> DevicePtr:
     return DevicePtr(ctx, block.addr, block, block.gen)
 
 
+def malloc_block(nbytes, policy, site: str) -> tuple:
+    """``malloc_at`` for a caller that keeps the allocation as ``(context, block)`` (the
+    block's ``gen`` read at once is its generation) and frees it with ``free_block_from_gc``:
+    no DevicePtr is made (the torch device's storage, one per operator result, makes its
+    pointer when asked for one). Not while a graph capture may allocate: malloc_at keeps those
+    pointers in the graph's private pool."""
+    ctx, stream = current_context_and_stream()
+    lock = ctx.lock
+    lock.acquire()              # as in malloc_at
+    try:
+        if ctx.deferred:
+            _drain(ctx)
+        block = ctx.pool.malloc(nbytes, stream, policy, site)
+    finally:
+        lock.release()
+    return ctx, block
+
+
 def free(ptr: DevicePtr) -> None:
     """Return an allocation to the caching pool (aclrtFree); stream-aware, see docs/memory.md.
 
@@ -103,6 +121,28 @@ def _drain(ctx) -> None:
             _free_locked(ctx, ctx.deferred.pop())
         except MemoryAccessError:   # reset meanwhile: nothing left to free
             pass
+
+
+def free_block_from_gc(ctx, block, gen: int) -> None:
+    """``free_from_gc`` of an allocation ``malloc_block`` returned, ``gen`` the block's
+    generation then: the same rules (never blocks, never re-enters the pool: a busy lock defers
+    the free to the next memory call), without a DevicePtr unless it must wait or be checked."""
+    if contexts_by_device.get(ctx.device_id) is not ctx:
+        return                  # the device was reset: its memory is already gone
+    lock = ctx.lock
+    if lock.acquire(False):
+        try:
+            if ctx.deferred:
+                _drain(ctx)
+            if block.uses is None and hooks.stream_check is None and block.gen == gen:
+                s = block.stream            # as in free_from_gc
+                ctx.pool.free(block, None if s.query() else FreePoint(((s, s.issued),)), gen)
+            else:
+                _free_locked(ctx, DevicePtr(ctx, block.addr, block, gen))
+        finally:
+            lock.release()
+    else:
+        ctx.deferred.append(DevicePtr(ctx, block.addr, block, gen))
 
 
 def free_from_gc(ptr: DevicePtr) -> None:
