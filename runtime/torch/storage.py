@@ -7,9 +7,10 @@ allocator for the PrivateUse1 key, but DLPack hands torch memory *with an owner*
 ``torch.from_dlpack`` keeps the exporter's object alive until its storage dies, then calls the
 exporter's deleter. So an allocation is
 
-    malloc from the pool              -> a DevicePtr (the pool counts it; OOM raises there)
-    _Owner: a numpy view of its bytes holding the pointer, and the allocation itself: a
-        DeviceBuffer (``owner.dev`` is the owner) that gives the memory back when it dies
+    malloc from the pool              -> a block (the pool counts it; OOM raises there)
+    _Owner: a numpy view of its bytes holding the block, and the allocation itself: a
+        DeviceBuffer (``owner.dev`` is the owner; ``owner.ptr`` its DevicePtr, made when asked)
+        that gives the memory back when it dies
     numpy's DLPack capsule of the _Owner, its device field set to kDLExtDev (12), which torch
         maps to PrivateUse1, i.e. ``npu:N``
     torch.from_dlpack(capsule)        -> a uint8 ``npu:N`` tensor whose storage owns the _Owner
@@ -17,7 +18,7 @@ exporter's deleter. So an allocation is
 (a contiguous tensor of a dtype numpy has is exported with its dtype and shape in one step; any
 other is viewed onto the uint8 storage). When the storage's last user goes, torch calls the
 deleter, the _Owner dies and its ``__del__`` gives the memory back to the pool in the order of
-the stream it was allocated on (runtime.free_from_gc). One object per allocation does it all:
+the stream it was allocated on (runtime.memory.alloc.free_block_from_gc). One object per allocation does it all:
 an allocation is the largest piece of every npu operator (see "Costs" below).
 
 ``_live`` maps the storage's address to a weak reference of its _Owner (the entry goes in
@@ -42,12 +43,14 @@ changed by its users (``shared_cpu_view``), and it is on the bytes of its addres
 
 Costs, measured: an operator allocates its result, and a training step allocates some three
 hundred and fifty times, so this path is kept short: ``empty_with_view`` and the free when the
-tensor dies take 5-6 us against 9.2 before (the floor, ``np.empty`` + DLPack + ``from_numpy``,
-2.6): the pool's one-step malloc and free of a parked block (pool.py), one Python object per
-allocation (the _Owner, no separate finaliser object), its attributes set as one dict, and the
-capsule's device written by a single foreign call. The allocation site the pool records (what the stream
-sanitizer names in a race) is the user's line only while the sanitizer or the profiler is on:
-finding it walks the Python stack, 20-40 us deep inside a model, more than all the rest.
+tensor dies take 6.2 us against 9.2 before (the floor, ``np.empty`` + DLPack + ``from_numpy``,
+2.6): the pool's one-step malloc and free of a parked block (pool.py, 2.8 us of it), one Python
+object per allocation (the _Owner: no separate finaliser object, no DevicePtr unless asked),
+its attributes set as one dict, a result's view and CPU tensor reused (above), and the
+capsule's device written by a single foreign call. The allocation site the pool records (what
+the stream sanitizer names in a race) is the user's line only while the sanitizer or the
+profiler is on: finding it walks the Python stack, 20-40 us deep inside a model, more than all
+the rest.
 """
 from __future__ import annotations
 
@@ -61,7 +64,9 @@ import torch
 import runtime
 from runtime import profiler
 from runtime.context import contexts_by_device
-from runtime.memory import DeviceBuffer, free_from_gc, host_view, malloc_at
+from runtime import hooks
+from runtime.memory import DeviceBuffer, DevicePtr, free_from_gc, host_view, malloc_at
+from runtime.memory.alloc import free_block_from_gc, malloc_block
 from runtime.memory.pointers import host_array
 from runtime.memory.pool import MemMallocPolicy
 from runtime import sanitizer
@@ -99,6 +104,19 @@ class _Owner(np.ndarray, DeviceBuffer):
     def dev(self) -> "_Owner":
         return self
 
+    @property
+    def ptr(self) -> DevicePtr:
+        """The allocation's DevicePtr, made when asked for (the owner keeps its context, block
+        and generation: ``malloc_block``), or the one a graph capture's pool keeps."""
+        d = self.__dict__
+        p = d.get("kept")
+        if p is None:
+            b = d.get("block")
+            if b is None:
+                raise AttributeError("a numpy view of an npu storage's memory has no pointer")
+            p = DevicePtr(d["ctx"], b.addr, b, d["gen"])
+        return p
+
     def device_ptr(self, name: str):
         return self.ptr
 
@@ -114,11 +132,15 @@ class _Owner(np.ndarray, DeviceBuffer):
             # the owner is going: drop its entry, before the memory goes back to the pool (no
             # new owner can have this address until then)
             _live.pop(d["addr"], None)
-            p = d["ptr"]
+            block = d["block"]
             key = d["reuse"]
             if key is not None:         # left with the memory for its next result (_owner)
-                p._block.reuse = (key, self.base, d["cpu"])
-            free_from_gc(p)
+                block.reuse = (key, self.base, d["cpu"])
+            p = d["kept"]
+            if p is None:
+                free_block_from_gc(d["ctx"], block, d["gen"])
+            else:
+                free_from_gc(p)
         except Exception:       # a view without the attributes, a device reset, or the
             pass                # interpreter's shutdown: nothing to free
 
@@ -162,9 +184,13 @@ def _owner(nbytes: int, device: int, npdt, shape, key) -> _Owner:
     """``_new_owner``'s work: ``npdt`` / ``shape`` the numpy dtype and shape of a typed owner
     (None: uint8 bytes); ``key``, when given, the shared CPU view's cache key of ``owner.cpu``."""
     bind_thread()
-    p = malloc_at(nbytes, _HUGE_FIRST,
-                  _UNRECORDED if not (sanitizer.on or profiler.on) else user_site(2))
-    block = p._block
+    site = _UNRECORDED if not (sanitizer.on or profiler.on) else user_site(2)
+    if hooks.capture is None:
+        ctx, block = malloc_block(nbytes, _HUGE_FIRST, site)   # no DevicePtr: one when asked
+        kept = None
+    else:                       # a capture may allocate from a graph's pool: it keeps the pointer
+        kept = malloc_at(nbytes, _HUGE_FIRST, site)
+        ctx, block = kept._ctx, kept._block
     left = block.reuse
     reuse = key
     if left is not None and key is not None and left[0] == key:
@@ -174,6 +200,7 @@ def _owner(nbytes: int, device: int, npdt, shape, key) -> _Owner:
         view, cpu = left[1], left[2]
     else:
         # the numpy view of the new bytes: one numpy call for a typed one (no checks)
+        p = DevicePtr(ctx, block.addr, block, block.gen) if kept is None else kept
         view = host_view(p, nbytes) if npdt is None else host_array(p, shape, npdt)
         # a CPU tensor on the bytes, made from ``view``, never from the owner (a cycle through
         # a torch storage would never be collected); its storage is the one of every CPU view
@@ -186,9 +213,9 @@ def _owner(nbytes: int, device: int, npdt, shape, key) -> _Owner:
     # the one allocated from (a reset replaces it; nothing else can free memory the owner holds);
     # ``reuse``: the key the memory's view and CPU tensor are left under when the owner dies
     # (None: not left); one dict for all (a dict display costs half of ``__dict__.update``)
-    owner.__dict__ = {"ptr": p, "index": device, "cpu": cpu,
-                      "views": {} if key is None else {key: cpu}, "reuse": reuse,
-                      "ctx": p._ctx, "dev_id": p.device_id, "addr": addr}
+    owner.__dict__ = {"block": block, "gen": block.gen, "kept": kept, "index": device,
+                      "cpu": cpu, "views": {} if key is None else {key: cpu}, "reuse": reuse,
+                      "ctx": ctx, "dev_id": ctx.device_id, "addr": addr}
     # the entry goes when the memory does (_Owner.__del__), not through a weakref callback
     _live[addr] = weakref.ref(owner)
     return owner

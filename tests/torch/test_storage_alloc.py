@@ -125,3 +125,26 @@ def test_the_capsule_device_leaves_ctypes_pythonapi_alone():
     assert f.restype is ctypes.c_int and f.argtypes is None
     t = torch.arange(6.0, device="npu:1")
     assert t.device == torch.device("npu", 1) and torch.equal(t.cpu(), torch.arange(6.0))
+
+
+def test_the_pointer_is_made_when_asked_and_names_the_allocation():
+    t = torch.empty(100, 7, device="npu")
+    o = S.owner_of(t)
+    p = o.ptr
+    assert p == o.ptr and p is not o.ptr                # made per ask, equal by value
+    assert p.allocation()[1] == 2800 and p.addr == o.dev.device_ptr("buf").addr
+    with pytest.raises(AttributeError, match="no pointer"):
+        o[1:].ptr
+
+
+def test_a_free_while_the_pool_is_busy_waits_for_the_next_memory_call():
+    """The garbage collector may free inside a pool call on the same thread: the device lock is
+    held, so the free is queued (never blocks) and done by the next memory call."""
+    from runtime.memory.alloc import current_context
+    before = torch.npu.memory_allocated()
+    t = torch.empty(64, 64, device="npu")
+    ctx = current_context()
+    with ctx.lock:
+        del t                                           # the owner dies with the lock held
+        assert len(ctx.deferred) == 1
+    assert torch.npu.memory_allocated() == before and not ctx.deferred
