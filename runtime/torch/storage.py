@@ -18,8 +18,8 @@ exporter's deleter. So an allocation is
 (a contiguous tensor of a dtype numpy has is exported with its dtype and shape in one step; any
 other is viewed onto the uint8 storage). When the storage's last user goes, torch calls the
 deleter, the _Owner dies and its ``__del__`` gives the memory back to the pool in the order of
-the stream it was allocated on (runtime.memory.alloc.free_block_from_gc). One object per allocation does it all:
-an allocation is the largest piece of every npu operator (see "Costs" below).
+the stream it was allocated on (runtime.memory.alloc.free_block_from_gc). One object per
+allocation does it all: an allocation is the largest piece of every npu operator (see "Costs").
 
 ``_live`` maps the storage's address to a weak reference of its _Owner (the entry goes in
 ``_Owner.__del__``, just before the memory goes back to the pool, so no other owner can have
@@ -191,31 +191,38 @@ def _owner(nbytes: int, device: int, npdt, shape, key) -> _Owner:
     else:                       # a capture may allocate from a graph's pool: it keeps the pointer
         kept = malloc_at(nbytes, _HUGE_FIRST, site)
         ctx, block = kept._ctx, kept._block
-    left = block.reuse
-    reuse = key
-    if left is not None and key is not None and left[0] == key:
-        # the memory of a result of this very dtype and shape, parked by the pool for this
-        # stream: its numpy view and CPU tensor again (see "Reuse" in the note)
-        block.reuse = None
-        view, cpu = left[1], left[2]
-    else:
-        # the numpy view of the new bytes: one numpy call for a typed one (no checks)
-        p = DevicePtr(ctx, block.addr, block, block.gen) if kept is None else kept
-        view = host_view(p, nbytes) if npdt is None else host_array(p, shape, npdt)
-        # a CPU tensor on the bytes, made from ``view``, never from the owner (a cycle through
-        # a torch storage would never be collected); its storage is the one of every CPU view
-        cpu = torch.from_numpy(view)
-        if key is not None and torch.is_inference_mode_enabled():
-            reuse = None        # an inference tensor: no result outside the mode may get it
-    owner = view.view(_Owner)
-    addr = cpu.data_ptr()                       # (numpy's ``.ctypes.data`` costs 10 us)
-    # ``ctx`` / ``dev_id``: what shared_cpu_view checks, cheaply: the device's context is still
-    # the one allocated from (a reset replaces it; nothing else can free memory the owner holds);
-    # ``reuse``: the key the memory's view and CPU tensor are left under when the owner dies
-    # (None: not left); one dict for all (a dict display costs half of ``__dict__.update``)
-    owner.__dict__ = {"block": block, "gen": block.gen, "kept": kept, "index": device,
-                      "cpu": cpu, "views": {} if key is None else {key: cpu}, "reuse": reuse,
-                      "ctx": ctx, "dev_id": ctx.device_id, "addr": addr}
+    try:                        # until the owner holds it, a failure frees the memory here
+        left = block.reuse
+        reuse = key
+        if left is not None and key is not None and left[0] == key:
+            # the memory of a result of this very dtype and shape, parked by the pool for this
+            # stream: its numpy view and CPU tensor again (see "Reuse" in the note)
+            block.reuse = None
+            view, cpu = left[1], left[2]
+        else:
+            # the numpy view of the new bytes: one numpy call for a typed one (no checks)
+            p = DevicePtr(ctx, block.addr, block, block.gen) if kept is None else kept
+            view = host_view(p, nbytes) if npdt is None else host_array(p, shape, npdt)
+            # a CPU tensor on the bytes, made from ``view``, never from the owner (a cycle
+            # through a torch storage would never be collected); the storage of every CPU view
+            cpu = torch.from_numpy(view)
+            if key is not None and torch.is_inference_mode_enabled():
+                reuse = None        # an inference tensor: no result outside the mode may get it
+        owner = view.view(_Owner)
+        addr = cpu.data_ptr()                   # (numpy's ``.ctypes.data`` costs 10 us)
+        # ``ctx`` / ``dev_id``: what shared_cpu_view checks, cheaply: the device's context is
+        # still the one allocated from (a reset replaces it; nothing else can free memory the
+        # owner holds); ``reuse``: the key the memory's view and CPU tensor are left under when
+        # the owner dies (None: not left); one dict for all (a display costs half an update)
+        owner.__dict__ = {"block": block, "gen": block.gen, "kept": kept, "index": device,
+                          "cpu": cpu, "views": {} if key is None else {key: cpu},
+                          "reuse": reuse, "ctx": ctx, "dev_id": ctx.device_id, "addr": addr}
+    except BaseException:
+        if kept is None:
+            free_block_from_gc(ctx, block, block.gen)
+        else:
+            free_from_gc(kept)
+        raise
     # the entry goes when the memory does (_Owner.__del__), not through a weakref callback
     _live[addr] = weakref.ref(owner)
     return owner

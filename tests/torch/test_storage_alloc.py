@@ -148,3 +148,14 @@ def test_a_free_while_the_pool_is_busy_waits_for_the_next_memory_call():
         del t                                           # the owner dies with the lock held
         assert len(ctx.deferred) == 1
     assert torch.npu.memory_allocated() == before and not ctx.deferred
+
+
+def test_a_failure_before_the_owner_holds_the_memory_frees_it(monkeypatch):
+    before = torch.npu.memory_allocated()
+
+    def broken(*args):
+        raise RuntimeError("injected: no view")
+    monkeypatch.setattr(S, "host_array", broken)
+    with pytest.raises(RuntimeError, match="injected"):
+        torch.empty(3, 333, device="npu")
+    assert torch.npu.memory_allocated() == before
