@@ -215,7 +215,7 @@ def test_another_device_is_switched_to_and_back():
 
 
 def test_a_dead_storage_leaves_no_entry_and_a_reused_address_its_new_owner():
-    """storage.py drops a storage's ``_live`` entry in ``_Memory.__del__`` (no weakref
+    """storage.py drops a storage's ``_live`` entry in ``_Owner.__del__`` (no weakref
     callback): the entries are exactly the live storages', a pool address reused by a new
     tensor maps to the new owner, and the typed view (``host_array``) holds the tensor's bits."""
     from runtime.torch import storage as S

@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_a_storage_freed_inside_the_device_lock_does_not_hang():
     """The garbage collector may free an npu storage on a thread that is inside an allocation:
     the sweep hung there (cdist's gradient) on storage.py's lock. The free takes no lock of
-    storage.py (the storage's _live entry goes in _Memory.__del__, no weakref callback) and the
+    storage.py (the storage's _live entry goes in _Owner.__del__, no weakref callback) and the
     device's pool lock only when it is free (runtime.free_from_gc defers the free otherwise):
     nothing hangs, and the memory is back at the next allocation."""
     from runtime.context import contexts_by_device
