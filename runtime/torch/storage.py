@@ -194,10 +194,11 @@ def _owner(nbytes: int, device: int, npdt, shape, key) -> _Owner:
     try:                        # until the owner holds it, a failure frees the memory here
         left = block.reuse
         reuse = key
+        if left is not None:
+            block.reuse = None          # taken: a live block carries nothing
         if left is not None and key is not None and left[0] == key:
             # the memory of a result of this very dtype and shape, parked by the pool for this
             # stream: its numpy view and CPU tensor again (see "Reuse" in the note)
-            block.reuse = None
             view, cpu = left[1], left[2]
         else:
             # the numpy view of the new bytes: one numpy call for a typed one (no checks)

@@ -159,3 +159,15 @@ def test_a_failure_before_the_owner_holds_the_memory_frees_it(monkeypatch):
     with pytest.raises(RuntimeError, match="injected"):
         torch.empty(3, 333, device="npu")
     assert torch.npu.memory_allocated() == before
+
+
+def test_a_result_of_another_shape_takes_what_was_left_and_leaves_its_own():
+    x = torch.empty(64, 64, device="npu")
+    block = S.owner_of(x).block
+    del x
+    y = torch.empty(32, 128, device="npu")              # the same parked block, another shape
+    assert S.owner_of(y).block.addr == block.addr and S.owner_of(y).block.reuse is None
+    cpu = _cpu(y)
+    del y
+    z = torch.empty(32, 128, device="npu")
+    assert _cpu(z) is cpu
