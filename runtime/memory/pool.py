@@ -57,8 +57,8 @@ fit, the pool releases its cached whole free segments (counted in ``num_alloc_re
 tries again, then raises ``OutOfMemoryError`` with the numbers and the fix. The raw allocator
 may refuse a segment too: the runtime's charges the device's card, which other processes share
 (runtime/memory/card.py), and its refusal (a ``MemoryError`` with ``holders``) puts the other
-processes and their bytes in the message. The error is ``card.out_of_memory``'s: also a
-``torch.OutOfMemoryError`` once torch is imported.
+processes and their bytes in the message (oom.py builds it). The error is
+``card.out_of_memory``'s: also a ``torch.OutOfMemoryError`` once torch is imported.
 
 Shared frees. ``free(block, ready, shared=True)``: the marker covers the work of other streams
 too (the runtime's ``record_stream``), so not even the block's own stream may reuse the memory
@@ -84,11 +84,10 @@ from typing import Protocol
 
 from . import blocks
 from .blocks import KIND_POOL, LARGE_HUGE, SMALL, Block, Segment
-from .card import describe as describe_holders
-from .card import out_of_memory
 from ..errors import InvalidParamError, MemoryAccessError, OutOfMemoryError
 from .free_lists import FreeLists
 from .front_cache import FrontCache
+from .oom import oom_error
 from .pool_args import (LARGE_KINDS, SMALL_KINDS, KiB, MemMallocPolicy, MiB, check_nbytes,
                         format_size, policy_kinds)
 from .stats import (MemoryStats, free_moved, malloc_moved, move, parked_freed, parked_taken,
@@ -496,51 +495,14 @@ class CachingAllocator:
             self._limit = limit
 
     def _oom(self, size: int, nbytes: int, kinds, policy) -> OutOfMemoryError:
-        cap, alloc, res, limit = self._capacity, self.allocated, self.reserved, self._limit
-        largest = self.largest_free_block()
-        raw = self._raw_error
-        card = raw[1] if raw is not None and hasattr(raw[1], "holders") else None
-        holders = card.holders if card is not None else []
-        if card is None and getattr(self._raw, "card", None) is not None:
-            holders = self._raw.card.others()    # refused by the limit: the card's state too
-        others = sum(h.reserved for h in holders)
-        facts = (f"device {self.device_id}; {format_size(cap)} total capacity; "
-                 f"{format_size(alloc)} already allocated; {format_size(res)} reserved in total "
-                 f"by the pool; ")
-        if others:
-            facts += (f"{format_size(others)} reserved by other processes on this card "
-                      f"({describe_holders(holders)}); ")
-        facts += (f"{format_size(max(cap - res - others, 0))} free; limit {format_size(limit)}; "
-                  f"largest free block {format_size(largest)}")
-        if card is not None:
-            facts += f"; the card refused a segment of {format_size(raw[0])}"
-        elif raw is not None:
-            facts += (f"; the device address space refused a segment of {format_size(raw[0])}"
-                      + (f" ({raw[1]})" if str(raw[1]) else ""))
-        fix = ("Free tensors you no longer need, call runtime.empty_cache(), reduce the batch "
-               "size, or raise NPUSIM_HBM_BYTES")
-        if others:
-            fix += " or free memory in the other processes on this device (npusim-smi info)"
-        if limit < cap:
-            fix += " or the fraction given to runtime.set_per_process_memory_fraction()"
+        hint = ""
         if kinds == (LARGE_HUGE,) and size > SMALL_SIZE:
-            fix += (f"; policy HUGE_ONLY needs a {format_size(-(-size // HUGE_PAGE) * HUGE_PAGE)} "
+            hint = (f"; policy HUGE_ONLY needs a {format_size(-(-size // HUGE_PAGE) * HUGE_PAGE)} "
                     f"huge-page segment, HUGE_FIRST could fall back to normal pages")
-        msg = f"NPU out of memory. Tried to allocate {format_size(size)} ({facts}). {fix}."
-        err = out_of_memory(msg)                     # also torch's, once torch is imported
-        err.device_id = self.device_id
-        err.others_reserved = others
-        err.holders = [{"pid": h.pid, "job": h.job, "rank": h.rank, "reserved": h.reserved}
-                       for h in holders if h.reserved]
-        err.requested = nbytes
-        err.size = size
-        err.capacity = cap
-        err.allocated = alloc
-        err.reserved = res
-        err.limit = limit
-        err.largest_free_block = largest
-        err.policy = int(policy)
-        return err
+        return oom_error(self.device_id, size, nbytes, policy, capacity=self._capacity,
+                         allocated=self.allocated, reserved=self.reserved, limit=self._limit,
+                         largest=self.largest_free_block(), raw_error=self._raw_error,
+                         raw=self._raw, hint=hint)
 
     # ------------------------------------------------------------------ queries
     def find(self, addr: int) -> Block | None:
