@@ -516,6 +516,9 @@ def _used_status(name: str) -> str:
     return _USED_STATUS.get(name, "no")
 
 
+_PATCHES_ON_IMPORT = "torch_npu.contrib.transfer_to_npu"
+
+
 def used_status(names) -> None:
     """Status of the used names not in a group (imports torch_npu)."""
     import torch
@@ -527,9 +530,16 @@ def used_status(names) -> None:
                 obj = getattr(obj, p)
             _USED_STATUS[n] = _status_of(obj)
         except (AttributeError, ImportError):
+            mod = n.replace("torch.npu", "torch_npu.npu", 1)
+            if mod.startswith(_PATCHES_ON_IMPORT):
+                # found, never run: importing it patches torch.cuda for the whole process (the
+                # suite's later tests saw torch.cuda.is_available() True)
+                import importlib.util
+                _USED_STATUS[n] = "yes" if importlib.util.find_spec(mod) else "no"
+                continue
             try:          # a module of torch_npu that is not imported by default
                 import importlib
-                importlib.import_module(n.replace("torch.npu", "torch_npu.npu", 1))
+                importlib.import_module(mod)
                 _USED_STATUS[n] = "yes"
             except ImportError:
                 _USED_STATUS[n] = "no"
