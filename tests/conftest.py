@@ -63,7 +63,9 @@ def torch_missing() -> str:
     return "" if TORCH else NO_TORCH_REASON
 
 
-_TOP_LEVEL_SKIP = re.compile(r"^pytest\.importorskip\(\s*['\"]torch", re.M)
+# ``pytest.importorskip("torch")`` or ``torch = pytest.importorskip("torch", ...)`` at a
+# module's top level (the second form was missed: its modules never ran in CI's torch run)
+_TOP_LEVEL_SKIP = re.compile(r"^(?:\w+\s*=\s*)?pytest\.importorskip\(\s*['\"]torch", re.M)
 _ANY_SKIP = re.compile(r"importorskip\(\s*['\"]torch")
 
 
