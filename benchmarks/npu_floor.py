@@ -56,9 +56,10 @@ import torch
 _KDL_EXT_DEV = 12
 _DL_DEVICE = (ctypes.c_int32 * 2)(_KDL_EXT_DEV, 0)
 _CPU_KS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
-_capsule_ptr = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_ptr.restype = ctypes.c_void_p
-_capsule_ptr.argtypes = [ctypes.py_object, ctypes.c_char_p]
+# PyCapsule_GetPointer through a prototype of its own (as runtime/torch/storage.py): the shared
+# ctypes.pythonapi function keeps its restype and argtypes
+_capsule_ptr = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
 _Tensor = torch.Tensor
 _live: dict = {}                  # storage address -> weakref to its _Owner
 
