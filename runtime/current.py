@@ -88,17 +88,8 @@ def current_stream():
     """The stream made current by the innermost ``with stream(s):`` (else the default stream).
 
     ``current_stream_of(current_context())`` with the thread state read once (the operator
-    path asks it about once per operator)."""
-    t = thread
-    dev = t.device
-    if dev is None:
-        dev = process_device
-    ctx = contexts_by_device.get(dev) if dev is not None else None
-    if ctx is None:
-        return current_stream_of(current_context())     # raises ContextError
-    stacks = t.streams
-    st = stacks.get(dev) if stacks else None
-    return st[-1] if st else ctx.default_stream
+    path asks it about once per operator): ``current_context_and_stream``'s."""
+    return current_context_and_stream()[1]
 
 
 def current_stream_of(ctx):

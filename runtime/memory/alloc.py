@@ -33,15 +33,7 @@ def malloc_at(nbytes, policy, site: str) -> DevicePtr:
     cap = hooks.capture
     if cap is not None and getattr(private_pool, "pool", None) is None:
         cap.refuse("malloc (an array's allocation included)")
-    ctx, stream = current_context_and_stream()
-    lock = ctx.lock
-    lock.acquire()              # not ``with``: half the cost here (0.17 us against 0.4)
-    try:
-        if ctx.deferred:
-            _drain(ctx)
-        block = ctx.pool.malloc(nbytes, stream, policy, site)
-    finally:
-        lock.release()
+    ctx, block = malloc_block(nbytes, policy, site)
     if hooks.capture is not None and getattr(private_pool, "pool", None) is not None:
         return private_pool.pool.keep(DevicePtr(ctx, block.addr, block, block.gen))
     return DevicePtr(ctx, block.addr, block, block.gen)
@@ -55,7 +47,7 @@ def malloc_block(nbytes, policy, site: str) -> tuple:
     pointers in the graph's private pool."""
     ctx, stream = current_context_and_stream()
     lock = ctx.lock
-    lock.acquire()              # as in malloc_at
+    lock.acquire()              # not ``with``: half the cost here (0.17 us against 0.4)
     try:
         if ctx.deferred:
             _drain(ctx)

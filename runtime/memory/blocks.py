@@ -204,12 +204,6 @@ def replace(old: Block) -> Block:
     is unlinked (a freed handle is retired: it never goes out again)."""
     b = Block(old.addr, old.size, old.segment, old.stream)
     b.pending, b.seq, b.reuse = old.pending, old.seq, old.reuse
-    b.prev, b.next = p, n = old.prev, old.next          # _link, inline: every free parks one
-    if p is None:
-        b.segment.head = b
-    else:
-        p.next = b
-    if n is not None:
-        n.prev = b
+    _link(b, old.prev, old.next)
     old.prev = old.next = old.pending = old.reuse = None
     return b

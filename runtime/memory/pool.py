@@ -306,15 +306,7 @@ class CachingAllocator:
         # or a new free block
         if front is not None and seg.kind == SMALL and front.count < front.limit and not (
                 shared and ready is not None):
-            b = blocks.replace(block)                # FrontCache.park, inline (the common case)
-            key = (b.stream, b.size)
-            lst = front.parked.get(key)
-            if lst is None:
-                front.parked[key] = [b]
-            else:
-                lst.append(b)
-            b.parked = True
-            front.count += 1
+            front.park(blocks.replace(block))
             # a small block never spans its segment: parked, it is non-releasable free memory
             parked_freed(self._kind_stats[SMALL], block.size, block.requested)
             return

@@ -134,30 +134,9 @@ def parked_taken(records, size: int, requested: int) -> None:
     """``malloc_moved(records, size, requested, -size, -1)`` in one step: the moves of a malloc
     served by a parked block of the small pool (the pool's common case in a training step)."""
     alloc, req, count, idle, idle_n = records
-    alloc.current = c = alloc.current + size
-    alloc.allocated += size
-    if c > alloc.peak:
-        alloc.peak = c
-    c += alloc.other.current
-    t = alloc.total
-    if c > t.peak:
-        t.peak = c
-    req.current = c = req.current + requested
-    req.allocated += requested
-    if c > req.peak:
-        req.peak = c
-    c += req.other.current
-    t = req.total
-    if c > t.peak:
-        t.peak = c
-    count.current = c = count.current + 1
-    count.allocated += 1
-    if c > count.peak:
-        count.peak = c
-    c += count.other.current
-    t = count.total
-    if c > t.peak:
-        t.peak = c
+    rise(alloc, size)
+    rise(req, requested)
+    rise(count, 1)
     idle.current -= size
     idle_n.current -= 1
 
@@ -169,22 +148,8 @@ def parked_freed(records, size: int, requested: int) -> None:
     alloc.current -= size
     req.current -= requested
     count.current -= 1
-    idle.current = c = idle.current + size
-    idle.allocated += size
-    if c > idle.peak:
-        idle.peak = c
-    c += idle.other.current
-    t = idle.total
-    if c > t.peak:
-        t.peak = c
-    idle_n.current = c = idle_n.current + 1
-    idle_n.allocated += 1
-    if c > idle_n.peak:
-        idle_n.peak = c
-    c += idle_n.other.current
-    t = idle_n.total
-    if c > t.peak:
-        t.peak = c
+    rise(idle, size)
+    rise(idle_n, 1)
 
 
 class MemoryStats:

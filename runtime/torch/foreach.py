@@ -145,33 +145,39 @@ def foreach_kernel(op):
     return kernel
 
 
+def _joined(a, k, dev: int):
+    """The npu device of argument ``a`` (of kind ``k``: a tensor list or a tensor) joined with
+    ``dev`` (-1: none yet), or None when the fast path cannot take it (not of its kind, an empty
+    list, a CPU tensor, two devices)."""
+    if k == _LIST:
+        if type(a) not in _SEQ or not a:
+            return None
+        devs = set(map(_get_device, a))
+        if len(devs) != 1:
+            return None
+        d = devs.pop()
+    else:
+        if not isinstance(a, _Tensor):
+            return None
+        d = a.get_device()
+    if d < 0 or d != dev and dev >= 0:
+        return None
+    return d
+
+
 def _inplace(op, kinds):
     def kernel(*args, **kwargs):
         if len(args) <= len(kinds) and _quiet():
             dev = -1
             cargs = []
             for a, k in zip(args, kinds):
-                if k == _LIST:
-                    if type(a) not in _SEQ or not a:
-                        break
-                    devs = set(map(_get_device, a))
-                    if len(devs) != 1:
-                        break
-                    d = devs.pop()
-                    if d < 0 or d != dev and dev >= 0:
-                        break
-                    dev = d
-                    cargs.append(list(map(_view, a)))
-                elif k == _ONE:
-                    if not isinstance(a, _Tensor):
-                        break
-                    d = a.get_device()
-                    if d < 0 or d != dev and dev >= 0:
-                        break
-                    dev = d
-                    cargs.append(_view(a))
-                else:
+                if k == _PLAIN:
                     cargs.append(a)
+                    continue
+                dev = _joined(a, k, dev)
+                if dev is None:
+                    break
+                cargs.append(list(map(_view, a)) if k == _LIST else _view(a))
             else:
                 if dev == _current_device() and _plain_kwargs(kwargs) and \
                         runtime.current_stream().idle():
@@ -249,27 +255,16 @@ def _functional(op, out_op, kinds, each):
             cargs = []
             key = [op, _default_dtype()]
             for a, k in zip(args, kinds):
-                if k == _LIST:
-                    if type(a) not in _SEQ or not a:
+                if k != _PLAIN:
+                    dev = _joined(a, k, dev)
+                    if dev is None:
                         break
-                    devs = set(map(_get_device, a))
-                    if len(devs) != 1:
-                        break
-                    d = devs.pop()
-                    if d < 0 or d != dev and dev >= 0:
-                        break
-                    dev = d
-                    key.append(tuple([(t.dtype, t.size(), t.stride()) for t in a]))
-                    cargs.append(list(map(_view, a)))
-                elif k == _ONE:
-                    if not isinstance(a, _Tensor):
-                        break
-                    d = a.get_device()
-                    if d < 0 or d != dev and dev >= 0:
-                        break
-                    dev = d
-                    key.append((a.dtype, a.size(), a.stride()))
-                    cargs.append(_view(a))
+                    if k == _LIST:
+                        key.append(tuple([(t.dtype, t.size(), t.stride()) for t in a]))
+                        cargs.append(list(map(_view, a)))
+                    else:
+                        key.append((a.dtype, a.size(), a.stride()))
+                        cargs.append(_view(a))
                 else:
                     s = _plain_key(a)
                     if s is None:
