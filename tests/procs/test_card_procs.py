@@ -27,6 +27,9 @@ def card_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("NPUSIM_CARD_DIR", str(d))
     monkeypatch.setenv("NPUSIM_HBM_BYTES", str(GiB))
     monkeypatch.delenv("NPUSIM_CARD_SHARE", raising=False)
+    # a device an earlier test left open keeps its capacity and card: start from none
+    for dev in list(runtime.context.contexts_by_device):
+        runtime.reset_device(dev)
     yield d
     for dev in list(runtime.context.contexts_by_device):
         runtime.reset_device(dev)
