@@ -62,6 +62,7 @@ _capsule_ptr = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_cha
     ("PyCapsule_GetPointer", ctypes.pythonapi))
 _Tensor = torch.Tensor
 _live: dict = {}                  # storage address -> weakref to its _Owner
+_binding = None                   # structured._binding, set by install()
 
 
 class _Owner(np.ndarray):
@@ -291,6 +292,7 @@ _libs: list = []
 
 def install() -> None:
     """Make ``npu`` the floor device in this process (once; PrivateUse1 is renamed for good)."""
+    global _binding
     from torch.utils import backend_registration as br
     if torch._C._get_privateuse1_backend_name() != "privateuseone":
         raise RuntimeError("the floor needs a process whose PrivateUse1 backend is not "
@@ -309,7 +311,6 @@ def install() -> None:
     sys.path.insert(0, root)
     from runtime.torch.kernels import register_cpu_kernels
     from runtime.torch.structured import _binding
-    globals()["_binding"] = _binding
     register_cpu_kernels(lib, structured, fallback)
     # scaled_dot_product_attention as npusim's device takes it: the CPU's fused kernel, not
     # torch's decomposition (runtime/torch/attention.py; it imports nothing of the device)

@@ -50,7 +50,6 @@ import runtime
 from runtime import current as _current
 from runtime import hooks, profiler
 from runtime.errors import GraphCaptureError
-from runtime.sanitizer import stream_check_enabled
 
 from . import device as _device
 from . import random as _random
