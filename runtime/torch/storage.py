@@ -62,14 +62,12 @@ import numpy as np
 import torch
 
 import runtime
-from runtime import profiler
+from runtime import hooks, profiler, sanitizer
 from runtime.context import contexts_by_device
-from runtime import hooks
 from runtime.memory import DeviceBuffer, DevicePtr, free_from_gc, host_view, malloc_at
 from runtime.memory.alloc import free_block_from_gc, malloc_block
 from runtime.memory.pointers import host_array
 from runtime.memory.pool import MemMallocPolicy
-from runtime import sanitizer
 
 from .site import user_site
 
@@ -168,22 +166,18 @@ def new_storage_tensor(nbytes: int, device: int) -> torch.Tensor:
     The current runtime device must be ``device`` (the caller switches to it).
     Raises runtime.errors.OutOfMemoryError with the pool's numbers past the capacity.
     """
-    return _from_dlpack(_new_owner(nbytes, device), device)
-
-
-def _new_owner(nbytes: int, device: int, typed=None) -> _Owner:
-    """A new allocation of ``nbytes`` as its _Owner (registered in ``_live``), not yet exported.
-    ``typed``: (numpy dtype, shape) of the tensor to be: the owner and ``owner.cpu`` then have
-    them (the owner is exported as it is)."""
-    if typed is None:
-        return _owner(nbytes, device, None, None, None)
-    return _owner(nbytes, device, typed[0], typed[1], None)
+    return _from_dlpack(_owner(nbytes, device, None, None, None), device)
 
 
 def _owner(nbytes: int, device: int, npdt, shape, key) -> _Owner:
-    """``_new_owner``'s work: ``npdt`` / ``shape`` the numpy dtype and shape of a typed owner
-    (None: uint8 bytes); ``key``, when given, the shared CPU view's cache key of ``owner.cpu``."""
+    """A new allocation of ``nbytes`` as its _Owner (registered in ``_live``), not yet exported.
+    ``npdt`` / ``shape``: the numpy dtype and shape of the tensor to be (None: uint8 bytes), which
+    the owner and ``owner.cpu`` then have (it is exported as it is); ``key``, when given, the
+    shared CPU view's cache key of ``owner.cpu``."""
     bind_thread()
+    # the user's line for the pool's record only while the stream sanitizer (which names it in
+    # a race) or the profiler records: finding it walks the Python stack, 20-40 us inside a
+    # model's forward, more than the rest of the allocation
     site = _UNRECORDED if not (sanitizer.on or profiler.on) else user_site(2)
     if hooks.capture is None:
         ctx, block = malloc_block(nbytes, _HUGE_FIRST, site)   # no DevicePtr: one when asked
@@ -232,15 +226,6 @@ def _owner(nbytes: int, device: int, npdt, shape, key) -> _Owner:
 _UNRECORDED = "an npu tensor's storage (its line is recorded while NPUSIM_STREAM_CHECK is on)"
 
 
-def _alloc_site() -> str:
-    """The user's line for the pool's record of an allocation, taken only while the stream
-    sanitizer (which names it in a race) or the profiler records: finding it walks the Python
-    stack, 20-40 us inside a model's forward, more than the rest of the allocation."""
-    if sanitizer.on or profiler.on:         # (flags: no call to ask; _owner reads them so)
-        return user_site(2)
-    return _UNRECORDED
-
-
 def cpu_bytes(owner: _Owner) -> torch.Tensor:
     """A uint8 CPU tensor on all the bytes of ``owner``'s allocation."""
     st = owner.cpu.untyped_storage()
@@ -257,7 +242,11 @@ def storage_addr(t: torch.Tensor) -> int:
     """The address of ``t``'s storage, without ``t.untyped_storage()``: the Python storage
     object that call makes is kept alive by the storage from then on (torch preserves it), so
     the storage's use count stays 2 and autograd no longer accumulates a gradient into it in
-    place (``can_accumulate_inplace``: a 1 MB ``add_`` becomes an allocation and an ``add``)."""
+    place (``can_accumulate_inplace``: a 1 MB ``add_`` becomes an allocation and an ``add``).
+    A tensor without elements has no data pointer (0): its storage is asked, as no gradient is
+    accumulated into it."""
+    if not t.numel():
+        return t.untyped_storage().data_ptr()
     return t.data_ptr() - t.storage_offset() * t.element_size()
 
 
