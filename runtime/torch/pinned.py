@@ -29,6 +29,8 @@ import torch
 
 import runtime
 
+from .storage import storage_addr
+
 _lock = threading.Lock()
 _live: dict = {}                 # buffer address -> (weakref to the HostBuffer, nbytes)
 
@@ -59,7 +61,7 @@ def is_pinned(t: torch.Tensor) -> bool:
     processes), no lookup."""
     if not _live or not t.is_cpu:
         return False
-    e = _live.get(t.untyped_storage().data_ptr())
+    e = _live.get(storage_addr(t))     # not untyped_storage(): see storage.storage_addr
     return e is not None and e[0]() is not None
 
 
