@@ -22,9 +22,7 @@ from .blocks import Block
 class FrontCache:
     """At most ``limit`` parked blocks, by ``(stream, size)``; the last one parked goes out first.
 
-    ``parked`` (``(stream, size)`` -> a non-empty list of blocks) and ``count`` are read and
-    changed by the allocator's one-step malloc and free too (CachingAllocator.malloc / free: the
-    same moves as ``take`` and ``park``, inline, on the path every small tensor takes)."""
+    ``parked``: ``(stream, size)`` -> a non-empty list of blocks (tests read it)."""
 
     __slots__ = ("parked", "count", "limit")
 

@@ -202,27 +202,17 @@ class CachingAllocator:
         front = self._front
         if front is not None and type(nbytes) is int and 0 < nbytes <= SMALL_SIZE and \
                 policy is _HUGE_FIRST:
-            # the common case in one step: a block this stream parked, of the same rounded size
-            # (what the general path below does through FrontCache.take and _hand_out)
-            size = (nbytes + ROUND - 1) // ROUND * ROUND
-            key = (stream, size)
+            # the common case: a block this stream parked, of the same rounded size, its
+            # statistics moved in one step (parked_taken: _hand_out's malloc_moved for it)
             try:
-                lst = front.parked.get(key)
+                b = front.take(stream, (nbytes + ROUND - 1) // ROUND * ROUND)
             except TypeError:                        # an unhashable stream: named below
-                lst = None
-            if lst:
-                b = lst.pop()
-                if not lst:
-                    del front.parked[key]
-                front.count -= 1
-                b.parked = False
-                b.requested = nbytes
-                b.stream = stream
-                b.site = site
-                self._gen = b.gen = self._gen + 1
-                self._live[b.addr] = b
-                parked_taken(self._kind_stats[SMALL], size, nbytes)
+                b = None
+            if b is not None:
+                self._own(b, nbytes, stream, site)
+                parked_taken(self._kind_stats[SMALL], b.size, nbytes)
                 return b
+            front = None                             # asked already: not again below
         if type(nbytes) is not int or nbytes <= 0:
             nbytes = check_nbytes(nbytes)
         if policy is _HUGE_FIRST:                    # the default: no enum hash (a Python call)
@@ -236,8 +226,8 @@ class CachingAllocator:
         size = (nbytes + ROUND - 1) // ROUND * ROUND
         if size <= SMALL_SIZE:
             kinds = SMALL_KINDS
-            if self._front is not None:              # a block this stream parked, same size
-                b = self._front.take(stream, size)
+            if front is not None:                    # a block this stream parked, same size
+                b = front.take(stream, size)
                 if b is not None:                    # it was non-releasable (never a whole
                     return self._hand_out(b, nbytes, stream, site, -size, -1)   # segment)
         b = self._lists.take(size, stream, kinds)
@@ -265,13 +255,17 @@ class CachingAllocator:
                   idle_count: int) -> Block:
         """Make the unlisted free block ``b`` an allocation of ``nbytes`` on ``stream``, with a
         new generation; the non-releasable free memory changed by ``idle_bytes`` / ``idle_count``."""
+        self._own(b, nbytes, stream, site)
+        malloc_moved(self._kind_stats[b.segment.kind], b.size, nbytes, idle_bytes, idle_count)
+        return b
+
+    def _own(self, b: Block, nbytes: int, stream, site: str) -> None:
+        """Make ``b`` the live allocation of ``nbytes`` on ``stream`` with a new generation."""
         b.requested = nbytes
         b.stream = stream
         b.site = site
         self._gen = b.gen = self._gen + 1
         self._live[b.addr] = b
-        malloc_moved(self._kind_stats[b.segment.kind], b.size, nbytes, idle_bytes, idle_count)
-        return b
 
     def free(self, block: Block, ready=None, gen: int | None = None,
              shared: bool = False) -> None:
