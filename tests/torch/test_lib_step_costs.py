@@ -5,8 +5,8 @@ path reads them (runtime/torch/device.py ``current``, runtime/current.py ``curre
 after ``set_device``, inside ``with stream(...)``, on other threads and after ``reset_device``;
 and a tiny Llama training step on npu bitwise equal to CPU eager.
 
-Each test that binds a device runs on a fresh thread (``_on_thread``): the device a thread is
-bound to is per thread, so the pytest thread is left as it was.
+Each test that binds a device runs on a fresh thread (``on_thread``, tests/torch/threads_util.py):
+the device a thread is bound to is per thread, so the pytest thread is left as it was.
 """
 import threading
 
@@ -21,24 +21,7 @@ from runtime import current as rt_current  # noqa: E402
 from runtime.errors import ContextError  # noqa: E402
 from runtime.torch import device as npu_device  # noqa: E402
 from runtime.torch import guard  # noqa: E402
-
-
-def _on_thread(fn, timeout=120):
-    """Run ``fn`` on a new thread; re-raise what it raised. Bounded by ``timeout`` seconds."""
-    out = {}
-
-    def run():
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            out["error"] = e
-    t = threading.Thread(target=run, name="lib-step-test")
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), f"{fn.__name__} did not finish in {timeout} s"
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
+from tests.torch.threads_util import on_thread  # noqa: E402
 
 
 def _bits(t):
@@ -70,7 +53,7 @@ def test_backward_through_the_guard_equals_cpu_bitwise():
     def on_npu():
         runtime.set_device(0)
         return run("npu")
-    for a, b in zip(run("cpu"), _on_thread(on_npu)):
+    for a, b in zip(run("cpu"), on_thread(on_npu)):
         assert b.device.type == "npu"
         assert torch.equal(_bits(a), _bits(b))
 
@@ -82,12 +65,12 @@ def test_current_follows_set_device_and_threads():
         assert npu_device.current() == 2 == runtime.get_device()
         runtime.set_device(3)
         assert npu_device.current() == 3 == runtime.get_device()
-        seen = _on_thread(lambda: (npu_device.current(), runtime.get_device()))
+        seen = on_thread(lambda: (npu_device.current(), runtime.get_device()))
         assert seen[0] == seen[1]            # another thread: its own (the process's) device
         runtime.set_device(0)
         assert npu_device.current() == 0
         return True
-    assert _on_thread(body)
+    assert on_thread(body)
 
 
 def test_current_after_reset_device_of_the_threads_device():
@@ -130,7 +113,7 @@ def test_current_after_reset_on_the_same_thread():
         assert d != 7 and d == runtime.get_device()
         assert 7 not in rt_current.contexts_by_device
         return True
-    assert _on_thread(body)
+    assert on_thread(body)
 
 
 # ---------------------------------------------------------------------- current streams
@@ -155,7 +138,7 @@ def test_runtime_current_stream_follows_blocks_devices_and_set_current_stream():
         s.destroy()
         s2.destroy()
         return True
-    assert _on_thread(body)
+    assert on_thread(body)
 
 
 def test_current_stream_raises_without_a_device_like_current_context(monkeypatch):
@@ -167,7 +150,7 @@ def test_current_stream_raises_without_a_device_like_current_context(monkeypatch
         with pytest.raises(ContextError):
             rt_current.current_context()
         return True
-    assert _on_thread(body)
+    assert on_thread(body)
 
 
 def test_torch_npu_current_stream_is_the_default_one_and_follows_stream_blocks():
@@ -194,7 +177,7 @@ def test_torch_npu_current_stream_is_the_default_one_and_follows_stream_blocks()
         with pytest.raises(RuntimeError, match="Invalid device ordinal"):
             torch.npu.current_stream(99)
         return True
-    assert _on_thread(body)
+    assert on_thread(body)
 
 
 # ---------------------------------------------------------------------- a library step
@@ -221,7 +204,7 @@ def test_tiny_llama_step_on_npu_equals_cpu_bitwise():
     def on_npu():
         runtime.set_device(0)
         return steps("npu")
-    (lc, pc), (ln, pn) = steps("cpu"), _on_thread(on_npu)
+    (lc, pc), (ln, pn) = steps("cpu"), on_thread(on_npu)
     assert lc == ln
     for a, b in zip(pc, pn):
         assert b.device.type == "npu"
@@ -269,4 +252,4 @@ def test_torch_npu_default_stream_after_reset_device_is_the_new_contexts():
         torch.npu.set_device(0)
         assert torch.npu.current_stream(5) is new
         return True
-    assert _on_thread(body)
+    assert on_thread(body)

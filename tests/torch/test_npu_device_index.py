@@ -2,12 +2,11 @@
 N > 0, a process bound to NPU 1 as a DDP rank is, placement of ``"npu"`` / ``"npu:0"``,
 torch.save / torch.load across NPUs, and torch's error for two NPUs in one operator.
 
-Each test runs on a fresh thread (``_on_thread``): the device a thread is bound to and its
-autograd mode are per thread, so the pytest thread is left as it was.
+Each test runs on a fresh thread (``on_thread``, tests/torch/threads_util.py): the device a thread
+is bound to and its autograd mode are per thread, so the pytest thread is left as it was.
 """
 import gc
 import io
-import threading
 
 import pytest
 
@@ -16,24 +15,7 @@ torch = pytest.importorskip("torch", reason="torch is optional: pip install torc
 torch_npu = pytest.importorskip("torch_npu")
 
 import runtime  # noqa: E402
-
-
-def _on_thread(fn, timeout=120):
-    """Run ``fn`` on a new thread; re-raise what it raised. Bounded by ``timeout`` seconds."""
-    out = {}
-
-    def run():
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            out["error"] = e
-    t = threading.Thread(target=run, name="npu-index-test")
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), f"{fn.__name__} did not finish in {timeout} s"
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
+from tests.torch.threads_util import on_thread  # noqa: E402
 
 
 def _bits(t):
@@ -69,9 +51,9 @@ def test_backward_on_npu_1_without_set_device():
         # the thread now runs its own backward passes (torch's engine never sees index 1)
         assert not torch.autograd.is_multithreading_enabled()
     before = torch.autograd.is_multithreading_enabled()
-    _on_thread(body)
+    on_thread(body)
     assert torch.autograd.is_multithreading_enabled() == before     # other threads: as they were
-    assert _on_thread(torch.autograd.is_multithreading_enabled)     # a thread without npu work
+    assert on_thread(torch.autograd.is_multithreading_enabled)     # a thread without npu work
 
 
 def test_a_process_bound_to_npu_1_trains_as_on_cpu():
@@ -99,7 +81,7 @@ def test_a_process_bound_to_npu_1_trains_as_on_cpu():
         gc.collect()                  # autograd graphs of the losses hold reference cycles
         torch.npu.synchronize()
         assert torch.npu.memory_allocated(1) == before1         # freed again
-    _on_thread(body)
+    on_thread(body)
 
 
 def test_save_load_keeps_or_maps_the_npu():
@@ -119,7 +101,7 @@ def test_save_load_keeps_or_maps_the_npu():
         assert load(map_location="cpu").device.type == "cpu"
         for w in (load(), load(map_location="npu:2"), load(map_location="cpu")):
             assert torch.equal(_bits(w), _bits(m.weight))
-    _on_thread(body)
+    on_thread(body)
 
 
 def test_two_npus_in_one_operator_is_torchs_error():
@@ -131,4 +113,4 @@ def test_two_npus_in_one_operator_is_torchs_error():
         assert (a + b.to("npu:1")).tolist() == [2.0, 2.0, 2.0]     # moved: fine
         with pytest.raises(RuntimeError, match="there are .* npu devices"):
             torch.ones(1, device=f"npu:{runtime.device_count()}")
-    _on_thread(body)
+    on_thread(body)
