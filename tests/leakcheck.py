@@ -9,6 +9,7 @@ segments of their own, which are neither counted nor touched.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -168,3 +169,18 @@ def start_npurun(*args: str, env: dict, cwd: str | None = None) -> subprocess.Po
     """Start npurun in the background with text pipes (for signal tests and multi-node)."""
     return subprocess.Popen(npurun_cmd(*args), env=env, cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+
+
+@contextlib.contextmanager
+def reaped(procs: list[subprocess.Popen] | None = None):
+    """A block that owns the processes of ``procs`` (a new empty list to append to by default),
+    given as the ``as`` target: on leaving the block, normally or by an error (a ``communicate``
+    timeout, a failed start), each one still running is killed and waited for, 10 s at most."""
+    procs = [] if procs is None else procs
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from hccl.transport import shm
-from tests.leakcheck import LeakCheck, start_npurun
+from tests.leakcheck import LeakCheck, reaped, start_npurun
 
 RANK = """
 import json, os, numpy as np, runtime, hccl
@@ -39,23 +39,16 @@ def test_two_npurun_nodes_on_one_machine_share_memory_only_within_a_node(tmp_pat
     script = tmp_path / "rank.py"
     script.write_text(textwrap.dedent(RANK.format(out=str(tmp_path))))
     port = random.randint(30000, 39999)
-    procs = []
-    with LeakCheck(grace=20) as lc:
+    with LeakCheck(grace=20) as lc, reaped() as procs:
         lc.env["NPUSIM_JOB_SECRET"] = secrets.token_hex(32)
         lc.env.pop("NPUSIM_SHM", None)
         lc.env["HCCL_ALGO"] = "ring"   # 0 -> 1 -> 2 -> 3 -> 0: one link inside each node
-        try:
-            for node in (0, 1):
-                procs.append(start_npurun("--nnodes", "2", "--nproc-per-node", "2", "--node-rank",
-                                          str(node), "--master-addr", "127.0.0.1",
-                                          "--master-port", str(port), str(script),
-                                          env=lc.env, cwd=tmp_path))
-            outs = [p.communicate(timeout=150) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait(10)
+        for node in (0, 1):
+            procs.append(start_npurun("--nnodes", "2", "--nproc-per-node", "2", "--node-rank",
+                                      str(node), "--master-addr", "127.0.0.1",
+                                      "--master-port", str(port), str(script),
+                                      env=lc.env, cwd=tmp_path))
+        outs = [p.communicate(timeout=150) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     res = {r: json.loads((tmp_path / f"result.{r}").read_text()) for r in range(4)}
     for r, x in res.items():

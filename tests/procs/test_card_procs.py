@@ -16,6 +16,7 @@ import pytest
 import runtime
 from runtime import card, errors
 from tests.card_holder import Holder
+from tests.leakcheck import reaped
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -259,15 +260,12 @@ print("ok")
 def test_holders_that_come_and_go_at_once_never_charge_a_removed_ledger(card_dir):
     """Six processes open, charge and leave the card 60 times each, side by side: the last
     holder's removal races with every newcomer's open."""
-    procs = [subprocess.Popen([sys.executable, "-c", _CHURN, "60"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(6)]
-    try:
+    with reaped() as procs:
+        for _ in range(6):
+            procs.append(subprocess.Popen([sys.executable, "-c", _CHURN, "60"],
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
         outs = [p.communicate(timeout=150) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
     assert [(p.returncode, o.strip()) for p, (o, _) in zip(procs, outs)] == [(0, "ok")] * 6, \
         [e[-1500:] for _, e in outs]
     assert not os.path.exists(card.ledger_path(0))
