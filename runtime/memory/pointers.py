@@ -50,6 +50,17 @@ class DevicePtr:
         """The address malloc returned for the allocation this pointer is in."""
         return self._block.addr
 
+    @property
+    def context(self):
+        """The device's context the allocation was made in (read-only)."""
+        return self._ctx
+
+    @property
+    def block(self):
+        """The pool's block of the allocation this pointer is in (read-only; its ``gen`` differs
+        from the pointer's once the allocation was freed)."""
+        return self._block
+
     def allocation(self) -> tuple:
         """(base address, requested bytes, allocation site) of the live allocation holding this
         pointer. Raises MemoryAccessError once it was freed."""

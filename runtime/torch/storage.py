@@ -184,7 +184,7 @@ def _owner(nbytes: int, device: int, npdt, shape, key) -> _Owner:
         kept = None
     else:                       # a capture may allocate from a graph's pool: it keeps the pointer
         kept = malloc_at(nbytes, _HUGE_FIRST, site)
-        ctx, block = kept._ctx, kept._block
+        ctx, block = kept.context, kept.block
     try:                        # until the owner holds it, a failure frees the memory here
         left = block.reuse
         reuse = key
