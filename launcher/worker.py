@@ -18,10 +18,17 @@ Before the user's code runs, the bootstrap installs, in this order:
    (no ``@record`` decorator needed, with a typed ``error`` record) and prints the traceback
    without the bootstrap's frames; a collective (hccl) error prints as one line on the console,
    its full traceback going to ``traceback.log`` next to the error file.
-3. ``faulthandler``: fatal-signal tracebacks to stderr, and on SIGUSR1 every thread's Python stack
-   appended to ``NPUSIM_STACK_FILE``, so the launcher can take stacks without the rank's help.
-   The file appears under its final name only once the handler is registered, so the launcher
-   never sends SIGUSR1 (whose default action kills) before that.
+3. the stack dump: fatal-signal tracebacks to stderr (``faulthandler``), and every thread's
+   Python stack appended to ``NPUSIM_STACK_FILE`` on SIGUSR1, so the launcher can take stacks
+   without the rank's help. SIGUSR1's handler is a Python one: faulthandler's dump, run by the
+   main thread while it holds the GIL, when no other thread can push or pop a frame or end. A
+   dump from the C signal handler (faulthandler.register) reads the other threads' frames while
+   they run: with threads starting and ending it crashed the rank with SIGSEGV (4 of 29 signals
+   in ``tests/procs/test_stack_dump.py``'s churn program; 0 of 2000 the Python way). A main thread
+   that cannot run Python (stuck in a C call) answers SIGUSR2 instead, faulthandler's C dump,
+   which the launcher sends only when SIGUSR1 went unanswered (``launcher.procs.stacks``). The
+   file appears under its final name only once both handlers are in place, so the launcher never
+   sends either signal (whose default action kills) before that.
 4. the rank's command line as ``ps`` shows it: ``python -u SCRIPT ARGS`` (``-m MODULE ARGS``), as
    torchrun's ranks read, forked or not (``ps aux | grep train.py`` and ``pkill -f train.py``
    find the ranks), and its name ``rank<RANK>:<script>`` (15 bytes: ``top``, ``ps -o comm``).
@@ -32,6 +39,7 @@ only.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import faulthandler
 import json
@@ -215,6 +223,28 @@ def _interrupt(exc: BaseException | None) -> BaseException | None:
     return None
 
 
+def _dump_stacks(signum, frame) -> None:
+    """SIGUSR1: every thread's stack, appended to the stack file, by the main thread holding the
+    GIL (see the module docstring, 3.)."""
+    f = _stack_file
+    if f is not None:
+        try:        # never an exception into the user's code, which the handler interrupted
+            faulthandler.dump_traceback(f, all_threads=True)
+            f.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _quiet_stack_signals() -> None:
+    """At exit: ignore SIGUSR1. The interpreter's finalization puts a Python handler back to
+    the default action, and a late request must not kill an exiting rank (passing it off as a
+    signal death). SIGUSR2 goes back to what faulthandler found: ignored."""
+    try:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    except (ValueError, OSError):   # not the main thread (an atexit run elsewhere): leave it
+        pass
+
+
 def _install_stack_dump() -> None:
     global _stack_file
     faulthandler.enable(all_threads=True)
@@ -224,11 +254,13 @@ def _install_stack_dump() -> None:
     pending = f"{path}.pending"
     try:
         _stack_file = open(pending, "a")
-        # what faulthandler restores at interpreter exit: a late request then cannot kill
-        # an exiting rank (SIGUSR1's default action) and pass it off as a signal death
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-        faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True, chain=False)
-        os.replace(pending, path)  # the final name announces: SIGUSR1 is safe now
+        signal.signal(signal.SIGUSR1, _dump_stacks)
+        atexit.register(_quiet_stack_signals)
+        # the fallback, for a main thread stuck in C: what faulthandler restores at interpreter
+        # exit is SIG_IGN, so a late request cannot kill an exiting rank either
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        faulthandler.register(signal.SIGUSR2, file=_stack_file, all_threads=True, chain=False)
+        os.replace(pending, path)  # the final name announces: both signals are safe now
     except OSError as e:
         print(f"launcher.worker: no stack dumps ({path}: {e})", file=sys.stderr)
 

@@ -3,8 +3,8 @@
 Plugs into the agent (``supervisor``'s hooks, ``api``): a ``before_stop`` hook runs on the
 first failure while the other ranks are still alive. It
 
-1. takes the local ranks' Python stacks (SIGUSR1 + faulthandler, no cooperation needed) and
-   reads every rank's state from the store (one store serves every node);
+1. takes the local ranks' Python stacks (SIGUSR1; SIGUSR2 for one stuck in C: no cooperation
+   needed) and reads every rank's state from the store (one store serves every node);
 2. tells every live rank, through the job's store, that the job stops and why (a typed abort
    record naming the culprit: ``hccl.diag`` aborts their communicators, so ranks waiting for a
    dead peer fail in seconds, naming it);

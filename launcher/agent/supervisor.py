@@ -18,8 +18,8 @@ interval and may return a ``StopRequest`` to end the job; ``before_stop`` callab
 the launcher stops live ranks, while they can still be inspected; ``verdict_hooks`` hand over
 the job verdict of the failure, if any: npurun then prints it first and a failure summary that
 agrees with it (``diagnosis.summary.format_story``) instead of the first-failure summary.
-``collect_stacks()`` takes every live rank's Python stacks now (SIGUSR1 + faulthandler, no
-cooperation needed); ``stop_signal``, ``request_status()`` and ``say()`` are public for them.
+``collect_stacks()`` takes every live rank's Python stacks now (SIGUSR1, or SIGUSR2 for a rank
+stuck in C: no cooperation needed); ``stop_signal``, ``request_status()`` and ``say()`` are public for them.
 
 Every restart is a fresh attempt: its ranks get TORCHELASTIC_RESTART_COUNT=k+1, which names
 their communicators' store keys (``hccl/<job>/<k+1>/...``) and diag keys, so nothing the failed
