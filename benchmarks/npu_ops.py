@@ -135,6 +135,34 @@ def training(steps: int) -> dict:
     return out
 
 
+def intercepted(steps: int) -> dict:
+    """The training step on CPU, plain and with every operator seen by an empty dispatch mode
+    that only calls it (alternating): what Python's seeing each operator costs, with no device
+    at all. {"cpu_ms", "mode_ms", "ratio" (median per-step), "ops" (per step)}."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Empty(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls += 1
+            return func(*args, **(kwargs or {}))
+    plain, seen = Trainer("cpu"), Trainer("cpu")
+    mode = Empty()
+    for _ in range(3):
+        plain.step()
+        with mode:
+            seen.step()
+    mode.calls = 0
+    a, b = [], []
+    for _ in range(steps):
+        a.append(plain.step()[0])
+        with mode:
+            b.append(seen.step()[0])
+    return {"cpu_ms": statistics.median(a), "mode_ms": statistics.median(b),
+            "ratio": statistics.median(y / x for x, y in zip(a, b)), "ops": mode.calls / steps}
+
+
 def _llama(dev: str):
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
@@ -311,6 +339,7 @@ def main():
     floor = floor_run(args) if args.floor else None
     ops = per_op(args.rounds, args.calls)
     step = training(args.steps)
+    empty = intercepted(args.steps) if args.floor else None
     libs = lib_steps(args.steps) if args.libs else None
     busy = busy_run(args) if args.busy else None
     if args.json:
@@ -322,6 +351,10 @@ def main():
                  f"{step['ratio']:.2f}x"])
     rows.append(["training step, wall clock (ms)", f"{step['wall_cpu_ms']:.1f}",
                  f"{step['wall_npu_ms']:.1f}", f"{step['wall_ratio']:.2f}x"])
+    if empty:
+        rows.append(["training step, CPU, every operator through an empty dispatch mode (ms)",
+                     f"{empty['cpu_ms']:.1f}", f"{empty['mode_ms']:.1f}",
+                     f"{empty['ratio']:.2f}x"])
     for name, st in (libs or {}).items():
         rows.append([f"{name} (ms)", f"{st['cpu_ms']:.1f}", f"{st['npu_ms']:.1f}",
                      f"{st['ratio']:.2f}x"])
@@ -377,6 +410,9 @@ def main():
     if busy:
         print(f"one core busy: training step {busy['step']['ratio']:.2f}x in CPU time, "
               f"{busy['step']['wall_ratio']:.2f}x in wall-clock time")
+    if empty:
+        print(f"training step on CPU through an empty dispatch mode ({empty['ops']:.0f} "
+              f"operators a step): {empty['ratio']:.2f}x CPU eager")
     print(f"training step: median ratio {step['ratio']:.2f}x in CPU time, "
           f"{step['wall_ratio']:.2f}x in wall-clock time (goal <= 1.1x)"
           + (f"; before: {base['step']['ratio']:.2f}x, {base['step']['wall_ratio']:.2f}x"
@@ -417,7 +453,10 @@ def write_figures(args, head, rows, classes, step, base, load0, libs, busy=None)
            "the device's own work costs; its CPU eager column (same child) gives the floor "
            "its own ratio. The floor runs the training step too (same child, alternating "
            "with CPU eager; `scaled_dot_product_attention` takes the CPU's fused kernel as on "
-           "npusim). " if classes else "")
+           "npusim). The step's row *through an empty dispatch mode* has no device at all: "
+           "CPU eager, each of the step's operators seen by a Python TorchDispatchMode that "
+           "only calls it, against CPU eager alone (alternating, in the npu column): what "
+           "Python's seeing each operator costs. " if classes else "")
         + ("The Trainer step is transformers' Trainer on a tiny GPT-2 (2 layers, width 32, "
            "batch 4, sequence 16; two alternating runs per device, the ratio of the medians), "
            "the Llama step a tiny LlamaForCausalLM (2 layers, width "
