@@ -265,6 +265,15 @@ def _install_stack_dump() -> None:
         print(f"launcher.worker: no stack dumps ({path}: {e})", file=sys.stderr)
 
 
+def _withdraw_stack_dump() -> None:
+    path = config.stack_file()
+    if _stack_file is not None and path:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 def bootstrap() -> None:
     """Install the guard, the error hook and the stack dump (see the module docstring)."""
     _set_parent_death_signal()
@@ -342,6 +351,9 @@ def _run(argv: list[str]) -> None:
     if mode == "--exec":
         if not rest:
             sys.exit(usage)
+        # the program after exec has neither stack handler (exec resets them to the default
+        # action, which kills): its stack file goes, so npurun never asks it for stacks
+        _withdraw_stack_dump()
         os.execvp(rest[0], rest)  # the parent-death signal survives exec
     elif mode in ("-m", "--module"):
         if not rest:

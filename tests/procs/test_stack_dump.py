@@ -137,3 +137,23 @@ def test_a_request_while_the_rank_exits_does_not_pass_for_a_signal_death(tmp_pat
         assert p.wait(10) == 0, p.stderr.read().decode()
         p.stderr.close()
         os.unlink(tmp_path / "stacks.txt")
+
+
+@pytest.mark.timeout(60)
+def test_a_program_the_worker_execs_is_never_sent_a_stack_signal(tmp_path):
+    """``npurun --no-python``: after exec the program has neither handler (exec resets them to
+    the default action, which kills), so its stack file is withdrawn and npurun does not ask."""
+    stack_file = str(tmp_path / "stacks.txt")
+    env = dict(os.environ, NPUSIM_STACK_FILE=stack_file, PYTHONPATH=ROOT)
+    env.pop("NPUSIM_LAUNCHER_PID", None)
+    ready = tmp_path / "ready"
+    p = subprocess.Popen([sys.executable, "-m", "launcher.worker", "--exec", "sh", "-c",
+                          f"touch {ready}; exec sleep 60"], env=env)
+    try:
+        wait_for(lambda: ready.exists() or p.poll() is not None, 30, what="the program starts")
+        got = stacks.collect([(_Proc(p), stack_file)], timeout=2)[0]
+        assert got.startswith("<no stack dump"), got
+        assert p.poll() is None
+    finally:
+        p.kill()
+        p.wait(10)
