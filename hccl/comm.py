@@ -103,6 +103,17 @@ class Comm(Collectives):
             raise InvalidArgumentError(f"set_exec_timeout(seconds={seconds!r}): must be a positive number")
         self.exec_timeout = float(seconds)
 
+    def set_slice_bytes(self, nbytes: int) -> None:
+        """Slice this communicator's later collectives at ``nbytes`` (at most
+        NPUSIM_WIRE_SLICE_BYTES) instead of HCCL_BUFFSIZE's size: torch's per-group
+        ``hccl_buffer_size``. The algorithm (HCCL_ALGO) and the transport's solo bytes are read
+        now and kept with it, as a first collective keeps them (``hccl.collectives``)."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
+            raise InvalidArgumentError(f"set_slice_bytes(nbytes={nbytes!r}): must be an int >= 1")
+        algo = config.algo() if config.algo_set() else "auto"
+        self._knobs = (algo, min(nbytes, config.wire_slice_bytes()),
+                       self.world.transport.solo_bytes)
+
     def find_call(self, key, objs: tuple):
         """The Call remembered under ``key`` (``collectives.all_reduce_keyed``) if it still
         holds for the buffers ``objs`` (``hccl.call.Calls.find``), else None: its ``issue``

@@ -441,9 +441,7 @@ def _apply_hccl_config(pg: "HcclProcessGroup", cfg) -> None:
         if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
             raise InvalidArgumentError(f"hccl_config['hccl_buffer_size'] must be an int >= 1 (MB), "
                                        f"got {mb!r}")
-        algo = config.algo() if config.algo_set() else "auto"
-        pg.comm._knobs = (algo, min(mb * config.MiB, config.wire_slice_bytes()),
-                          pg.comm.world.transport.solo_bytes)
+        pg.comm.set_slice_bytes(mb * config.MiB)
 
 
 # ---------------------------------------------------------------------- creation

@@ -61,3 +61,29 @@ def test_bad_algorithm_fails_every_call_until_fixed(monkeypatch):
         assert len(errors) == 2 and all("nosuchalgo" in m for m in errors), errors
         np.testing.assert_array_equal(out, np.full(8, 3, np.float32))
         assert knobs[0] == "ring"
+
+
+def test_set_slice_bytes_keeps_its_slice_and_the_algorithm_read_then(monkeypatch):
+    monkeypatch.setenv("HCCL_ALGO", "ring")
+    monkeypatch.setenv("NPUSIM_WIRE_SLICE_BYTES", "4096")
+    reads = []
+    real = config.slice_bytes
+    monkeypatch.setattr(config, "slice_bytes", lambda: reads.append(1) or real())
+
+    def body(comm):
+        for bad in (0, -64, True, 64.0, "64"):
+            with pytest.raises(InvalidArgumentError, match="nbytes"):
+                comm.set_slice_bytes(bad)
+        assert comm._knobs is None                    # a refused value keeps nothing
+        comm.set_slice_bytes(1 << 20)                 # past the wire's slice: the wire's
+        clamped = comm._knobs
+        comm.set_slice_bytes(64)
+        x = runtime.to_device(np.arange(1000, dtype=np.float32) * (comm.rank + 1))
+        hccl.all_reduce(x, x, 1000, DataType.FP32, ReduceOp.SUM, comm)
+        return clamped, comm._knobs, x.to_host()
+
+    for clamped, knobs, out in run_ranks(2, body):
+        assert clamped == ("ring", 4096, 1 << 62)
+        assert knobs == ("ring", 64, 1 << 62)         # the collective planned with them, kept
+        np.testing.assert_array_equal(out, np.arange(1000, dtype=np.float32) * 3)
+    assert reads == []                                # HCCL_BUFFSIZE's slice never read
