@@ -123,8 +123,12 @@ def test_the_profiler_records_the_run_delay_and_leaves_it_out_of_device_time(tmp
     cpu = sorted(os.sched_getaffinity(0))[0]
     before = os.sched_getaffinity(0)
     busy = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})"
-                             "\nwhile True: pass"])
+                             "\nprint('spinning', flush=True)\nwhile True: pass"],
+                            stdout=subprocess.PIPE, text=True)
     try:
+        # the kernel below must share the core with a program already spinning: its start-up
+        # (~20-50 ms of an interpreter's) once overlapped most of the 40 ms and left ~3 ms delay
+        assert busy.stdout.readline().strip() == "spinning"
         os.sched_setaffinity(0, {cpu})           # the worker thread, created below, inherits it
         runtime.set_device(0)
         s = runtime.Stream()
@@ -145,6 +149,7 @@ def test_the_profiler_records_the_run_delay_and_leaves_it_out_of_device_time(tmp
         os.sched_setaffinity(0, before)
         busy.kill()
         busy.wait(30)
+        busy.stdout.close()
         runtime.reset_device(0)
     ev = {e["name"]: e for e in json.loads(trace.read_text())["traceEvents"]
           if e.get("ph") == "X"}
