@@ -7,7 +7,7 @@ the CPU's in the last bits (``nn.MultiheadAttention`` and ``nn.TransformerEncode
 
 Here the operator's composite is replaced for npu at the AutogradPrivateUse1 key (where a
 composite's autograd is decided) by the CPU's decision: torch's own chooser,
-``_fused_sdp_choice``, runs on CPU views through the fallback and answers what it answers for
+``_fused_sdp_choice``, runs on CPU views (factories.sdp_choice) and answers what it answers for
 CPU tensors of these shapes, mask and ``enable_gqa``. When that is the fused CPU kernel, it runs
 as on CPU, ``_scaled_dot_product_flash_attention_for_cpu`` with its own backward (a boolean mask
 made additive first, as torch's sdpa does), so results are bitwise the CPU's, masks and
@@ -19,9 +19,10 @@ from __future__ import annotations
 import torch
 from torch.nn.attention import SDPBackend
 
+from .factories import sdp_choice        # the chooser on CPU views, without the fallback
+
 _FLASH = int(SDPBackend.FLASH_ATTENTION)
 _sdpa = torch.ops.aten.scaled_dot_product_attention.default
-_choice = torch.ops.aten._fused_sdp_choice.default
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 
 
@@ -34,8 +35,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if mask is not None and mask.dtype == torch.bool:     # as torch's sdpa converts it
             mask = torch.zeros((), dtype=query.dtype, device=query.device).masked_fill(
                 mask.logical_not(), float("-inf"))
-        if _choice(query, key, value, mask, dropout_p, is_causal, scale=scale,
-                   enable_gqa=enable_gqa) == _FLASH:
+        if sdp_choice(query, key, value, mask, dropout_p, is_causal, scale=scale,
+                      enable_gqa=enable_gqa) == _FLASH:
             return _flash(query, key, value, dropout_p, is_causal, attn_mask=mask,
                           scale=scale)[0]
     return _sdpa.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,

@@ -352,6 +352,8 @@ def register() -> None:
     }
     for name, fn in impls.items():
         _aten.impl(name, fn, "PrivateUse1")
+    from . import factories             # arange, zeros, full, *_like, _to_copy: one call each
+    factories.register(_aten)
     for key in ("Conjugate", "Negative"):      # above the backend: a bit on either tensor
         _aten.impl("_copy_from", copy_math_bits, key)
     # operators with a CPU kernel that torch would otherwise decompose for a new backend (other
@@ -400,7 +402,7 @@ _STRUCTURED = ("add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "div.Tens
                "log", "neg", "sqrt", "rsqrt", "sin", "cos", "maximum", "minimum", "clamp",
                "clamp_min", "eq.Tensor", "eq.Scalar", "ne.Tensor", "ne.Scalar", "lt.Tensor",
                "lt.Scalar", "gt.Tensor", "gt.Scalar", "le.Scalar", "ge.Scalar", "addcmul",
-               "addcdiv", "lerp.Scalar", "cat", "_softmax", "_log_softmax",
+               "addcdiv", "lerp.Scalar", "cat", "triu", "tril", "_softmax", "_log_softmax",
                "_softmax_backward_data", "_log_softmax_backward_data")
 
 
