@@ -414,6 +414,10 @@ def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_
     if device is None:
         dev = src
     elif type(device) is torch.device and device.type != "npu":
+        if device.type == "cpu" and src >= 0:
+            out = _to_host(self, dtype, layout, pin_memory, non_blocking, memory_format, src)
+            if out is not None:
+                return out
         dev = -1
     else:
         dev = _target(device)
@@ -433,6 +437,25 @@ def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_
                                              device=device, pin_memory=pin_memory,
                                              non_blocking=non_blocking,
                                              memory_format=memory_format)
+
+
+def _to_host(self, dtype, layout, pin_memory, non_blocking, memory_format, src: int):
+    """``_to_copy`` of npu tensor ``self`` to the host (``.cpu()``, ``.to("cpu")``) in the common
+    case (a blocking copy into pageable memory, ``src`` the thread's device with its stream
+    idle, nothing recording or capturing): the composite's CPU result laid out as
+    ``empty_like``, then ``_copy_from``'s copy from the tensor's CPU view; None otherwise (the
+    composite: it waits for the stream, refuses a capture)."""
+    if non_blocking or pin_memory or layout is not None and layout != _strided or \
+            self.is_conj() or self.is_neg() or not _ready(src):
+        return None
+    dt = dtype or self.dtype
+    if dt not in _DTYPES or self.dtype not in _DTYPES:
+        return None
+    size = tuple(self.size())
+    out = torch.empty_strided(size, _strides_like(self, size, memory_format), dtype=dt)
+    if self.numel():
+        out.copy_(S.shared_cpu_view(self))
+    return out
 
 
 # ---------------------------------------------------------------------- attention's chooser

@@ -192,6 +192,7 @@ def test_the_factories_take_their_fast_path(monkeypatch):
            torch.zeros_like(n), torch.ones_like(n), torch.full_like(n, 2), n.new_zeros(2),
            n.new_ones(2), n.new_full((2,), 3), torch.tensor([1, 2], device="npu"), n.double(),
            a.t().to("npu")]
+    host = [n.t().cpu(), n.to("cpu", torch.float16)]
     monkeypatch.undo()          # .cpu() takes _to_copy's composite (to the host)
     want = [torch.zeros(2, 3), torch.ones(2, 3), torch.full((2, 3), 7), torch.scalar_tensor(7),
             torch.eye(3, 4), torch.linspace(-1, 1, 7), torch.zeros_like(a), torch.ones_like(a),
@@ -199,6 +200,8 @@ def test_the_factories_take_their_fast_path(monkeypatch):
             torch.tensor([1, 2]), a.double(), a.t().clone()]
     for g, w in zip(got, want):
         _same(g, w)
+    for h, w in zip(host, (a.t(), a.half())):
+        assert h.device.type == "cpu" and h.stride() == w.stride() and torch.equal(h, w)
 
 
 def test_requires_grad_and_a_zero_fill_of_a_nan_free_pool():
@@ -313,6 +316,11 @@ def test_to_npu_and_dtype_casts_on_npu_are_the_cpus(k, dtype, fmt):
     _same(c.to("npu", dtype, **kw) if dtype else c.to("npu", **kw), want)
     n = c.to("npu")
     _same(n.to(dtype or c.dtype, copy=True, **kw), want)
+    h = n.to("cpu", dtype or c.dtype, **kw)            # to the host, laid out as on CPU
+    assert h.device.type == "cpu"
+    assert (h.dtype, h.shape, h.stride()) == (want.dtype, want.shape, want.stride())
+    assert torch.equal(h.contiguous().reshape(-1).view(torch.uint8),
+                       want.contiguous().reshape(-1).view(torch.uint8))
 
 
 def test_to_npu_of_a_conjugate_and_from_npu_to_the_host():
