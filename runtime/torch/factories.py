@@ -184,7 +184,7 @@ def _full_dtype(value):
     return dt
 
 
-def _filled(name, size, value, dtype, layout, device, pin_memory):
+def _filled(size, value, dtype, layout, device, pin_memory):
     """``full`` / ``ones`` (``value`` 1.0, as torch's ones calls full): ``empty`` then
     ``fill_``."""
     size = _sizes(size)
@@ -203,7 +203,7 @@ def _filled(name, size, value, dtype, layout, device, pin_memory):
 
 
 def ones(size, *, dtype=None, layout=None, device=None, pin_memory=None):
-    out = _filled("ones", size, 1.0, dtype, layout, device, pin_memory)
+    out = _filled(size, 1.0, dtype, layout, device, pin_memory)
     if out is not None:
         return out
     return _COMPOSITE["ones"].call_boxed(_KS, size, dtype=dtype, layout=layout, device=device,
@@ -211,7 +211,7 @@ def ones(size, *, dtype=None, layout=None, device=None, pin_memory=None):
 
 
 def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
-    out = _filled("full", size, fill_value, dtype, layout, device, pin_memory)
+    out = _filled(size, fill_value, dtype, layout, device, pin_memory)
     if out is not None:
         return out
     return _COMPOSITE["full"].call_boxed(_KS, size, fill_value, dtype=dtype, layout=layout,

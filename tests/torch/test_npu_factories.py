@@ -204,7 +204,7 @@ def test_the_factories_take_their_fast_path(monkeypatch):
         assert h.device.type == "cpu" and h.stride() == w.stride() and torch.equal(h, w)
 
 
-def test_requires_grad_and_a_zero_fill_of_a_nan_free_pool():
+def test_requires_grad_and_reused_memory_is_overwritten():
     z = torch.zeros(4, device="npu", requires_grad=True)
     assert z.requires_grad and z.is_leaf
     (z + 1).sum().backward()
