@@ -12,8 +12,6 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is optional: pip install torch --index-url "
                                             "https://download.pytorch.org/whl/cpu")
 torch_npu = pytest.importorskip("torch_npu")
-hypothesis = pytest.importorskip("hypothesis")
-
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
