@@ -401,6 +401,21 @@ def test_another_device_is_made_there_and_the_current_one_kept():
     assert torch.npu.current_device() == 0
 
 
+def test_pin_memory_takes_the_composite_as_before(monkeypatch):
+    """pin_memory=True names host memory; on npu torch's composite ignores it (as before)."""
+    calls = []
+    real = factories._COMPOSITE["zeros"]
+
+    class Spy:
+        def call_boxed(self, *a, **k):
+            calls.append(k.get("pin_memory"))
+            return real.call_boxed(*a, **k)
+    monkeypatch.setitem(factories._COMPOSITE, "zeros", Spy())
+    _same(torch.zeros(3, device="npu", pin_memory=True), torch.zeros(3))
+    assert calls == [True]
+    _same(torch.arange(3, device="npu", pin_memory=True), torch.arange(3))
+
+
 def test_factories_are_captured_and_replayed_bitwise():
     with torch.no_grad():
         for f in _calls():
