@@ -59,6 +59,6 @@ def register(module=None) -> None:
     br._setup_privateuseone_for_python_backend(
         "npu", backend_module=module, hook=guard.Hooks(), device_guard=guard.DeviceGuard())
     kernels.register()
-    from . import dynamo
-    dynamo.register()
+    from . import compile as _compile
+    _compile.skip_in_dynamo()
     _registered = True

@@ -1,6 +1,21 @@
-"""torch.compile on npu: Inductor's CPU code generation serves npu tensors.
+"""torch.compile on npu: Dynamo never traces npusim's own Python, and Inductor's CPU code
+generation serves npu tensors.
 
-Design note. An npu tensor's bytes are host memory (storage.py), so the C++ kernels Inductor
+Dynamo. An npu operator is a Python kernel that torch's dispatcher calls from C++. Under
+``torch.compile`` Dynamo's frame callback sees every Python frame that starts while a compiled
+function runs, also those the dispatcher starts: with ``DDP(model)``, whose hooks run eagerly
+inside the compiled call, Dynamo tried to compile the fallback, then npusim's allocator
+(``view.view(_Owner)``: "argument of type: <class 'type'>"). npusim's packages (runtime, hccl,
+torch_npu) are therefore on Dynamo's skip list, as torch's own files and numpy are: their frames
+run as plain Python, and a compiled function that calls one of them
+(``torch.npu.current_stream()``) breaks its graph there, as at any skipped function. The list is
+``torch._dynamo.trace_rules.add`` (what torch uses for its own skipped modules; not a documented
+API: ``torch.compiler.disable`` is, but it wraps every call in a switch of the frame callback, a
+cost on every operator). Importing ``torch._dynamo`` takes 2-3 s, so npusim does not import it:
+the packages are added when Dynamo's trace_rules module is imported (an import hook), or at once
+when it already is (importhook.py): ``skip_in_dynamo()``, at the device's registration.
+
+Inductor. An npu tensor's bytes are host memory (storage.py), so the C++ kernels Inductor
 generates for the CPU can read and write them as they are. Registering ``npu`` as an Inductor
 device of its own (``register_backend_for_device("npu", CppScheduling, PythonWrapperCodegen)``,
 tried first) does not get there: Inductor's scheduler, lowerings and C++ code generation test
@@ -30,7 +45,7 @@ and CPU tensors mixed, is compiled for the first npu device only if the CPU ones
 device index and synchronize) for code that asks it.
 
 Inductor is imported lazily (2-5 s); ``install()`` wraps compile_fx when
-``torch._inductor.compile_fx`` is imported, as dynamo.py does for Dynamo's skip list.
+``torch._inductor.compile_fx`` is imported, as ``skip_in_dynamo`` does for Dynamo's skip list.
 """
 from __future__ import annotations
 
@@ -43,6 +58,23 @@ import runtime
 from . import device as _device
 from . import storage as S
 from .importhook import when_imported
+
+_DYNAMO_RULES = "torch._dynamo.trace_rules"
+PACKAGES = ("runtime", "hccl", "torch_npu")       # the packages Dynamo skips
+
+
+def _skip(trace_rules) -> None:
+    for name in PACKAGES:
+        try:
+            trace_rules.add(name)
+        except Exception:          # a package not importable here (hccl without its extras)
+            pass
+
+
+def skip_in_dynamo() -> None:
+    """Put npusim's packages on Dynamo's skip list, now or when Dynamo is imported."""
+    when_imported(_DYNAMO_RULES, _skip)
+
 
 _TARGET = "torch._inductor.compile_fx"
 _done = False

@@ -46,7 +46,7 @@ _contiguous = torch.contiguous_format
 _choice_op = torch.ops.aten._fused_sdp_choice.default
 
 # the dtypes a fast path allocates (the storage's element sizes); others take the composite
-_DTYPES = frozenset(S._ITEMSIZE)
+_DTYPES = frozenset(S.ITEMSIZE)
 
 _COMPOSITE: dict = {}         # operator name -> torch's kernel for PrivateUse1 before ours
 _ARANGE: dict = {}            # arange's arguments -> (length, dtype), from its meta kernel
@@ -152,10 +152,16 @@ def _sizes(size) -> tuple:
     return size
 
 
-def _fill_nothing(dtype, value) -> None:
-    """A fill of no elements still converts ``value`` to ``dtype``: the CPU's error for a value
-    out of its range (``full((0,), 300, dtype=int8)``), as the composite's ``fill_`` raises it."""
-    torch.empty(0, dtype=dtype).fill_(value)
+def _fill(r: tuple, value) -> torch.Tensor:
+    """The new result ``r`` (the npu tensor, its CPU view or None when it has no elements) filled
+    with ``value``: the npu tensor. A fill of no elements still converts ``value`` to the dtype:
+    the CPU's error for a value out of its range (``full((0,), 300, dtype=int8)``), as the
+    composite's ``fill_`` raises it."""
+    if r[1] is not None:
+        r[1].fill_(value)
+    else:
+        torch.empty(0, dtype=r[0].dtype).fill_(value)
+    return r[0]
 
 
 def zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None):
@@ -193,12 +199,7 @@ def _filled(size, value, dtype, layout, device, pin_memory):
         if dev >= 0 and _ready(dev):
             dt = dtype or _full_dtype(value)
             if dt in _DTYPES:
-                r = _new(size, dt, dev)
-                if r[1] is not None:
-                    r[1].fill_(value)
-                else:
-                    _fill_nothing(dt, value)
-                return r[0]
+                return _fill(_new(size, dt, dev), value)
     return None
 
 
@@ -308,9 +309,7 @@ def new_zeros(self, size, *, dtype=None, layout=None, device=None, pin_memory=No
 def new_ones(self, size, *, dtype=None, layout=None, device=None, pin_memory=None):
     r = _new_of(self, size, dtype, layout, device, pin_memory)
     if r is not None:
-        if r[1] is not None:
-            r[1].fill_(1.0)
-        return r[0]
+        return _fill(r, 1.0)
     return _COMPOSITE["new_ones"].call_boxed(_KS, self, size, dtype=dtype, layout=layout,
                                              device=device, pin_memory=pin_memory)
 
@@ -319,11 +318,7 @@ def new_full(self, size, fill_value, *, dtype=None, layout=None, device=None,
              pin_memory=None):
     r = _new_of(self, size, dtype, layout, device, pin_memory)
     if r is not None:
-        if r[1] is not None:
-            r[1].fill_(fill_value)
-        else:
-            _fill_nothing(r[0].dtype, fill_value)
-        return r[0]
+        return _fill(r, fill_value)
     return _COMPOSITE["new_full"].call_boxed(_KS, self, size, fill_value, dtype=dtype,
                                              layout=layout, device=device,
                                              pin_memory=pin_memory)
@@ -381,9 +376,7 @@ def ones_like(self, *, dtype=None, layout=None, device=None, pin_memory=None,
               memory_format=None):
     r = _like(self, dtype, layout, device, pin_memory, memory_format)
     if r is not None:
-        if r[1] is not None:
-            r[1].fill_(1)
-        return r[0]
+        return _fill(r, 1)
     return _COMPOSITE["ones_like"].call_boxed(_KS, self, dtype=dtype, layout=layout,
                                               device=device, pin_memory=pin_memory,
                                               memory_format=memory_format)
@@ -393,11 +386,7 @@ def full_like(self, fill_value, *, dtype=None, layout=None, device=None, pin_mem
               memory_format=None):
     r = _like(self, dtype, layout, device, pin_memory, memory_format)
     if r is not None:
-        if r[1] is not None:
-            r[1].fill_(fill_value)
-        else:
-            _fill_nothing(r[0].dtype, fill_value)
-        return r[0]
+        return _fill(r, fill_value)
     return _COMPOSITE["full_like"].call_boxed(_KS, self, fill_value, dtype=dtype, layout=layout,
                                               device=device, pin_memory=pin_memory,
                                               memory_format=memory_format)

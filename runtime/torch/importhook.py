@@ -1,7 +1,7 @@
 """``when_imported(name, fn)``: run ``fn(module)`` once module ``name`` is imported.
 
 npusim adapts two of torch's lazily imported parts without importing them (2-5 s each): Dynamo's
-skip list (dynamo.py) and Inductor's compile_fx (compile.py). When the module is already
+skip list and Inductor's compile_fx (both compile.py). When the module is already
 imported, ``fn`` runs at once; otherwise a finder at the head of ``sys.meta_path`` waits for
 that one name, lets the finders behind it find the module as they would, runs the module, then
 ``fn``, and removes itself.

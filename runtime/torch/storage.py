@@ -259,7 +259,7 @@ def empty_strided(size, stride, dtype: torch.dtype, device: int) -> torch.Tensor
         c = contiguous_layout(size)
         if stride == c[0] and c[1]:
             return empty_contiguous(size, dtype, device, npdt, c[1])
-    item = _ITEMSIZE.get(dtype) or torch.empty((), dtype=dtype).element_size()
+    item = ITEMSIZE.get(dtype) or torch.empty((), dtype=dtype).element_size()
     numel_span = element_span(size, stride)
     if numel_span == 0:         # no bytes: a storage of 0 bytes, which resize_ then replaces
         bind_thread()
@@ -279,7 +279,7 @@ def empty_with_view(size: tuple, stride: tuple, dtype: torch.dtype, device: int)
     if npdt is not None:
         c = _CONTIGUOUS.get(size) or contiguous_layout(size)
         if stride == c[0] and c[1]:
-            owner = _owner(c[1] * _ITEMSIZE[dtype], device, npdt, size, (dtype, 0, size, stride))
+            owner = _owner(c[1] * ITEMSIZE[dtype], device, npdt, size, (dtype, 0, size, stride))
             return _from_dlpack(owner, device), owner.cpu
     t = empty_strided(size, stride, dtype, device)
     return t, shared_cpu_view(t)
@@ -294,7 +294,7 @@ def empty_contiguous(size: tuple, dtype: torch.dtype, device: int, npdt=None,
     if npdt is None:
         npdt = NUMPY_DTYPES[dtype]
         numel = contiguous_layout(size)[1]
-    owner = _owner(numel * _ITEMSIZE[dtype], device, npdt, size,
+    owner = _owner(numel * ITEMSIZE[dtype], device, npdt, size,
                    (dtype, 0, size, _CONTIGUOUS[size][0]))
     return _from_dlpack(owner, device)
 
@@ -316,7 +316,8 @@ def contiguous_layout(size: tuple) -> tuple:
     return c
 
 
-_ITEMSIZE = {d: torch.empty((), dtype=d).element_size() for d in (
+# the element size of each dtype an npu storage holds (factories.py: the dtypes it allocates)
+ITEMSIZE = {d: torch.empty((), dtype=d).element_size() for d in (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
     torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128)}
 
