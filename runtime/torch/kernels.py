@@ -42,24 +42,33 @@ def empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memor
                         memory_format=None):
     dtype = dtype or torch.get_default_dtype()
     size = tuple(size)
-    if memory_format is None or memory_format == torch.contiguous_format or \
-            len(size) != 4 + (memory_format == torch.channels_last_3d):
+    if memory_format is None or memory_format == torch.contiguous_format:
         # the common case: contiguous, on the thread's device (index None or 0, see device.py)
         c = S.contiguous_layout(size)
         if c[1] and dtype in S.NUMPY_DTYPES and (device is None or not device.index):
             d = _device.current()
             return S.empty_contiguous(size, dtype, d, S.NUMPY_DTYPES[dtype], c[1])
         return _empty_on(_dev(device), size, c[0], dtype)
-    n, c, *rest = (max(x, 1) for x in size)
-    if memory_format == torch.channels_last:
-        h, w = rest
-        stride = (h * w * c, 1, w * c, c)
-    elif memory_format == torch.channels_last_3d:
-        d_, h, w = rest
-        stride = (d_ * h * w * c, 1, h * w * c, w * c, c)
-    else:                       # preserve_format has no tensor to follow: contiguous
-        stride = S.contiguous_strides(size)
+    # the CPU's errors, in its words: a channels-last format of another rank; preserve_format,
+    # which has no tensor to follow
+    rank = _CHANNELS_LAST_RANK.get(memory_format)
+    if rank is None:
+        name = "Preserve" if memory_format == torch.preserve_format else memory_format
+        raise RuntimeError(f"unsupported memory format {name}")
+    if len(size) != rank:
+        raise RuntimeError(f"required rank {rank} tensor to use {str(memory_format)[6:]} format")
+    S.check_sizes(size)
+    # torch's channels-last strides (c10 get_channels_last_strides_2d / _3d), zero sizes as they
+    # are: channels innermost, then width, height (depth), batch
+    c = size[1]
+    inner = [1, c]                          # the strides of channels, then of width
+    for x in reversed(size[3:]):            # width, then height (and depth)
+        inner.append(inner[-1] * x)
+    stride = (inner[-1] * size[2], 1, *reversed(inner[1:]))
     return _empty_on(_dev(device), size, stride, dtype)
+
+
+_CHANNELS_LAST_RANK = {torch.channels_last: 4, torch.channels_last_3d: 5}
 
 
 def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
@@ -139,8 +148,9 @@ def clone(self, *, memory_format=None):
     The common case, as the fallback's ``_now`` takes it (an idle stream on the thread's device,
     nothing recording, no conjugate / negative bit), with ``preserve_format`` on a
     non-overlapping dense tensor (what CPU's ``empty_like`` keeps: the same sizes and strides)
-    or ``contiguous_format`` (``contiguous()``: contiguous strides): the result allocated with its CPU view and the CPU's copy into it (a copy is exact, so the
-    same bits). Anything else is the fallback's ``clone`` (task path, capture, other layouts)."""
+    or ``contiguous_format`` (``contiguous()``: contiguous strides): the result allocated with
+    its CPU view and the CPU's copy into it (a copy is exact, so the same bits). Anything else
+    is the fallback's ``clone`` (task path, capture, other layouts)."""
     if memory_format is None or memory_format == torch.preserve_format:
         stride = tuple(self.stride())
         if not non_overlapping_dense(self.size(), stride):

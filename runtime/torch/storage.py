@@ -259,6 +259,7 @@ def empty_strided(size, stride, dtype: torch.dtype, device: int) -> torch.Tensor
         c = contiguous_layout(size)
         if stride == c[0] and c[1]:
             return empty_contiguous(size, dtype, device, npdt, c[1])
+    check_sizes(size, stride)
     item = ITEMSIZE.get(dtype) or torch.empty((), dtype=dtype).element_size()
     numel_span = element_span(size, stride)
     if numel_span == 0:         # no bytes: a storage of 0 bytes, which resize_ then replaces
@@ -302,11 +303,23 @@ def empty_contiguous(size: tuple, dtype: torch.dtype, device: int, npdt=None,
 _CONTIGUOUS: dict = {}            # sizes -> (contiguous strides, number of elements)
 
 
+def check_sizes(size, stride=()) -> None:
+    """The CPU's errors, in its words, for sizes or strides no tensor can have."""
+    for x in size:
+        if x < 0:
+            raise RuntimeError(f"Trying to create tensor with negative dimension {x}: "
+                               f"{list(size)}")
+    if any(x < 0 for x in stride):
+        raise RuntimeError(f"Storage size calculation overflowed with sizes={list(size)} and "
+                           f"strides={list(stride)}")
+
+
 def contiguous_layout(size: tuple) -> tuple:
     """(contiguous strides, number of elements) of ``size`` (a tuple), remembered: a training
     step allocates the same few shapes again and again."""
     c = _CONTIGUOUS.get(size)
     if c is None:
+        check_sizes(size)
         if len(_CONTIGUOUS) >= 4096:
             _CONTIGUOUS.clear()
         n = 1

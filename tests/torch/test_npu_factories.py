@@ -171,6 +171,15 @@ def test_full_infers_its_dtype_from_the_value_and_the_default_dtype():
     lambda device: torch.eye(-1, device=device),
     lambda device: torch.eye(2, -3, device=device),
     lambda device: torch.linspace(0, 1, -1, device=device),
+    # empty and empty_strided (runtime/torch/kernels.py, storage.check_sizes): they named a
+    # negative malloc, or made a tensor of a format the CPU refuses
+    lambda device: torch.empty(-1, device=device),
+    lambda device: torch.empty((2, -3), dtype=torch.bfloat16, device=device),
+    lambda device: torch.empty_strided((-1,), (1,), device=device),
+    lambda device: torch.empty_strided((2,), (-1,), device=device),
+    lambda device: torch.empty(2, 3, memory_format=torch.channels_last, device=device),
+    lambda device: torch.empty(2, 3, 4, 5, memory_format=torch.channels_last_3d, device=device),
+    lambda device: torch.empty(2, memory_format=torch.preserve_format, device=device),
 ])
 def test_the_errors_are_the_cpus(call):
     with pytest.raises(Exception) as cpu:
@@ -178,6 +187,15 @@ def test_the_errors_are_the_cpus(call):
     with pytest.raises(type(cpu.value)) as npu:
         call("npu")
     assert str(npu.value).split("\n")[0] == str(cpu.value).split("\n")[0]
+
+
+@pytest.mark.parametrize("fmt,rank", [(torch.channels_last, 4), (torch.channels_last_3d, 5)])
+def test_empty_in_a_channels_last_format_has_the_cpus_strides_zero_sizes_too(fmt, rank):
+    import itertools
+    for size in itertools.product([0, 1, 2, 3], repeat=rank):
+        n = torch.empty(size, memory_format=fmt, device="npu")
+        assert n.stride() == torch.empty(size, memory_format=fmt).stride(), size
+        assert n.is_contiguous(memory_format=fmt)
 
 
 def test_the_factories_take_their_fast_path(monkeypatch):
