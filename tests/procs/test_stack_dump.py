@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -124,7 +125,9 @@ def test_a_main_thread_stuck_in_c_answers_through_the_fallback(tmp_path):
 @pytest.mark.timeout(60)
 def test_a_request_while_the_rank_exits_does_not_pass_for_a_signal_death(tmp_path):
     """SIGUSR1 right up to the rank's exit: the interpreter's finalization would put a Python
-    handler back to SIGUSR1's default action (death); the worker ignores it from its exit on."""
+    handler back to SIGUSR1's default action (death); the worker ignores it from its exit on.
+    The requests are paced (one per 0.5 ms): a flood keeps a rank on a loaded machine in its
+    handler, dumping, and it never reaches its exit."""
     for _ in range(5):
         p, _ = _start(tmp_path, "import time\ntime.sleep(0.2)\n", end=True)
         wait_for(lambda: os.path.exists(tmp_path / "stacks.txt") or p.poll() is not None, 30,
@@ -134,6 +137,7 @@ def test_a_request_while_the_rank_exits_does_not_pass_for_a_signal_death(tmp_pat
                 p.send_signal(signal.SIGUSR1)
             except ProcessLookupError:
                 break
+            time.sleep(0.0005)
         assert p.wait(10) == 0, p.stderr.read().decode()
         p.stderr.close()
         os.unlink(tmp_path / "stacks.txt")
