@@ -31,12 +31,12 @@ def malloc_at(nbytes, policy, site: str) -> DevicePtr:
     """``malloc`` with the caller's ``site`` (file:line) given: the one path of every allocation
     (runtime.malloc and the arrays'), on the current stream of the current device."""
     cap = hooks.capture
-    if cap is not None and getattr(private_pool, "pool", None) is None:
+    keeper = None if cap is None else getattr(private_pool, "pool", None)
+    if cap is not None and keeper is None:
         cap.refuse("malloc (an array's allocation included)")
     ctx, block = malloc_block(nbytes, policy, site)
-    if hooks.capture is not None and getattr(private_pool, "pool", None) is not None:
-        return private_pool.pool.keep(DevicePtr(ctx, block.addr, block, block.gen))
-    return DevicePtr(ctx, block.addr, block, block.gen)
+    p = DevicePtr(ctx, block.addr, block, block.gen)
+    return p if keeper is None else keeper.keep(p)
 
 
 def malloc_block(nbytes, policy, site: str) -> tuple:
@@ -115,10 +115,14 @@ def _drain(ctx) -> None:
             pass
 
 
-def free_block_from_gc(ctx, block, gen: int) -> None:
-    """``free_from_gc`` of an allocation ``malloc_block`` returned, ``gen`` the block's
-    generation then: the same rules (never blocks, never re-enters the pool: a busy lock defers
-    the free to the next memory call), without a DevicePtr unless it must wait or be checked."""
+def free_block_from_gc(ctx, block, gen: int, ptr: DevicePtr | None = None) -> None:
+    """Free for a finalizer (an npu storage's owner, ``DeviceArray.__del__``): never blocks and
+    never re-enters the pool. The cyclic garbage collector may run a finalizer in the middle of
+    a pool call on this very thread; the device lock is then held, so the allocation is queued
+    and freed by the next memory call instead. ``block`` / ``gen``: the allocation as
+    ``malloc_block`` returned it (its generation then); ``ptr``: the DevicePtr being freed, when
+    the caller has one (``free_from_gc``), else one is made only if the free must wait or be
+    checked."""
     if contexts_by_device.get(ctx.device_id) is not ctx:
         return                  # the device was reset: its memory is already gone
     lock = ctx.lock
@@ -126,48 +130,28 @@ def free_block_from_gc(ctx, block, gen: int) -> None:
         try:
             if ctx.deferred:
                 _drain(ctx)
-            if block.uses is None and hooks.stream_check is None and block.gen == gen:
-                s = block.stream            # as in free_from_gc
+            if block.uses is None and hooks.stream_check is None and block.gen == gen and \
+                    (ptr is None or ptr.addr == block.addr):
+                # _free_locked's common case, inline: one stream, no sanitizer, a live pointer
+                s = block.stream
                 ctx.pool.free(block, None if s.query() else FreePoint(((s, s.issued),)), gen)
             else:
-                _free_locked(ctx, DevicePtr(ctx, block.addr, block, gen))
+                _free_locked(ctx, ptr if ptr is not None else DevicePtr(ctx, block.addr, block,
+                                                                        gen))
         finally:
             lock.release()
     else:
-        ctx.deferred.append(DevicePtr(ctx, block.addr, block, gen))
+        ctx.deferred.append(ptr if ptr is not None else DevicePtr(ctx, block.addr, block, gen))
 
 
 def free_from_gc(ptr: DevicePtr) -> None:
-    """Free for ``DeviceArray.__del__``: never blocks and never re-enters the pool.
-
-    The cyclic garbage collector may run a finalizer in the middle of a pool call on this very
-    thread; the device lock is then held, so the pointer is queued and freed by the next memory
-    call instead.
-    """
-    ctx = ptr._ctx
-    if contexts_by_device.get(ptr.device_id) is not ctx:
-        return
+    """``free_block_from_gc`` of a DevicePtr; one a graph capture allocated is held by its
+    graph's private pool instead, until the graph goes."""
     if _private and _private.get(id(ptr)) is not None:
-        _private[id(ptr)].held.append(ptr)      # a graph's: kept until the graph goes
+        if contexts_by_device.get(ptr.device_id) is ptr._ctx:
+            _private[id(ptr)].held.append(ptr)
         return
-    lock = ctx.lock
-    if lock.acquire(False):
-        try:
-            if ctx.deferred:
-                _drain(ctx)
-            block = ptr._block
-            if block.uses is None and hooks.stream_check is None and block.gen == ptr._gen \
-                    and ptr.addr == block.addr:
-                # _free_locked's common case, inline: one stream, no sanitizer, a live pointer
-                s = block.stream
-                ctx.pool.free(block, None if s.query() else FreePoint(((s, s.issued),)),
-                              ptr._gen)
-            else:
-                _free_locked(ctx, ptr)
-        finally:
-            lock.release()
-    else:
-        ctx.deferred.append(ptr)
+    free_block_from_gc(ptr._ctx, ptr._block, ptr._gen, ptr)
 
 
 # ---------------------------------------------------------------------- graph-private memory
