@@ -133,23 +133,12 @@ def arange_start_step(start, end, step=1, *, dtype=None, layout=None, device=Non
 
 # ---------------------------------------------------------------------- zeros, ones, full
 def _new(size, dtype, dev):
-    """(npu tensor, its CPU view or None when it has no elements) of contiguous ``size``
-    (checked by ``_sizes``)."""
+    """(npu tensor, its CPU view or None when it has no elements) of contiguous ``size`` (a
+    tuple; a negative size raises the CPU's error: storage.contiguous_layout)."""
     stride, n = S.contiguous_layout(size)
     if not n:
         return S.empty_strided(size, stride, dtype, dev), None
     return S.empty_with_view(size, stride, dtype, dev)
-
-
-def _sizes(size) -> tuple:
-    """``size`` as a tuple, or torch's error for a negative size (``empty`` on meta: "Trying to
-    create tensor with negative dimension"), raised on every path: the composite's ``empty`` on
-    npu named a negative allocation instead."""
-    size = tuple(size)
-    for x in size:
-        if x < 0:
-            _VF.empty(size, device="meta")
-    return size
 
 
 def _fill(r: tuple, value) -> torch.Tensor:
@@ -193,7 +182,7 @@ def _full_dtype(value):
 def _filled(size, value, dtype, layout, device, pin_memory):
     """``full`` / ``ones`` (``value`` 1.0, as torch's ones calls full): ``empty`` then
     ``fill_``."""
-    size = _sizes(size)
+    size = tuple(size)
     if _plain(layout, pin_memory):
         dev = _target(device)
         if dev >= 0 and _ready(dev):
@@ -290,7 +279,7 @@ def _new_of(self, size, dtype, layout, device, pin_memory):
     if dev < 0 or device is not None and _target(device) != dev:
         return None
     dt = dtype or self.dtype
-    size = _sizes(size)
+    size = tuple(size)
     if dt not in _DTYPES or not _ready(dev):
         return None
     return _new(size, dt, dev)

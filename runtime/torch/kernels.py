@@ -57,9 +57,9 @@ def empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memor
         raise RuntimeError(f"unsupported memory format {name}")
     if len(size) != rank:
         raise RuntimeError(f"required rank {rank} tensor to use {str(memory_format)[6:]} format")
-    S.check_sizes(size)
     # torch's channels-last strides (c10 get_channels_last_strides_2d / _3d), zero sizes as they
-    # are: channels innermost, then width, height (depth), batch
+    # are: channels innermost, then width, height (depth), batch (a negative size: the CPU's
+    # error from storage.empty_strided)
     c = size[1]
     inner = [1, c]                          # the strides of channels, then of width
     for x in reversed(size[3:]):            # width, then height (and depth)
