@@ -24,7 +24,8 @@ Before the user's code runs, the bootstrap installs, in this order:
    main thread while it holds the GIL, when no other thread can push or pop a frame or end. A
    dump from the C signal handler (faulthandler.register) reads the other threads' frames while
    they run: with threads starting and ending it crashed the rank with SIGSEGV (4 of 29 signals
-   in ``tests/procs/test_stack_dump.py``'s churn program; 0 of 2000 the Python way). A main thread
+   to a churn program like ``tests/procs/test_stack_dump.py``'s; 0 of 2000 the Python way; the
+   test's own churn rank died at the 6th dump the old way). A main thread
    that cannot run Python (stuck in a C call) answers SIGUSR2 instead, faulthandler's C dump,
    which the launcher sends only when SIGUSR1 went unanswered (``launcher.procs.stacks``). The
    file appears under its final name only once both handlers are in place, so the launcher never
